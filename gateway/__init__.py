@@ -1,0 +1,1 @@
+"""S3-compatible caching gateway."""

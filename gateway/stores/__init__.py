@@ -1,0 +1,1 @@
+"""Under-stores behind one small async interface (see `base.Store`)."""
