@@ -1,0 +1,98 @@
+"""The node's ASGI application: the S3 API, operator routes, and the lifespan that opens
+the metadata store, the cache and the namespace, and closes them again."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from gateway.admin.routes import ADMIN_PATHS, admin_app
+from gateway.cache import ObjectCache
+from gateway.config import Settings
+from gateway.meta import MetaStore, SecretBox
+from gateway.s3.app import S3App
+from gateway.s3.http import Receive, Scope, Send
+from gateway.service.gateway import Gateway
+
+log = logging.getLogger("gateway.app")
+
+
+def open_meta(settings: Settings) -> MetaStore:
+    box = SecretBox.from_config(
+        settings.encryption_key, settings.encryption_key_file, settings.data_dir
+    )
+    return MetaStore(settings.effective_database_url, box)
+
+
+def open_cache(settings: Settings) -> ObjectCache:
+    return ObjectCache(
+        settings.effective_cache_dir,
+        capacity_bytes=settings.cache_capacity,
+        max_object_bytes=settings.cache_max_object,
+        min_free_bytes=settings.cache_min_free,
+        memory_bytes=settings.cache_memory,
+        memory_object_max=settings.cache_memory_object_max,
+    )
+
+
+class Node:
+    """One gateway node: what its lifespan opens, and the ASGI entry point."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.gateway: Gateway | None = None
+        self.s3: S3App | None = None
+        self.admin = admin_app(lambda: self.s3 is not None)
+        self._refresher: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        s = self.settings
+        meta = open_meta(s)
+        await meta.migrate()
+        cache = open_cache(s)
+        await cache.open()
+        gateway = Gateway(meta, cache, s.metadata_ttl)
+        await gateway.namespace.refresh()
+        self._refresher = asyncio.create_task(gateway.namespace.run(s.refresh_interval))
+        self.gateway = gateway
+        self.s3 = S3App(gateway, s.region, s.base_domain, s.access_log)
+
+    async def stop(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+        if self.gateway is not None:
+            await self.gateway.close()
+            await self.gateway.cache.close()
+            await self.gateway.meta.close()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            if scope["path"] in ADMIN_PATHS:
+                await self.admin(scope, receive, send)
+            elif self.s3 is not None:
+                await self.s3(scope, receive, send)
+            else:
+                await send({"type": "http.response.start", "status": 503, "headers": []})
+                await send({"type": "http.response.body", "body": b""})
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.start()
+                except Exception as exc:
+                    log.exception("startup failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return

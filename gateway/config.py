@@ -1,0 +1,110 @@
+"""Node configuration: one frozen Settings value, from flags > environment > TOML file > defaults.
+
+Every setting NAME is also read from the environment as GATEWAY_<NAME> (click does the
+flag/env part) and from the optional TOML file given by --config / GATEWAY_CONFIG.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+
+
+def parse_size(value: str | int) -> int:
+    """'64MiB', '10G', '4096' -> bytes (binary units: k = 1024)."""
+    if isinstance(value, int):
+        return value
+    m = _SIZE.match(value)
+    if not m:
+        raise ValueError(f"not a size: {value!r} (use e.g. 4096, 64MiB, 10GiB)")
+    unit = (m.group(2) or "").lower().rstrip("b").rstrip("i")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 9000
+    data_dir: Path = Path("./data")
+    database_url: str | None = None  # None: SQLite in data_dir
+    encryption_key: str | None = None  # Fernet key(s), comma-separated; first one encrypts
+    encryption_key_file: Path | None = None
+    region: str = "us-east-1"
+    base_domain: str | None = None  # enables virtual-host style: BUCKET.<base_domain>
+    cache_dir: Path | None = None  # None: <data_dir>/cache
+    cache_capacity: int = 10 << 30
+    cache_max_object: int = 64 << 20
+    cache_min_free: int = 1 << 30
+    cache_memory: int = 64 << 20
+    cache_memory_object_max: int = 256 << 10
+    metadata_ttl: float = 5.0  # seconds; 0 revalidates every request, -1 never
+    refresh_interval: float = 2.0  # how often mounts and keys are re-read from the database
+    admin_access_key: str | None = None  # ensured to exist at start (with admin_secret_key)
+    admin_secret_key: str | None = None
+    access_log: bool = True
+    log_level: str = "info"
+    demo: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def effective_database_url(self) -> str:
+        return self.database_url or f"sqlite+aiosqlite:///{self.data_dir.resolve() / 'gateway.db'}"
+
+    @property
+    def effective_cache_dir(self) -> Path:
+        return self.cache_dir or self.data_dir / "cache"
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name != "extra"}
+_SIZES = {n for n in _FIELDS if n.startswith("cache_") and n != "cache_dir"}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if name in _SIZES:
+        return parse_size(value)
+    default = _FIELDS[name].default
+    if isinstance(default, bool):
+        if isinstance(value, str):
+            return value.strip().lower() in {"1", "true", "yes", "on"}
+        return bool(value)
+    if isinstance(default, int):
+        return int(value)
+    if isinstance(default, float):
+        return float(value)
+    if name in {"data_dir", "cache_dir", "encryption_key_file"}:
+        return Path(value)
+    return str(value)
+
+
+def load_toml(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    with path.open("rb") as f:
+        raw = tomllib.load(f)
+    # Accept both a flat file and one with a [gateway] table; '-' and '_' alike.
+    table = raw.get("gateway", raw)
+    out = {k.replace("-", "_"): v for k, v in table.items() if not isinstance(v, dict)}
+    unknown = sorted(set(out) - set(_FIELDS))
+    if unknown:
+        raise ValueError(f"{path}: unknown settings {', '.join(unknown)}")
+    return out
+
+
+def build_settings(given: Mapping[str, Any], config_file: Path | None = None) -> Settings:
+    """Merge: `given` (flags and environment, None = not given) over the TOML file over defaults."""
+    merged: dict[str, Any] = {}
+    for source in (load_toml(config_file), {k: v for k, v in given.items() if v is not None}):
+        for name, value in source.items():
+            if name in _FIELDS:
+                merged[name] = _coerce(name, value)
+    return Settings(**merged)

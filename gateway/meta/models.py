@@ -1,0 +1,61 @@
+"""The values and errors the metadata store hands to the rest of the gateway."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+# Mount options whose values are credentials: encrypted at rest, masked when shown.
+SECRET_OPTIONS = frozenset(
+    {"secret_key", "account_key", "sas_token", "credentials_json", "session_token"}
+)
+MASK = "***"
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """A bucket the clients see, mapped to an under-store URI with its options."""
+
+    id: int
+    bucket: str
+    uri: str
+    options: Mapping[str, str]  # secrets decrypted: never log this, log public_options()
+    created_at: datetime
+
+    def public_options(self) -> dict[str, str]:
+        """The options with secret values replaced by '***', fit for printing and listing."""
+        return {k: MASK if k in SECRET_OPTIONS else v for k, v in self.options.items()}
+
+    def __repr__(self) -> str:
+        # Mounts end up in logs and tracebacks; the generated repr would print credentials.
+        return (
+            f"Mount(id={self.id!r}, bucket={self.bucket!r}, uri={self.uri!r}, "
+            f"options={self.public_options()!r}, created_at={self.created_at!r})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AccessKey:
+    """An S3 access key pair clients sign requests with."""
+
+    access_key: str
+    secret_key: str = field(repr=False)
+    created_at: datetime
+    description: str = ""
+
+
+class MetaError(Exception):
+    """Base of the metadata store's errors."""
+
+
+class MountExists(MetaError):
+    """A mount for this bucket exists already."""
+
+
+class AccessKeyExists(MetaError):
+    """An access key with this id exists already."""
+
+
+class MetaUnavailable(MetaError):
+    """The database cannot be reached or is busy; retrying later may help."""

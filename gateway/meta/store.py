@@ -1,0 +1,311 @@
+"""MetaStore: mounts, access keys and object metadata in SQLite or PostgreSQL, one code path."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import string
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from types import MappingProxyType, TracebackType
+from typing import Any
+
+import sqlalchemy as sa
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from gateway.stores.base import ObjectInfo
+
+from .engine import create_engine, normalize_database_url
+from .migrate import run_migrations
+from .models import SECRET_OPTIONS, AccessKey, AccessKeyExists, MetaUnavailable, Mount, MountExists
+from .secrets import SecretBox
+from .tables import access_keys, mounts, objects
+
+ACCESS_KEY_PREFIX = "GK"
+ACCESS_KEY_LENGTH = 20
+SECRET_KEY_LENGTH = 40
+_ACCESS_KEY_ALPHABET = string.ascii_uppercase + string.digits
+# Letters and digits only: AWS secrets may hold '/' and '+', which some tools mangle in URLs.
+_SECRET_KEY_ALPHABET = string.ascii_letters + string.digits
+
+# ObjectInfo fields kept in the `extra` JSON column, beside the ones with columns of their own.
+_EXTRA_FIELDS = (
+    "content_encoding",
+    "content_disposition",
+    "content_language",
+    "cache_control",
+    "expires",
+)
+_OBJECT_PK = ("mount_id", "key")
+_ENCRYPTED = "fernet"  # {"fernet": token} marks an encrypted option value in mounts.options
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _dumps(value: Mapping[str, Any]) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+def _unavailable(error: BaseException) -> bool:
+    """Whether a database error means "cannot reach or use the database now", not a bug."""
+    if isinstance(error, OSError | TimeoutError | sa_exc.InterfaceError):
+        return True
+    if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:
+        return True
+    if isinstance(error, sa_exc.OperationalError):
+        # SQLite reports a missing table as an OperationalError too; that is a schema problem
+        # (not migrated), which retrying will not cure.
+        return "no such table" not in str(error.orig) and "no such column" not in str(error.orig)
+    return False
+
+
+class MetaStore:
+    """The gateway's database. Create, `await migrate()` once, use, `await close()`."""
+
+    def __init__(self, url: str, box: SecretBox) -> None:
+        self.url = normalize_database_url(url)
+        self._box = box
+        self._engine = create_engine(self.url)
+
+    @property
+    def engine(self) -> AsyncEngine:
+        """For other parts of gateway.meta that bring their own tables (jobs, nodes)."""
+        return self._engine
+
+    @property
+    def dialect(self) -> str:
+        return self._engine.dialect.name
+
+    async def __aenter__(self) -> MetaStore:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def migrate(self) -> None:
+        """Upgrade the schema to the newest revision (a no-op when it is there)."""
+        try:
+            await asyncio.to_thread(run_migrations, self.url)
+        except Exception as error:
+            if _unavailable(error):
+                raise MetaUnavailable(f"cannot migrate {self._safe_url()}: {error}") from error
+            raise
+
+    async def schema_revision(self) -> str | None:
+        """The Alembic revision the database is at; None before the first migration."""
+        async with self._connect() as conn:
+            return await conn.run_sync(
+                lambda sync: MigrationContext.configure(sync).get_current_revision()
+            )
+
+    async def close(self) -> None:
+        await self._engine.dispose()
+
+    # -- mounts
+
+    async def add_mount(self, bucket: str, uri: str, options: Mapping[str, str]) -> Mount:
+        for name, value in options.items():
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise TypeError(f"mount option {name!r} must map a string to a string")
+        now = _now()
+        values = {
+            "bucket": bucket,
+            "uri": uri,
+            "options": self._seal_options(options),
+            "created_at": now,
+            "updated_at": now,
+        }
+        async with self._connect() as conn:
+            try:
+                result = await conn.execute(sa.insert(mounts).values(values).returning(mounts.c.id))
+            except sa_exc.IntegrityError as error:
+                raise MountExists(f"a mount for bucket {bucket!r} exists already") from error
+            mount_id = result.scalar_one()
+        return Mount(mount_id, bucket, uri, MappingProxyType(dict(options)), now)
+
+    async def remove_mount(self, bucket: str) -> bool:
+        """Remove the mount and (by cascade) its object metadata; False if there was none."""
+        async with self._connect() as conn:
+            result = await conn.execute(sa.delete(mounts).where(mounts.c.bucket == bucket))
+        return result.rowcount > 0
+
+    async def get_mount(self, bucket: str) -> Mount | None:
+        async with self._connect() as conn:
+            result = await conn.execute(sa.select(mounts).where(mounts.c.bucket == bucket))
+            row = result.mappings().first()
+        return None if row is None else self._mount(row)
+
+    async def list_mounts(self) -> list[Mount]:
+        async with self._connect() as conn:
+            result = await conn.execute(sa.select(mounts).order_by(mounts.c.bucket))
+            rows = result.mappings().all()
+        return [self._mount(row) for row in rows]
+
+    def _seal_options(self, options: Mapping[str, str]) -> str:
+        return _dumps(
+            {
+                name: {_ENCRYPTED: self._box.encrypt(value)} if name in SECRET_OPTIONS else value
+                for name, value in options.items()
+            }
+        )
+
+    def _mount(self, row: sa.RowMapping) -> Mount:
+        # Any value stored as {"fernet": ...} is decrypted, whatever its name: a row written
+        # before an option joined SECRET_OPTIONS stays readable, and vice versa.
+        options = {
+            name: self._box.decrypt(value[_ENCRYPTED]) if isinstance(value, dict) else value
+            for name, value in json.loads(row["options"]).items()
+        }
+        return Mount(
+            id=row["id"],
+            bucket=row["bucket"],
+            uri=row["uri"],
+            options=MappingProxyType(options),
+            created_at=row["created_at"],
+        )
+
+    # -- access keys
+
+    async def create_key(
+        self,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        description: str = "",
+    ) -> AccessKey:
+        """Store a key pair; missing parts are generated (AWS-shaped, from `secrets`)."""
+        if access_key is None:
+            tail = ACCESS_KEY_LENGTH - len(ACCESS_KEY_PREFIX)
+            access_key = ACCESS_KEY_PREFIX + "".join(
+                secrets.choice(_ACCESS_KEY_ALPHABET) for _ in range(tail)
+            )
+        if secret_key is None:
+            secret_key = "".join(
+                secrets.choice(_SECRET_KEY_ALPHABET) for _ in range(SECRET_KEY_LENGTH)
+            )
+        if not access_key or not secret_key:
+            raise ValueError("access key and secret key must not be empty")
+        key = AccessKey(access_key, secret_key, _now(), description)
+        values = {
+            "access_key": key.access_key,
+            "secret_enc": self._box.encrypt(key.secret_key),
+            "description": key.description,
+            "created_at": key.created_at,
+        }
+        async with self._connect() as conn:
+            try:
+                await conn.execute(sa.insert(access_keys).values(values))
+            except sa_exc.IntegrityError as error:
+                raise AccessKeyExists(f"access key {access_key!r} exists already") from error
+        return key
+
+    async def get_key(self, access_key: str) -> AccessKey | None:
+        query = sa.select(access_keys).where(access_keys.c.access_key == access_key)
+        async with self._connect() as conn:
+            row = (await conn.execute(query)).mappings().first()
+        return None if row is None else self._access_key(row)
+
+    async def list_keys(self) -> list[AccessKey]:
+        query = sa.select(access_keys).order_by(access_keys.c.created_at, access_keys.c.access_key)
+        async with self._connect() as conn:
+            rows = (await conn.execute(query)).mappings().all()
+        return [self._access_key(row) for row in rows]
+
+    async def delete_key(self, access_key: str) -> bool:
+        query = sa.delete(access_keys).where(access_keys.c.access_key == access_key)
+        async with self._connect() as conn:
+            result = await conn.execute(query)
+        return result.rowcount > 0
+
+    def _access_key(self, row: sa.RowMapping) -> AccessKey:
+        return AccessKey(
+            access_key=row["access_key"],
+            secret_key=self._box.decrypt(row["secret_enc"]),
+            created_at=row["created_at"],
+            description=row["description"],
+        )
+
+    # -- object metadata
+
+    async def put_object_meta(
+        self, mount_id: int, info: ObjectInfo, checked_at: datetime | None = None
+    ) -> None:
+        """Insert or replace what is known of one object, as checked against the store now."""
+        extra: dict[str, Any] = {
+            name: getattr(info, name) for name in _EXTRA_FIELDS if getattr(info, name) is not None
+        }
+        if info.metadata:
+            extra["metadata"] = dict(info.metadata)
+        if info.storage_class != "STANDARD":
+            extra["storage_class"] = info.storage_class
+        row = {
+            "mount_id": mount_id,
+            "key": info.key,
+            "size": info.size,
+            "etag": info.etag,
+            "last_modified": info.last_modified,
+            "content_type": info.content_type,
+            "extra": _dumps(extra),
+            "checked_at": checked_at or _now(),
+        }
+        insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
+        statement = insert(objects).values(row)
+        statement = statement.on_conflict_do_update(
+            index_elements=[objects.c.mount_id, objects.c.key],
+            set_={name: statement.excluded[name] for name in row if name not in _OBJECT_PK},
+        )
+        async with self._connect() as conn:
+            await conn.execute(statement)
+
+    async def get_object_meta(self, mount_id: int, key: str) -> tuple[ObjectInfo, datetime] | None:
+        """(info, checked_at) of one object, or None if nothing is recorded."""
+        query = sa.select(objects).where(objects.c.mount_id == mount_id, objects.c.key == key)
+        async with self._connect() as conn:
+            row = (await conn.execute(query)).mappings().first()
+        if row is None:
+            return None
+        extra = json.loads(row["extra"])
+        info = ObjectInfo(
+            key=row["key"],
+            size=row["size"],
+            etag=row["etag"],
+            last_modified=row["last_modified"],
+            content_type=row["content_type"],
+            metadata=extra.get("metadata", {}),
+            storage_class=extra.get("storage_class", "STANDARD"),
+            # Only known names: a newer gateway sharing the database may have added fields.
+            **{name: extra[name] for name in _EXTRA_FIELDS if name in extra},
+        )
+        return info, row["checked_at"]
+
+    async def delete_object_meta(self, mount_id: int, key: str) -> None:
+        query = sa.delete(objects).where(objects.c.mount_id == mount_id, objects.c.key == key)
+        async with self._connect() as conn:
+            await conn.execute(query)
+
+    # -- plumbing
+
+    @asynccontextmanager
+    async def _connect(self) -> AsyncIterator[AsyncConnection]:
+        """A connection in a transaction, committed on success; outages become MetaUnavailable."""
+        try:
+            async with self._engine.begin() as conn:
+                yield conn
+        except Exception as error:
+            if _unavailable(error):
+                raise MetaUnavailable(f"database {self._safe_url()}: {error}") from error
+            raise
+
+    def _safe_url(self) -> str:
+        return self._engine.url.render_as_string(hide_password=True)

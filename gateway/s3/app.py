@@ -1,0 +1,119 @@
+"""The S3 front end as an ASGI callable: parse, route, authenticate, run, render errors once.
+
+Every operation goes through the same steps in the same order (MinIO's habit): the request
+is parsed and routed, authenticated, and handed to its handler; any S3Error raised on the
+way is rendered here, once, as S3's XML error document with the request id.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+
+from gateway import errors
+from gateway.s3.handlers import Context, Operation, route
+from gateway.s3.http import Receive, Reply, S3Request, Scope, Send, parse_request, send_reply
+from gateway.s3.sigv4 import SigV4Verifier
+from gateway.service.gateway import Gateway
+
+log = logging.getLogger("gateway.s3")
+access_log = logging.getLogger("gateway.access")
+
+_CREDENTIAL = re.compile(r"Credential=([^/,\s]+)/")
+
+
+def _claimed_access_key(req: S3Request) -> str | None:
+    cred = req.query.get("X-Amz-Credential")
+    if cred:
+        return cred.split("/", 1)[0]
+    m = _CREDENTIAL.search(req.headers.get("authorization", ""))
+    return m.group(1) if m else None
+
+
+def error_reply(exc: errors.S3Error, req: S3Request) -> Reply:
+    reply = Reply(status=exc.status)
+    for name, value in exc.headers.items():
+        reply.header(name, value)
+    if exc.status == 304:
+        return reply
+    reply.header("content-type", "application/xml")
+    reply.body = exc.to_xml(req.request_id, req.resource)
+    return reply
+
+
+class S3App:
+    def __init__(
+        self, gateway: Gateway, region: str, base_domain: str | None, log_access: bool
+    ) -> None:
+        self.gateway = gateway
+        self.ctx = Context(gateway, region)
+        self.base_domain = base_domain
+        self.log_access = log_access
+        self.verifier = SigV4Verifier(gateway.namespace.secret_for)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        try:
+            req = parse_request(scope, self.base_domain)
+        except UnicodeDecodeError:
+            req = S3Request(scope["method"], "/", "", {}, {}, None, None)
+            reply = error_reply(errors.InvalidArgument("The path is not valid UTF-8."), req)
+            await send_reply(send, reply, req.method == "HEAD", req.request_id)
+            return
+        op: Operation | None = None
+        try:
+            op = route(req)
+            await self.authenticate(req, op)
+            reply = await op.handler(self.ctx, req)
+        except errors.S3Error as exc:
+            reply = error_reply(exc, req)
+        except Exception:
+            log.exception("internal error", extra={"request_id": req.request_id})
+            reply = error_reply(errors.InternalError(), req)
+        sent = 0
+        try:
+            sent = await send_reply(send, reply, req.method == "HEAD", req.request_id)
+        except Exception as exc:
+            # Headers are out: all we can do is cut the connection so the client sees a
+            # short body instead of a silently wrong one.
+            log.warning(
+                "response aborted: %s", exc, extra={"request_id": req.request_id}
+            )
+        if self.log_access:
+            access_log.info(
+                "request",
+                extra={
+                    "request_id": req.request_id,
+                    "op": op.name if op else None,
+                    "method": req.method,
+                    "bucket": req.bucket,
+                    "key": req.key,
+                    "status": reply.status,
+                    "bytes": sent,
+                    "ms": round((time.perf_counter() - started) * 1000, 3),
+                    "cache": dict(reply.headers).get(b"x-cache", b"").decode() or None,
+                    "access_key": req.access_key,
+                },
+            )
+
+    async def authenticate(self, req: S3Request, op: Operation) -> None:
+        v = self.verifier
+        try:
+            result = v.verify(req.method, req.raw_path, req.query_string, req.headers)
+        except errors.S3Error as exc:
+            if exc.code != "InvalidAccessKeyId":
+                raise
+            # Perhaps created since the last refresh: look again before refusing.
+            ak = _claimed_access_key(req)
+            if ak is None or await self.gateway.namespace.lookup_unknown_key(ak) is None:
+                raise
+            result = v.verify(req.method, req.raw_path, req.query_string, req.headers)
+        if result is not None:
+            req.access_key = result.access_key
+            return
+        if op.read_only and req.bucket is not None:
+            handle = self.gateway.namespace.mount(req.bucket)
+            if handle is not None and handle.public_read:
+                return
+        raise errors.AccessDenied()

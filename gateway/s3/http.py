@@ -1,0 +1,105 @@
+"""The request as S3 sees it, parsed once from the ASGI scope, and the reply sent back.
+
+Plain ASGI rather than starlette's Request/Response on this path: every microsecond of a
+cache hit shows (shared/PERF-NOTES.md: a bare ASGI answer costs ~30 µs, starlette ~50 µs).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, unquote
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+def new_request_id() -> str:
+    return os.urandom(8).hex().upper()
+
+
+@dataclass(slots=True)
+class S3Request:
+    method: str
+    raw_path: str  # percent-encoded, as sent (SigV4 needs it)
+    query_string: str
+    headers: dict[str, str]  # lower-case names; repeated headers joined with ','
+    query: dict[str, str]
+    bucket: str | None
+    key: str | None
+    request_id: str = field(default_factory=new_request_id)
+    access_key: str | None = None  # set once authenticated
+
+    @property
+    def resource(self) -> str:
+        if self.bucket is None:
+            return "/"
+        return f"/{self.bucket}/{self.key}" if self.key is not None else f"/{self.bucket}"
+
+
+def parse_request(scope: Scope, base_domain: str | None) -> S3Request:
+    raw = scope.get("raw_path")
+    raw_path = raw.decode("latin-1") if raw else scope["path"]
+    qs = scope.get("query_string", b"").decode("latin-1")
+    headers: dict[str, str] = {}
+    for name, value in scope["headers"]:
+        n = name.decode("latin-1").lower()
+        v = value.decode("latin-1")
+        headers[n] = f"{headers[n]},{v}" if n in headers else v
+    query = dict(parse_qsl(qs, keep_blank_values=True)) if qs else {}
+    path = unquote(raw_path.split("?", 1)[0], errors="strict")
+    bucket: str | None = None
+    key: str | None = None
+    host = headers.get("host", "").rsplit(":", 1)[0].lower() if base_domain else ""
+    if base_domain and host.endswith("." + base_domain):
+        bucket = host[: -len(base_domain) - 1]
+        key = path[1:] or None
+    else:
+        rest = path[1:]
+        if rest:
+            bucket, sep, k = rest.partition("/")
+            key = k if sep and k else None
+    return S3Request(scope["method"], raw_path, qs, headers, query, bucket or None, key)
+
+
+@dataclass(slots=True)
+class Reply:
+    status: int = 200
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    body: bytes | AsyncIterator[bytes] = b""
+    length: int | None = None  # Content-Length when it is not len(body): streams, HEAD
+
+    def header(self, name: str, value: str) -> None:
+        self.headers.append((name.encode("latin-1"), value.encode("latin-1")))
+
+
+async def send_reply(send: Send, reply: Reply, head_only: bool, request_id: str) -> int:
+    """Send status, headers and body; returns the number of body bytes sent."""
+    headers = reply.headers
+    headers.append((b"x-amz-request-id", request_id.encode()))
+    body = reply.body
+    if isinstance(body, bytes):
+        length = len(body) if reply.length is None else reply.length
+        headers.append((b"content-length", str(length).encode()))
+        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+        await send({"type": "http.response.body", "body": b"" if head_only else body})
+        return 0 if head_only else len(body)
+    if reply.length is not None:
+        headers.append((b"content-length", str(reply.length).encode()))
+    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+    sent = 0
+    try:
+        async for chunk in body:
+            if chunk:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                sent += len(chunk)
+    finally:
+        aclose = getattr(body, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    await send({"type": "http.response.body", "body": b""})
+    return sent

@@ -1,0 +1,122 @@
+"""The XML documents S3 answers with, built as strings (cheap, and exact about S3's shapes)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from urllib.parse import quote
+from xml.sax.saxutils import escape
+
+NS = "http://s3.amazonaws.com/doc/2006-03-01/"
+HEAD = '<?xml version="1.0" encoding="UTF-8"?>\n'
+OWNER_ID = "75aa57f09aa0c8caeab4f8c24e99d10f8e7faeebf76c078efc7c6caea54ba06a"
+OWNER_NAME = "gateway"
+
+
+def iso8601(dt: datetime) -> str:
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+
+
+def _owner() -> str:
+    return f"<Owner><ID>{OWNER_ID}</ID><DisplayName>{OWNER_NAME}</DisplayName></Owner>"
+
+
+@dataclass(frozen=True, slots=True)
+class ListedObject:
+    key: str
+    last_modified: datetime
+    etag: str
+    size: int
+    storage_class: str = "STANDARD"
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """One page of ListObjects (v1 or v2) in S3 terms, ready to render."""
+
+    bucket: str
+    prefix: str
+    delimiter: str | None
+    max_keys: int
+    encode: bool  # encoding-type=url
+    objects: Sequence[ListedObject]
+    prefixes: Sequence[str]
+    truncated: bool
+
+
+def _enc(value: str, encode: bool) -> str:
+    return escape(quote(value, safe="/") if encode else value)
+
+
+def _common(listing: Listing) -> Iterable[str]:
+    e = listing.encode
+    yield f"<Name>{escape(listing.bucket)}</Name><Prefix>{_enc(listing.prefix, e)}</Prefix>"
+    if listing.delimiter is not None:
+        yield f"<Delimiter>{_enc(listing.delimiter, e)}</Delimiter>"
+    yield f"<MaxKeys>{listing.max_keys}</MaxKeys>"
+    if e:
+        yield "<EncodingType>url</EncodingType>"
+    yield f"<IsTruncated>{'true' if listing.truncated else 'false'}</IsTruncated>"
+
+
+def _entries(listing: Listing, owner: bool) -> Iterable[str]:
+    e = listing.encode
+    own = _owner() if owner else ""
+    for o in listing.objects:
+        yield (
+            f"<Contents><Key>{_enc(o.key, e)}</Key>"
+            f"<LastModified>{iso8601(o.last_modified)}</LastModified>"
+            f"<ETag>{escape(o.etag)}</ETag><Size>{o.size}</Size>{own}"
+            f"<StorageClass>{o.storage_class}</StorageClass></Contents>"
+        )
+    for p in listing.prefixes:
+        yield f"<CommonPrefixes><Prefix>{_enc(p, e)}</Prefix></CommonPrefixes>"
+
+
+def list_v2(
+    listing: Listing,
+    token: str | None,
+    next_token: str | None,
+    start_after: str | None,
+    fetch_owner: bool,
+) -> bytes:
+    parts = [HEAD, f'<ListBucketResult xmlns="{NS}">', *_common(listing)]
+    parts.append(f"<KeyCount>{len(listing.objects) + len(listing.prefixes)}</KeyCount>")
+    if token is not None:
+        parts.append(f"<ContinuationToken>{escape(token)}</ContinuationToken>")
+    if next_token is not None:
+        parts.append(f"<NextContinuationToken>{escape(next_token)}</NextContinuationToken>")
+    if start_after is not None:
+        parts.append(f"<StartAfter>{_enc(start_after, listing.encode)}</StartAfter>")
+    parts.extend(_entries(listing, fetch_owner))
+    parts.append("</ListBucketResult>")
+    return "".join(parts).encode()
+
+
+def list_v1(listing: Listing, marker: str, next_marker: str | None) -> bytes:
+    parts = [HEAD, f'<ListBucketResult xmlns="{NS}">', *_common(listing)]
+    parts.append(f"<Marker>{_enc(marker, listing.encode)}</Marker>")
+    if next_marker is not None:
+        parts.append(f"<NextMarker>{_enc(next_marker, listing.encode)}</NextMarker>")
+    parts.extend(_entries(listing, True))
+    parts.append("</ListBucketResult>")
+    return "".join(parts).encode()
+
+
+def list_buckets(buckets: Iterable[tuple[str, datetime]], region: str) -> bytes:
+    items = "".join(
+        f"<Bucket><Name>{escape(name)}</Name><CreationDate>{iso8601(created)}</CreationDate>"
+        f"<BucketRegion>{region}</BucketRegion></Bucket>"
+        for name, created in buckets
+    )
+    return (
+        f'{HEAD}<ListAllMyBucketsResult xmlns="{NS}">{_owner()}'
+        f"<Buckets>{items}</Buckets></ListAllMyBucketsResult>"
+    ).encode()
+
+
+def location(region: str) -> bytes:
+    # us-east-1 is S3's empty LocationConstraint.
+    value = "" if region == "us-east-1" else escape(region)
+    return f'{HEAD}<LocationConstraint xmlns="{NS}">{value}</LocationConstraint>'.encode()

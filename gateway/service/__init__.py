@@ -1,0 +1,1 @@
+"""The S3 operations themselves, free of HTTP: get, head, list, and (later) writes."""

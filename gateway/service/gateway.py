@@ -1,0 +1,261 @@
+"""The read operations: list buckets and objects, head and get objects through the cache.
+
+A GET resolves the mount (in-process), the object's metadata (in-process within the mount's
+TTL, else the store), checks conditions and range, then serves from the local cache or
+fetches from the store while filling the cache (one fetch for concurrent misses).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from gateway import errors
+from gateway.cache import CacheEntry, CacheKey, CacheMiss, Fill, ObjectCache
+from gateway.meta import MetaStore, MetaUnavailable
+from gateway.service.conditions import ByteRange, Conditions, check_conditions
+from gateway.service.metadata import MetadataCache
+from gateway.service.namespace import MountHandle, Namespace
+from gateway.stores import (
+    ListPage,
+    ObjectInfo,
+    ObjectNotFound,
+    StoreAccessDenied,
+    StoreError,
+    StoreUnavailable,
+    VersionChanged,
+)
+
+log = logging.getLogger("gateway.service")
+
+# Ranges up to this size are answered as one body from one read; larger ones stream.
+SMALL_READ = 1 << 20
+MAX_BACKGROUND_FILLS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectResult:
+    """What GET/HEAD answer: the version, the byte range [start, end) and the body."""
+
+    info: ObjectInfo
+    start: int
+    end: int
+    partial: bool  # a Range was asked for and satisfied (206)
+    body: bytes | AsyncIterator[bytes] | None  # None for HEAD
+    cache: str  # "hit", "miss" or "bypass"
+
+
+@contextlib.contextmanager
+def store_errors(key: str) -> Any:
+    """Map a store's typed errors to the S3 errors the client sees."""
+    try:
+        yield
+    except ObjectNotFound:
+        raise errors.NoSuchKey(Key=key) from None
+    except StoreAccessDenied as exc:
+        raise errors.AccessDenied(f"The under-store denied access: {exc}") from None
+    except StoreUnavailable as exc:
+        raise errors.ServiceUnavailable(f"The under-store is unavailable: {exc}") from None
+
+
+class Gateway:
+    """The service every S3 front end calls; owns the namespace, metadata and the cache."""
+
+    def __init__(self, meta: MetaStore, cache: ObjectCache, default_ttl: float) -> None:
+        self.meta = meta
+        self.cache = cache
+        self.namespace = Namespace(meta, default_ttl)
+        self.metadata = MetadataCache()
+        self._fill_slots = asyncio.Semaphore(MAX_BACKGROUND_FILLS)
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await self.namespace.close()
+
+    # -- buckets ---------------------------------------------------------------------------
+
+    def mount(self, bucket: str) -> MountHandle:
+        handle = self.namespace.mount(bucket)
+        if handle is None:
+            raise errors.NoSuchBucket(BucketName=bucket)
+        return handle
+
+    def list_buckets(self) -> list[MountHandle]:
+        return self.namespace.mounts()
+
+    async def list_objects(
+        self,
+        bucket: str,
+        prefix: str,
+        delimiter: str | None,
+        token: str | None,
+        start_after: str | None,
+        max_keys: int,
+    ) -> ListPage:
+        handle = self.mount(bucket)
+        if max_keys == 0:
+            return ListPage([], [], None)
+        with store_errors(prefix):
+            return await handle.store.list_page(prefix, delimiter, token, start_after, max_keys)
+
+    # -- objects ---------------------------------------------------------------------------
+
+    async def stat(self, handle: MountHandle, key: str) -> ObjectInfo:
+        """The object's current version, per the mount's TTL; no I/O when fresh in-process."""
+        now = time.monotonic()
+        info = self.metadata.fresh(handle.id, key, handle.ttl, now)
+        if info is not None:
+            return info
+        previous = self.metadata.peek(handle.id, key)
+        if previous is None and handle.ttl < 0:
+            # Immutable mounts remember metadata across restarts in the database.
+            with contextlib.suppress(MetaUnavailable):
+                found = await self.meta.get_object_meta(handle.id, key)
+                if found is not None:
+                    self.metadata.put(handle.id, key, found[0], now)
+                    return found[0]
+        try:
+            with store_errors(key):
+                info = await handle.store.stat(key)
+        except errors.NoSuchKey:
+            self.metadata.forget(handle.id, key)
+            raise
+        self.metadata.put(handle.id, key, info, now)
+        if previous is not None and previous.etag != info.etag:
+            self.cache.invalidate(CacheKey(handle.id, key, previous.etag))
+        if handle.ttl < 0 and (previous is None or previous.etag != info.etag):
+            self._spawn(self._remember(handle.id, info))
+        return info
+
+    async def head_object(
+        self, bucket: str, key: str, rng: ByteRange | None, cond: Conditions
+    ) -> ObjectResult:
+        handle = self.mount(bucket)
+        info = await self.stat(handle, key)
+        check_conditions(cond, info)
+        start, end = rng.resolve(info.size) if rng else (0, info.size)
+        cached = handle.cache_enabled and self.cache.lookup(self._ckey(handle, info)) is not None
+        return ObjectResult(info, start, end, rng is not None, None, "hit" if cached else "miss")
+
+    async def get_object(
+        self, bucket: str, key: str, rng: ByteRange | None, cond: Conditions
+    ) -> ObjectResult:
+        handle = self.mount(bucket)
+        for attempt in range(2):
+            info = await self.stat(handle, key)
+            check_conditions(cond, info)
+            start, end = rng.resolve(info.size) if rng else (0, info.size)
+            try:
+                body, how = await self._body(handle, info, start, end)
+            except VersionChanged:
+                # Overwritten between stat and read: revalidate once and serve the new version.
+                self.metadata.forget(handle.id, key)
+                if attempt:
+                    raise errors.ServiceUnavailable("The object changed while it was read.") from None
+                continue
+            return ObjectResult(info, start, end, rng is not None, body, how)
+        raise AssertionError("unreachable")
+
+    async def _body(
+        self, handle: MountHandle, info: ObjectInfo, start: int, end: int
+    ) -> tuple[bytes | AsyncIterator[bytes], str]:
+        if not handle.cache_enabled or not self.cache.admits(info.size):
+            return self._from_store(handle, info, start, end), "bypass"
+        ckey = self._ckey(handle, info)
+        entry = self.cache.lookup(ckey)
+        if entry is None:
+            fill = self.cache.begin_fill(ckey, info.size)
+            if fill is None:
+                entry = await self.cache.wait(ckey)
+            elif start == 0 and end == info.size:
+                return self._fill_and_stream(handle, info, fill), "miss"
+            else:
+                # A part of the object: serve it straight from the store while the whole
+                # object is cached in the background for the next reader.
+                self._spawn(self._fill_in_background(handle, info, fill))
+                return self._from_store(handle, info, start, end), "miss"
+        if entry is None:
+            return self._from_store(handle, info, start, end), "miss"
+        try:
+            if end - start <= SMALL_READ:
+                return await self.cache.read(entry, start, end), "hit"
+        except CacheMiss:
+            return self._from_store(handle, info, start, end), "miss"
+        return self._stream_cached(handle, info, entry, start, end), "hit"
+
+    async def _stream_cached(
+        self, handle: MountHandle, info: ObjectInfo, entry: CacheEntry, start: int, end: int
+    ) -> AsyncIterator[bytes]:
+        try:
+            async with aclosing(self.cache.stream(entry, start, end)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+                    start += len(chunk)
+        except CacheMiss:
+            # The file went away under us (eviction): finish from the store.
+            async with aclosing(self._from_store(handle, info, start, end)) as rest:
+                async for chunk in rest:
+                    yield chunk
+
+    async def _from_store(
+        self, handle: MountHandle, info: ObjectInfo, start: int, end: int
+    ) -> AsyncIterator[bytes]:
+        if start >= end:
+            return
+        with store_errors(info.key):
+            async with aclosing(handle.store.read(info.key, start, end, info.etag)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+
+    async def _fill_and_stream(
+        self, handle: MountHandle, info: ObjectInfo, fill: Fill
+    ) -> AsyncIterator[bytes]:
+        committed = False
+        try:
+            async with aclosing(self._from_store(handle, info, 0, info.size)) as chunks:
+                async for chunk in chunks:
+                    await fill.write(chunk)
+                    yield chunk
+            await fill.commit()
+            committed = True
+        finally:
+            if not committed:
+                await fill.abort()
+
+    async def _fill_in_background(self, handle: MountHandle, info: ObjectInfo, fill: Fill) -> None:
+        try:
+            async with self._fill_slots:
+                async with aclosing(self._from_store(handle, info, 0, info.size)) as chunks:
+                    async for chunk in chunks:
+                        await fill.write(chunk)
+                await fill.commit()
+        except (StoreError, errors.S3Error, OSError) as exc:
+            log.warning("background fill of %s/%s failed: %s", handle.bucket, info.key, exc)
+        finally:
+            await fill.abort()  # no-op after a commit
+
+    async def _remember(self, mount_id: int, info: ObjectInfo) -> None:
+        try:
+            await self.meta.put_object_meta(mount_id, info)
+        except MetaUnavailable as exc:
+            log.warning("could not persist metadata of %s: %s", info.key, exc)
+
+    @staticmethod
+    def _ckey(handle: MountHandle, info: ObjectInfo) -> CacheKey:
+        return CacheKey(handle.id, info.key, info.etag)
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+Spawner = Callable[[Coroutine[Any, Any, Any]], None]

@@ -1,0 +1,56 @@
+"""Fixtures shared by the end-to-end tests: a real S3 origin (moto behind a counting proxy)
+and gateway nodes started as subprocesses."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.config import Config
+
+from tests.support.origin import CountingProxy, MotoServer, start_moto
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    server = start_moto(tmp_path_factory.mktemp("moto"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def origin(moto_server: MotoServer) -> Iterator[CountingProxy]:
+    """The S3 origin as the gateway sees it: every request it makes is counted here."""
+    proxy = CountingProxy(moto_server.url)
+    yield proxy
+    proxy.stop()
+
+
+@pytest.fixture(scope="session")
+def origin_s3(moto_server: MotoServer) -> Any:
+    """A boto3 client straight to moto, to set up and change data without being counted."""
+    return boto3.client(
+        "s3",
+        endpoint_url=moto_server.url,
+        aws_access_key_id="origin-ak",
+        aws_secret_access_key="origin-sk",
+        region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}),
+    )
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: takes more than a few seconds")
+
+
+@pytest.fixture(scope="module")
+def module_dir(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    return tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])

@@ -1,0 +1,118 @@
+"""Gateway nodes as real subprocesses (`gateway serve`) for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import boto3
+from botocore.config import Config
+
+from tests.support.net import free_port, wait_http
+
+BIN = Path(sys.executable).parent
+ACCESS_KEY = "GKTESTACCESSKEY00001"
+SECRET_KEY = "test-secret-key-0123456789abcdefghijklmn"
+# A fixed Fernet key so that the CLI and the server agree without sharing a key file.
+ENCRYPTION_KEY = "1wDQwpdCma37OnLa2U7kZwPGbp7KgCGXbcz5nb-BPIA="
+
+
+@dataclass
+class GatewayNode:
+    url: str
+    port: int
+    data_dir: Path
+    database_url: str | None
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run `gateway ARGS` against this node's database."""
+        return run_cli(self.data_dir, self.database_url, *args, check=check, env=self.env)
+
+    def client(self, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY, **cfg: Any) -> Any:
+        return boto3.client(
+            "s3",
+            endpoint_url=self.url,
+            aws_access_key_id=access_key,
+            aws_secret_access_key=secret_key,
+            region_name="us-east-1",
+            config=Config(
+                s3={"addressing_style": "path"},
+                retries={"max_attempts": 1, "mode": "standard"},
+                **cfg,
+            ),
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def _env(extra: dict[str, str] | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["GATEWAY_ENCRYPTION_KEY"] = ENCRYPTION_KEY
+    env.pop("AWS_CA_BUNDLE", None)
+    env.update(extra or {})
+    return env
+
+
+def run_cli(
+    data_dir: Path,
+    database_url: str | None,
+    *args: str,
+    check: bool = True,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    cmd = [str(BIN / "gateway"), *args, "--data-dir", str(data_dir)]
+    if database_url:
+        cmd += ["--database-url", database_url]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=_env(env), timeout=120)
+    if check and out.returncode != 0:
+        raise AssertionError(f"{cmd} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
+    return out
+
+
+def start_gateway(
+    data_dir: Path,
+    *,
+    database_url: str | None = None,
+    args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+) -> GatewayNode:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    cmd = [
+        str(BIN / "gateway"), "serve", "--host", "127.0.0.1", "--port", str(port),
+        "--data-dir", str(data_dir), "--admin-access-key", ACCESS_KEY,
+        "--admin-secret-key", SECRET_KEY, "--refresh-interval", "0.5", *args,
+    ]  # fmt: skip
+    if database_url:
+        cmd += ["--database-url", database_url]
+    log_path = data_dir / f"gateway-{port}.log"
+    full_env = _env(env)
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+    url = f"http://127.0.0.1:{port}"
+    node = GatewayNode(url, port, data_dir, database_url, proc, log_path, env or {})
+    try:
+        wait_http(url + "/healthz", timeout=60, proc=proc)
+    except RuntimeError as exc:
+        node.stop()
+        raise RuntimeError(f"{exc}\n--- gateway log ---\n{node.log()}") from None
+    return node

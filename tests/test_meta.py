@@ -1,0 +1,437 @@
+"""The metadata store on SQLite and PostgreSQL: schema, mounts, keys, object metadata, secrets."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import stat
+import sys
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from subprocess import PIPE
+
+import pytest
+import sqlalchemy as sa
+from alembic import command
+
+from gateway.meta import (
+    SECRET_OPTIONS,
+    AccessKeyExists,
+    InvalidSecretKey,
+    MetaStore,
+    MetaUnavailable,
+    MountExists,
+    SecretBox,
+    WrongSecretKey,
+    default_database_url,
+    head_revision,
+    normalize_database_url,
+    run_migrations,
+)
+from gateway.meta.migrate import alembic_config
+from gateway.stores.base import ObjectInfo
+from tests.support.net import free_port
+from tests.support.postgres import temp_database
+
+pytestmark = pytest.mark.anyio
+
+SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+TABLES = {"mounts", "access_keys", "objects", "alembic_version"}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def database_url(backend: str, tmp_path: Path) -> Iterator[str]:
+    if backend == "sqlite":
+        yield default_database_url(tmp_path)
+    else:
+        with temp_database() as url:
+            yield url
+
+
+@pytest.fixture
+def secret_key() -> str:
+    return SecretBox.generate_key()
+
+
+@pytest.fixture
+def box(secret_key: str) -> SecretBox:
+    return SecretBox([secret_key])
+
+
+@pytest.fixture
+async def store(database_url: str, box: SecretBox) -> AsyncIterator[MetaStore]:
+    async with MetaStore(database_url, box) as store:
+        await store.migrate()
+        yield store
+
+
+async def table_names(store: MetaStore) -> set[str]:
+    async with store.engine.connect() as conn:
+        return set(await conn.run_sync(lambda sync: sa.inspect(sync).get_table_names()))
+
+
+async def raw_rows(store: MetaStore, sql: str) -> list[tuple[object, ...]]:
+    async with store.engine.connect() as conn:
+        return [tuple(row) for row in await conn.execute(sa.text(sql))]
+
+
+def object_info(key: str, **overrides: object) -> ObjectInfo:
+    fields: dict[str, object] = {
+        "key": key,
+        "size": 5 * 2**40,  # beyond 32 bits
+        "etag": '"9b2cf535f27731c974343645a3985328"',
+        "last_modified": datetime(2024, 5, 6, 7, 8, 9, 123456, tzinfo=UTC),
+        "content_type": "text/plain; charset=utf-8",
+        "content_encoding": "gzip",
+        "cache_control": "max-age=60",
+        "metadata": {"owner": "zoë", "purpose": "日本語 ✓"},
+        "storage_class": "GLACIER_IR",
+    }
+    fields.update(overrides)
+    return ObjectInfo(**fields)  # type: ignore[arg-type]
+
+
+# -- schema
+
+
+async def test_migrate_creates_schema_and_is_idempotent(database_url: str, box: SecretBox) -> None:
+    async with MetaStore(database_url, box) as store:
+        assert await store.schema_revision() is None
+        await store.migrate()
+        assert await table_names(store) >= TABLES
+        assert await store.schema_revision() == head_revision()
+        mount = await store.add_mount("kept", "file:///srv", {})
+
+        await store.migrate()
+
+        assert await store.schema_revision() == head_revision()
+        assert await store.get_mount("kept") == mount
+        assert await raw_rows(store, "SELECT version_num FROM alembic_version") == [("0001",)]
+
+
+async def test_concurrent_migrations_make_one_schema(database_url: str, box: SecretBox) -> None:
+    # Separate processes, as two nodes (or a CLI and a server) starting at once would be. Each
+    # imports first and waits for a go on stdin, so that the upgrades themselves overlap.
+    code = (
+        "import sys; from gateway.meta import run_migrations; "
+        "sys.stdin.readline(); run_migrations(sys.argv[1])"
+    )
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable, "-c", code, database_url, stdin=PIPE, stderr=PIPE
+        )
+        for _ in range(6)
+    ]
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write(b"go\n")
+    results = await asyncio.gather(*(proc.communicate() for proc in procs))
+    for proc, (_, stderr) in zip(procs, results, strict=True):
+        assert proc.returncode == 0, stderr.decode()
+    async with MetaStore(database_url, box) as store:
+        assert await raw_rows(store, "SELECT version_num FROM alembic_version") == [("0001",)]
+        assert await table_names(store) >= TABLES
+
+
+async def test_migrations_match_the_tables_module(store: MetaStore) -> None:
+    # Autogenerate compares gateway.meta.tables with the migrated database: a column added to
+    # one and not the other fails here. (Raises AutogenerateDiffsDetected on a difference.)
+    config = alembic_config(store.url)
+    await asyncio.to_thread(command.check, config)
+
+
+async def test_run_migrations_works_inside_a_running_event_loop(
+    database_url: str, box: SecretBox
+) -> None:
+    run_migrations(database_url)  # blocking on purpose: the CLI may call it from a coroutine
+    async with MetaStore(database_url, box) as store:
+        assert await store.schema_revision() == head_revision()
+
+
+async def test_database_unreachable_raises_meta_unavailable(
+    backend: str, tmp_path: Path, box: SecretBox
+) -> None:
+    if backend == "sqlite":
+        (tmp_path / "not-a-dir").write_text("")
+        url = f"sqlite:///{tmp_path / 'not-a-dir' / 'gateway.db'}"
+    else:
+        url = f"postgresql://postgres@127.0.0.1:{free_port()}/gateway"
+    async with MetaStore(url, box) as store:
+        with pytest.raises(MetaUnavailable):
+            await store.migrate()
+        with pytest.raises(MetaUnavailable):
+            await store.get_mount("any")
+        with pytest.raises(MetaUnavailable):
+            await store.create_key()
+
+
+# -- mounts
+
+
+async def test_mount_add_get_list_remove(store: MetaStore) -> None:
+    added = await store.add_mount("data", "s3://origin/prefix", {"region": "eu-west-1"})
+    other = await store.add_mount("Archive", "gs://cold", {})
+
+    assert added.bucket == "data"
+    assert added.uri == "s3://origin/prefix"
+    assert dict(added.options) == {"region": "eu-west-1"}
+    assert await store.get_mount("data") == added
+    assert await store.get_mount("missing") is None
+    assert [m.bucket for m in await store.list_mounts()] == ["Archive", "data"]
+    assert added.id != other.id
+
+    assert await store.remove_mount("data") is True
+    assert await store.remove_mount("data") is False
+    assert await store.get_mount("data") is None
+    assert await store.list_mounts() == [other]
+
+
+async def test_duplicate_bucket_raises_mount_exists(store: MetaStore) -> None:
+    await store.add_mount("data", "s3://one", {})
+    with pytest.raises(MountExists):
+        await store.add_mount("data", "s3://two", {})
+    mount = await store.get_mount("data")
+    assert mount is not None
+    assert mount.uri == "s3://one"
+
+
+async def test_secret_options_are_encrypted_at_rest(store: MetaStore) -> None:
+    options = {"access_key": "AKIAEXAMPLE", "secret_key": SECRET, "sas_token": "sv=2024&sig=x"}
+    await store.add_mount("data", "s3://origin", options)
+
+    [(raw,)] = await raw_rows(store, "SELECT options FROM mounts")
+    assert SECRET not in str(raw)
+    assert "sv=2024" not in str(raw)
+    assert "AKIAEXAMPLE" in str(raw)  # not a secret: stays readable for operators
+    mount = await store.get_mount("data")
+    assert mount is not None
+    assert dict(mount.options) == options
+
+
+async def test_wrong_encryption_key_fails_clearly(database_url: str, store: MetaStore) -> None:
+    await store.add_mount("data", "s3://origin", {"secret_key": SECRET})
+    await store.create_key("GKTESTKEY", SECRET)
+    old_key = SecretBox.generate_key()  # unrelated to the store's key
+    async with MetaStore(database_url, SecretBox([old_key])) as wrong:
+        with pytest.raises(WrongSecretKey, match="not configured"):
+            await wrong.get_mount("data")
+        with pytest.raises(WrongSecretKey):
+            await wrong.get_key("GKTESTKEY")
+
+
+async def test_rotated_key_list_still_decrypts_old_secrets(
+    database_url: str, store: MetaStore, secret_key: str
+) -> None:
+    await store.add_mount("data", "s3://origin", {"secret_key": SECRET})
+    rotated_box = SecretBox([SecretBox.generate_key(), secret_key])
+
+    async with MetaStore(database_url, rotated_box) as rotated:
+        mount = await rotated.get_mount("data")
+        assert mount is not None
+        assert mount.options["secret_key"] == SECRET
+        await rotated.add_mount("new", "s3://origin", {"secret_key": SECRET})
+    # Written under the new (first) key: the old key alone cannot read it.
+    with pytest.raises(WrongSecretKey):
+        await store.get_mount("new")
+
+
+async def test_public_options_mask_secrets(store: MetaStore) -> None:
+    options = {name: f"value-of-{name}" for name in SECRET_OPTIONS} | {"region": "eu"}
+    mount = await store.add_mount("data", "s3://origin", options)
+
+    public = mount.public_options()
+    assert public["region"] == "eu"
+    assert {public[name] for name in SECRET_OPTIONS} == {"***"}
+    assert "value-of-" not in repr(mount)
+
+
+async def test_generated_key_is_stable_across_restarts(database_url: str, tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    async with MetaStore(database_url, SecretBox.from_config(None, None, data_dir)) as store:
+        await store.migrate()
+        await store.add_mount("data", "s3://origin", {"secret_key": SECRET})
+    key_file = data_dir / "secret.key"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+
+    async with MetaStore(database_url, SecretBox.from_config(None, None, data_dir)) as restarted:
+        mount = await restarted.get_mount("data")
+        assert mount is not None
+        assert mount.options["secret_key"] == SECRET
+
+
+# -- access keys
+
+
+async def test_create_key_generates_aws_shaped_pair(store: MetaStore) -> None:
+    key = await store.create_key(description="ci runner")
+
+    assert re.fullmatch(r"GK[A-Z0-9]{18}", key.access_key)
+    assert re.fullmatch(r"[A-Za-z0-9]{40}", key.secret_key)
+    assert key.secret_key not in repr(key)
+    assert await store.get_key(key.access_key) == key
+    [(raw,)] = await raw_rows(store, "SELECT secret_enc FROM access_keys")
+    assert key.secret_key not in str(raw)
+    assert (await store.create_key()).access_key != key.access_key
+
+
+async def test_create_key_with_given_values_and_list(store: MetaStore) -> None:
+    first = await store.create_key("GKFIRST", SECRET, "given")
+    second = await store.create_key("GKSECOND")
+
+    assert (first.access_key, first.secret_key, first.description) == ("GKFIRST", SECRET, "given")
+    assert len(second.secret_key) == 40
+    assert await store.list_keys() == [first, second]
+
+
+async def test_duplicate_access_key_raises(store: MetaStore) -> None:
+    await store.create_key("GKDUPLICATE", SECRET)
+    with pytest.raises(AccessKeyExists):
+        await store.create_key("GKDUPLICATE", "another-secret")
+    key = await store.get_key("GKDUPLICATE")
+    assert key is not None
+    assert key.secret_key == SECRET
+
+
+async def test_delete_key(store: MetaStore) -> None:
+    key = await store.create_key()
+    assert await store.delete_key(key.access_key) is True
+    assert await store.delete_key(key.access_key) is False
+    assert await store.get_key(key.access_key) is None
+    assert await store.list_keys() == []
+
+
+# -- object metadata
+
+
+async def test_object_meta_upsert_get_delete(store: MetaStore) -> None:
+    mount = await store.add_mount("data", "s3://origin", {})
+    key = "données/日本/emoji 🎉/" + "long-" * 150 + ".bin"
+    info = object_info(key)
+
+    await store.put_object_meta(mount.id, info)
+    got = await store.get_object_meta(mount.id, key)
+    assert got is not None
+    assert got[0] == info
+
+    changed = object_info(key, size=1, etag='"new"', metadata={}, storage_class="STANDARD")
+    await store.put_object_meta(mount.id, changed)
+    got_again = await store.get_object_meta(mount.id, key)
+    assert got_again is not None
+    assert got_again[0] == changed
+    assert got_again[1] >= got[1]
+    assert await raw_rows(store, "SELECT count(*) FROM objects") == [(1,)]
+
+    assert await store.get_object_meta(mount.id, key + "x") is None
+    await store.delete_object_meta(mount.id, key)
+    assert await store.get_object_meta(mount.id, key) is None
+
+
+async def test_object_meta_is_per_mount_and_goes_with_its_mount(store: MetaStore) -> None:
+    one = await store.add_mount("one", "s3://a", {})
+    two = await store.add_mount("two", "s3://b", {})
+    await store.put_object_meta(one.id, object_info("k", size=1))
+    await store.put_object_meta(two.id, object_info("k", size=2))
+
+    assert await store.remove_mount("one")
+
+    assert await store.get_object_meta(one.id, "k") is None
+    kept = await store.get_object_meta(two.id, "k")
+    assert kept is not None
+    assert kept[0].size == 2
+    assert await raw_rows(store, "SELECT mount_id FROM objects") == [(two.id,)]
+
+
+async def test_datetimes_come_back_timezone_aware_utc(store: MetaStore) -> None:
+    plus_two = timezone(timedelta(hours=2))
+    modified = datetime(2024, 1, 2, 3, 4, 5, 678901, tzinfo=plus_two)
+    checked = datetime(2025, 6, 7, 8, 9, 10, tzinfo=plus_two)
+    mount = await store.add_mount("data", "s3://origin", {})
+
+    await store.put_object_meta(mount.id, object_info("k", last_modified=modified), checked)
+    got = await store.get_object_meta(mount.id, "k")
+    key = await store.create_key()
+
+    assert got is not None
+    info, checked_at = got
+    assert info.last_modified == modified
+    assert info.last_modified.utcoffset() == timedelta(0)
+    assert checked_at == checked
+    assert checked_at.utcoffset() == timedelta(0)
+    stored_mount = await store.get_mount("data")
+    stored_key = await store.get_key(key.access_key)
+    assert stored_mount is not None
+    assert stored_key is not None
+    for stamp in (stored_mount.created_at, stored_key.created_at):
+        assert stamp.utcoffset() == timedelta(0)
+        assert abs(datetime.now(UTC) - stamp) < timedelta(minutes=1)
+
+
+# -- no database involved: key configuration, URLs
+
+
+def test_secret_box_from_config_prefers_key_then_key_file_then_data_dir(tmp_path: Path) -> None:
+    given, in_file, other = (SecretBox.generate_key() for _ in range(3))
+    key_file = tmp_path / "keys"
+    key_file.write_text(f"# newest first\n{in_file}\n{other}\n")
+    token_given = SecretBox([given]).encrypt("x")
+    token_other = SecretBox([other]).encrypt("x")
+
+    assert SecretBox.from_config(f"{given},{other}", key_file, tmp_path).decrypt(token_given)
+    from_file = SecretBox.from_config(None, key_file, tmp_path)
+    assert from_file.decrypt(token_other) == "x"  # the second key of the file decrypts too
+    with pytest.raises(WrongSecretKey):
+        from_file.decrypt(token_given)
+    assert not (tmp_path / "secret.key").exists()
+    with pytest.raises(InvalidSecretKey):
+        SecretBox.from_config("not-a-fernet-key", None, tmp_path)
+
+
+def test_secret_key_file_is_created_once_under_concurrency(tmp_path: Path) -> None:
+    token = SecretBox.from_config(None, None, tmp_path / "a").encrypt("x")
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        boxes = list(
+            pool.map(lambda _: SecretBox.from_config(None, None, tmp_path / "b"), range(8))
+        )
+    tokens = [box.encrypt("y") for box in boxes]
+
+    assert all(box.decrypt(t) == "y" for box in boxes for t in tokens)  # all hold one key
+    assert [p.name for p in (tmp_path / "b").iterdir()] == ["secret.key"]
+    with pytest.raises(WrongSecretKey):
+        boxes[0].decrypt(token)
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("postgresql://u:p%40ss@db:5432/gw", "postgresql+asyncpg://u:p%40ss@db:5432/gw"),
+        ("postgres://db/gw", "postgresql+asyncpg://db/gw"),
+        ("postgresql+psycopg2://db/gw", "postgresql+asyncpg://db/gw"),
+        ("postgresql+asyncpg://db/gw", "postgresql+asyncpg://db/gw"),
+        ("sqlite:///rel/gw.db", "sqlite+aiosqlite:///rel/gw.db"),
+        ("sqlite:////abs/gw.db", "sqlite+aiosqlite:////abs/gw.db"),
+        ("sqlite+aiosqlite:///gw.db", "sqlite+aiosqlite:///gw.db"),
+    ],
+)
+def test_normalize_database_url(given: str, expected: str) -> None:
+    assert normalize_database_url(given) == expected
+
+
+def test_normalize_database_url_rejects_other_databases() -> None:
+    with pytest.raises(ValueError, match="unsupported"):
+        normalize_database_url("mysql://db/gw")
+
+
+def test_default_database_url_is_sqlite_in_data_dir(tmp_path: Path) -> None:
+    assert default_database_url(tmp_path) == f"sqlite+aiosqlite:///{tmp_path}/gateway.db"
