@@ -7,7 +7,7 @@ import logging
 import sys
 import time
 
-_STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+_STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "color_message"}
 
 
 class JsonFormatter(logging.Formatter):

@@ -88,7 +88,7 @@ def _code(exc: pytest.ExceptionInfo[ClientError]) -> tuple[str, int]:
 
 def test_list_buckets_shows_every_mount(node: GatewayNode) -> None:
     names = [b["Name"] for b in node.client().list_buckets()["Buckets"]]
-    assert names == ["data", "fresh", "files", "many", "open"]
+    assert names == ["data", "files", "fresh", "many", "open"]
 
 
 def test_head_bucket_and_location(node: GatewayNode) -> None:
@@ -395,6 +395,7 @@ def test_virtual_host_style_request(node: GatewayNode) -> None:
     req = AWSRequest(method="GET", url=url, headers={"x-amz-content-sha256": "UNSIGNED-PAYLOAD"})
     S3SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "s3", "us-east-1").add_auth(req)
     headers = dict(req.headers.items())
+    headers["Host"] = f"data.s3.test:{node.port}"
     r = httpx.get(f"{node.url}/obj.bin", headers=headers)
     assert r.status_code == 200, r.text
     assert r.content == BODY

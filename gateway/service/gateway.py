@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -103,8 +103,15 @@ class Gateway:
         handle = self.mount(bucket)
         if max_keys == 0:
             return ListPage([], [], None)
-        with store_errors(prefix):
-            return await handle.store.list_page(prefix, delimiter, token, start_after, max_keys)
+        try:
+            with store_errors(prefix):
+                return await handle.store.list_page(
+                    prefix, delimiter, token, start_after, max_keys
+                )
+        except ValueError:
+            raise errors.InvalidArgument(
+                "The continuation token provided is incorrect", ArgumentName="continuation-token"
+            ) from None
 
     # -- objects ---------------------------------------------------------------------------
 
@@ -257,5 +264,3 @@ class Gateway:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-
-Spawner = Callable[[Coroutine[Any, Any, Any]], None]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gateway.meta import MetaStore, MetaUnavailable, Mount
@@ -17,6 +18,13 @@ from gateway.stores import Store, open_store
 log = logging.getLogger("gateway.namespace")
 
 _TRUE = {"1", "true", "yes", "on"}
+# Options the gateway itself reads; every other mount option belongs to the store.
+MOUNT_OPTIONS = {
+    "metadata_ttl": "seconds; 0 revalidates every read, -1 never",
+    "public_read": "true: anonymous reads allowed",
+    "cache": "on|off",
+    "read_only": "true: writes refused",
+}
 # Stores of a changed or removed mount stay open this long for requests still reading them.
 _CLOSE_GRACE = 30.0
 
@@ -40,11 +48,15 @@ class MountHandle:
         return self.mount.bucket
 
 
+def store_options(options: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in options.items() if k not in MOUNT_OPTIONS}
+
+
 def make_handle(mount: Mount, default_ttl: float) -> MountHandle:
     opts = mount.options
     return MountHandle(
         mount=mount,
-        store=open_store(mount.uri, opts),
+        store=open_store(mount.uri, store_options(opts)),
         ttl=float(opts.get("metadata_ttl", default_ttl)),
         public_read=opts.get("public_read", "").lower() in _TRUE,
         cache_enabled=opts.get("cache", "on").lower() not in {"off", "false", "0", "no"},

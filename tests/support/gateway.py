@@ -44,6 +44,7 @@ class GatewayNode:
             aws_secret_access_key=secret_key,
             region_name="us-east-1",
             config=Config(
+                signature_version="s3v4",
                 s3={"addressing_style": "path"},
                 retries={"max_attempts": 1, "mode": "standard"},
                 **cfg,

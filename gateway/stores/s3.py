@@ -1,0 +1,280 @@
+"""The `s3://bucket[/prefix]` under-store: any S3-compatible origin, through aiobotocore."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from datetime import UTC, datetime
+from email.utils import format_datetime
+from typing import Any
+
+import aiohttp
+from aiobotocore.session import get_session
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+from gateway.stores.base import (
+    ListPage,
+    ObjectInfo,
+    ObjectNotFound,
+    Store,
+    StoreAccessDenied,
+    StoreError,
+    StoreUnavailable,
+    VersionChanged,
+)
+
+# Large enough that per-chunk overhead vanishes, small enough to start streaming early.
+CHUNK_SIZE = 512 * 1024
+
+OPTIONS = frozenset(
+    {
+        "endpoint_url",
+        "region",
+        "access_key",
+        "secret_key",
+        "session_token",
+        "addressing_style",
+        "max_attempts",
+        "connect_timeout",
+        "read_timeout",
+    }
+)
+
+_NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
+_DENIED = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"}
+_TRANSPORT_ERRORS = (BotoCoreError, aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
+def _status(exc: ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+
+
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code") or _status(exc))
+
+
+def _utc(value: datetime) -> datetime:
+    return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+class S3Store(Store):
+    """Objects under `prefix` in one bucket of an S3-compatible origin.
+
+    A mount prefix names a folder: 's3://b/pre/fix' holds 'pre/fix/<key>', never 'pre/fixture'.
+    """
+
+    scheme = "s3"
+
+    def __init__(self, bucket: str, prefix: str = "", options: Mapping[str, str] | None = None):
+        options = dict(options or {})
+        unknown = set(options) - OPTIONS
+        if unknown:
+            raise ValueError(f"unknown s3 store options: {', '.join(sorted(unknown))}")
+        if bool(options.get("access_key")) != bool(options.get("secret_key")):
+            raise ValueError("s3 store options need both access_key and secret_key, or neither")
+        self.bucket = bucket
+        prefix = prefix.strip("/")
+        self.prefix = f"{prefix}/" if prefix else ""
+        self._options = options
+        self._stack = contextlib.AsyncExitStack()
+        self._client: Any = None
+        self._lock = asyncio.Lock()
+        self._bucket_seen = False
+
+    def __repr__(self) -> str:
+        where = self._options.get("endpoint_url", "aws")
+        return f"S3Store(s3://{self.bucket}/{self.prefix} at {where})"
+
+    def _config(self) -> Config:
+        o = self._options
+        style = o.get("addressing_style") or ("path" if o.get("endpoint_url") else "auto")
+        return Config(
+            region_name=o.get("region") or "us-east-1",
+            connect_timeout=float(o.get("connect_timeout", 5)),
+            read_timeout=float(o.get("read_timeout", 30)),
+            max_pool_connections=64,
+            # total_max_attempts counts the first try; the retries dict's max_attempts does not.
+            retries={"mode": "standard", "total_max_attempts": int(o.get("max_attempts", 3))},
+            s3={"addressing_style": style},
+            # Checksums only where the API demands them: blocks are ranged reads, which S3 gives
+            # no checksum for, and CRC of every full GET in Python costs CPU on the miss path.
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+
+    async def _s3(self) -> Any:
+        if self._client is None:
+            async with self._lock:
+                if self._client is None:
+                    o = self._options
+                    creator = get_session().create_client(
+                        "s3",
+                        endpoint_url=o.get("endpoint_url") or None,
+                        aws_access_key_id=o.get("access_key") or None,
+                        aws_secret_access_key=o.get("secret_key") or None,
+                        aws_session_token=o.get("session_token") or None,
+                        config=self._config(),
+                    )
+                    self._client = await self._stack.enter_async_context(creator)
+        return self._client
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await self._stack.aclose()
+            self._stack = contextlib.AsyncExitStack()
+
+    # -- errors ------------------------------------------------------------------------------
+
+    def _error(self, exc: Exception, key: str) -> StoreError:
+        """One of our typed errors for a botocore/aiohttp failure; messages carry no secrets."""
+        where = f"s3://{self.bucket}/{self.prefix}{key}"
+        if isinstance(exc, NoCredentialsError):
+            return StoreAccessDenied(f"{where}: no credentials configured for the mount")
+        if not isinstance(exc, ClientError):
+            return StoreUnavailable(f"{where}: origin unreachable: {type(exc).__name__}: {exc}")
+        code, status = _code(exc), _status(exc)
+        if code == "NoSuchBucket":
+            # The mount points at a bucket that is not there: a misconfiguration, not a miss.
+            return StoreUnavailable(f"origin bucket {self.bucket!r} does not exist")
+        if code in _NOT_FOUND:
+            return ObjectNotFound(key)
+        if code in _DENIED or status == 403:
+            return StoreAccessDenied(f"{where}: {code}")
+        if code == "PreconditionFailed" or status == 412:
+            return VersionChanged(f"{where}: ETag no longer matches")
+        if status >= 500 or status in (301, 307, 429) or code == "SlowDown":
+            return StoreUnavailable(f"{where}: origin answered {status} {code}")
+        return StoreError(f"{where}: origin answered {status} {code}")
+
+    async def _head_missing(self, key: str) -> StoreError:
+        """A HEAD 404 has no body to tell a missing key from a missing bucket; ask once."""
+        if not self._bucket_seen:
+            try:
+                await (await self._s3()).head_bucket(Bucket=self.bucket)
+            except ClientError as exc:
+                if _status(exc) == 404:
+                    return StoreUnavailable(f"origin bucket {self.bucket!r} does not exist")
+                # Else (403: no s3:ListBucket) we cannot learn more, and will not ask again.
+            except _TRANSPORT_ERRORS as exc:
+                return self._error(exc, key)
+            self._bucket_seen = True
+        return ObjectNotFound(key)
+
+    # -- operations --------------------------------------------------------------------------
+
+    async def _head(self, key: str, if_match: str | None = None) -> dict[str, Any]:
+        if not key:
+            raise ObjectNotFound(key)
+        args = {"Bucket": self.bucket, "Key": self.prefix + key}
+        if if_match is not None:
+            args["IfMatch"] = if_match
+        try:
+            head: dict[str, Any] = await (await self._s3()).head_object(**args)
+            return head
+        except ClientError as exc:
+            if _code(exc) in _NOT_FOUND:
+                raise await self._head_missing(key) from None
+            raise self._error(exc, key) from None
+        except _TRANSPORT_ERRORS as exc:
+            raise self._error(exc, key) from None
+
+    async def stat(self, key: str) -> ObjectInfo:
+        h = await self._head(key)
+        expires = h.get("ExpiresString")
+        if expires is None and isinstance(h.get("Expires"), datetime):
+            expires = format_datetime(_utc(h["Expires"]), usegmt=True)
+        return ObjectInfo(
+            key=key,
+            size=int(h["ContentLength"]),
+            etag=h["ETag"],
+            last_modified=_utc(h["LastModified"]),
+            content_type=h.get("ContentType"),
+            content_encoding=h.get("ContentEncoding"),
+            content_disposition=h.get("ContentDisposition"),
+            content_language=h.get("ContentLanguage"),
+            cache_control=h.get("CacheControl"),
+            expires=expires,
+            metadata=dict(h.get("Metadata") or {}),
+            storage_class=h.get("StorageClass") or "STANDARD",
+        )
+
+    async def read(
+        self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
+    ) -> AsyncIterator[bytes]:
+        if end is not None and end <= start:
+            # No bytes to send, but a missing key or a changed version must still be reported.
+            await self._head(key, if_match)
+            return
+        if not key:
+            raise ObjectNotFound(key)
+        args = {"Bucket": self.bucket, "Key": self.prefix + key}
+        # No Range for the whole object: S3 answers 416 to any range of an empty one.
+        if start > 0 or end is not None:
+            args["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
+        if if_match is not None:
+            args["IfMatch"] = if_match
+        try:
+            response = await (await self._s3()).get_object(**args)
+        except ClientError as exc:
+            if _status(exc) == 416:
+                return  # the range starts at or past the end: [start, end) is empty
+            raise self._error(exc, key) from None
+        except _TRANSPORT_ERRORS as exc:
+            raise self._error(exc, key) from None
+        body = response["Body"]
+        try:
+            async with contextlib.aclosing(body.iter_chunks(CHUNK_SIZE)) as chunks:
+                while True:
+                    try:
+                        chunk = await anext(chunks)
+                    except StopAsyncIteration:
+                        break
+                    except _TRANSPORT_ERRORS as exc:
+                        raise self._error(exc, key) from None
+                    yield chunk
+        finally:
+            # Closes the connection rather than pooling it when the body was not read to the end.
+            body.close()
+
+    async def list_page(
+        self,
+        prefix: str = "",
+        delimiter: str | None = None,
+        token: str | None = None,
+        start_after: str | None = None,
+        max_keys: int = 1000,
+    ) -> ListPage:
+        if max_keys <= 0:
+            return ListPage([], [], None)
+        args: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Prefix": self.prefix + prefix,
+            "MaxKeys": max_keys,
+        }
+        if delimiter:
+            args["Delimiter"] = delimiter
+        if token:
+            args["ContinuationToken"] = token
+        if start_after:
+            args["StartAfter"] = self.prefix + start_after
+        try:
+            page = await (await self._s3()).list_objects_v2(**args)
+        except (ClientError, *_TRANSPORT_ERRORS) as exc:
+            raise self._error(exc, prefix) from None
+        cut = len(self.prefix)
+        objects = [
+            ObjectInfo(
+                key=o["Key"][cut:],
+                size=int(o["Size"]),
+                etag=o["ETag"],
+                last_modified=_utc(o["LastModified"]),
+                storage_class=o.get("StorageClass") or "STANDARD",
+            )
+            for o in page.get("Contents", [])
+        ]
+        prefixes = [p["Prefix"][cut:] for p in page.get("CommonPrefixes", [])]
+        more = page.get("IsTruncated") and page.get("NextContinuationToken")
+        return ListPage(objects, prefixes, page["NextContinuationToken"] if more else None)

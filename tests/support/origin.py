@@ -1,0 +1,262 @@
+"""Real origins for tests: moto's S3 server in a subprocess, and a counting reverse proxy.
+
+The proxy sits between a store and its origin so a test can assert what reached the origin
+("the second read made no request"), on the wire rather than by mocking.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from tests.support.net import free_port, wait_http
+
+# Hop-by-hop headers (RFC 9110 §7.6.1) belong to one connection and are never forwarded.
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "expect",
+    }
+)
+_BUFFER = 64 * 1024
+
+
+class MotoServer:
+    """`moto_server` listening on 127.0.0.1 at a free port; S3 at `.url`, data in memory."""
+
+    def __init__(self, tmpdir: str | os.PathLike[str]) -> None:
+        binary = Path(sys.executable).parent / "moto_server"
+        self.log_path = Path(tmpdir) / "moto.log"
+        last: Exception | None = None
+        for _ in range(3):  # the free port may be taken between the probe and moto's bind
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen(
+                    [str(binary), "-H", "127.0.0.1", "-p", str(self.port)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
+            try:
+                wait_http(f"{self.url}/moto-api/", timeout=30, proc=self.proc)
+                return
+            except RuntimeError as exc:
+                last = exc
+                self.stop()
+        raise RuntimeError(f"moto_server did not start (log: {self.log_path}): {last}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_moto(tmpdir: str | os.PathLike[str]) -> MotoServer:
+    return MotoServer(tmpdir)
+
+
+@dataclass(frozen=True, slots=True)
+class ProxiedRequest:
+    """One request as the proxy saw it, before it reached the upstream (path percent-encoded)."""
+
+    method: str
+    path: str
+    query: str
+    range: str | None
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive towards the client, as a real origin allows
+    server: _ProxyServer
+    _conn: http.client.HTTPConnection | None = None
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # tests read .requests, not stderr
+
+    def do_any(self) -> None:
+        path, _, query = self.path.partition("?")
+        self.server.owner._record(ProxiedRequest(self.command, path, query, self.headers["Range"]))
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+        chunked = "chunked" in self.headers.get("Transfer-Encoding", "").lower()
+        if chunked:
+            headers["Transfer-Encoding"] = "chunked"
+        try:
+            upstream = self._upstream()
+            upstream.request(
+                self.command,
+                self.path,
+                body=self._request_body(chunked),
+                headers=headers,
+                encode_chunked=chunked,
+            )
+            response = upstream.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
+            self._drop_upstream()
+            self._bad_gateway(exc)
+            return
+        try:
+            self._relay(response)
+        except (OSError, http.client.HTTPException):
+            # Headers are out: the only honest signal left is a cut connection.
+            self._drop_upstream()
+            self.close_connection = True
+
+    do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = do_PATCH = do_OPTIONS = do_any
+
+    def _upstream(self) -> http.client.HTTPConnection:
+        # One upstream connection per client connection, reused while both stay open.
+        conn = self._conn
+        if conn is None:
+            conn = http.client.HTTPConnection(self.server.upstream_host, timeout=60)
+            self._conn = conn
+        return conn
+
+    def _drop_upstream(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def finish(self) -> None:
+        self._drop_upstream()
+        super().finish()
+
+    def _request_body(self, chunked: bool) -> Iterator[bytes] | bytes | None:
+        if chunked:
+            return self._read_chunked()
+        length = int(self.headers.get("Content-Length") or 0)
+        if length <= 0:
+            return None if self.command in ("GET", "HEAD", "DELETE") else b""
+        return self._read_exactly(length)
+
+    def _read_exactly(self, length: int) -> Iterator[bytes]:
+        while length > 0:
+            data = self.rfile.read(min(_BUFFER, length))
+            if not data:
+                raise ConnectionError("client closed mid-body")
+            length -= len(data)
+            yield data
+
+    def _read_chunked(self) -> Iterator[bytes]:
+        while True:
+            size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+            if size == 0:
+                while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                    pass  # trailers are dropped: http.client cannot send them
+                return
+            yield from self._read_exactly(size)
+            self.rfile.readline()
+
+    def _relay(self, response: http.client.HTTPResponse) -> None:
+        self.send_response_only(response.status, response.reason)
+        length = response.getheader("Content-Length")
+        for name, value in response.getheaders():
+            if name.lower() not in _HOP_BY_HOP:
+                self.send_header(name, value)
+        bodiless = self.command == "HEAD" or response.status in (204, 304) or response.status < 200
+        chunk_out = not bodiless and length is None
+        if chunk_out:
+            self.send_header("Transfer-Encoding", "chunked")
+        if response.will_close:
+            self.close_connection = True
+        self.end_headers()
+        if bodiless:
+            response.read()
+        else:
+            sent = 0
+            while data := response.read1(_BUFFER):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if chunk_out else data)
+                sent += len(data)
+            if chunk_out:
+                self.wfile.write(b"0\r\n\r\n")
+            elif sent < int(length or 0):
+                # Upstream cut the body short: cut ours too, or the client waits for the rest.
+                self.close_connection = True
+        self.wfile.flush()
+        # read1() never marks a fully read response closed, and http.client refuses the next
+        # request on this connection until it is.
+        response.close()
+        if response.will_close:
+            self._drop_upstream()
+
+    def _bad_gateway(self, exc: Exception) -> None:
+        body = f"proxy: upstream failed: {type(exc).__name__}: {exc}\n".encode()
+        self.send_response_only(502, "Bad Gateway")
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+        self.wfile.flush()
+
+
+class _ProxyServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    upstream_host: str
+    owner: CountingProxy
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+class CountingProxy:
+    """A reverse proxy on 127.0.0.1 that forwards everything to `upstream` and records it."""
+
+    def __init__(self, upstream: str) -> None:
+        target = urlsplit(upstream)
+        if target.scheme != "http" or not target.netloc:
+            raise ValueError(f"CountingProxy forwards to http://host:port only, not {upstream!r}")
+        self.requests: list[ProxiedRequest] = []
+        self._lock = threading.Lock()
+        self._server = _ProxyServer(("127.0.0.1", 0), _Handler)
+        self._server.upstream_host = target.netloc
+        self._server.owner = self
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+
+    def _record(self, request: ProxiedRequest) -> None:
+        with self._lock:
+            self.requests.append(request)
+
+    def count(self, method: str | None = None, path_contains: str | None = None) -> int:
+        with self._lock:
+            return sum(
+                1
+                for r in self.requests
+                if (method is None or r.method == method)
+                and (path_contains is None or path_contains in r.path)
+            )
+
+    def reset(self) -> None:
+        with self._lock:
+            self.requests.clear()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
