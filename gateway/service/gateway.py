@@ -76,8 +76,11 @@ class Gateway:
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
+        # Let metadata writes and fills in flight finish briefly; then give up on them.
+        if self._tasks:
+            _, pending = await asyncio.wait(list(self._tasks), timeout=5)
+            for task in pending:
+                task.cancel()
         await self.namespace.close()
 
     # -- buckets ---------------------------------------------------------------------------
