@@ -16,7 +16,7 @@ from botocore.exceptions import ClientError
 
 from tests.support.gateway import BIN, GatewayNode, start_gateway
 from tests.support.origin import CountingProxy
-from tests.support.postgres import temp_database
+from tests.support.postgres import database_outage, temp_database
 
 ORIGIN_SECRET = "origin-secret-never-shown-9f8e7d"
 
@@ -188,6 +188,27 @@ def test_gateway_on_postgresql(
         assert not (tmp_path / "n" / "gateway.db").exists()
     finally:
         node.stop()
+
+
+def test_reads_go_on_while_the_database_is_down(
+    tmp_path: Path, origin: CountingProxy, bucket: str
+) -> None:
+    with temp_database() as url:
+        node = start_gateway(tmp_path / "n", database_url=url)
+        try:
+            _mount_s3(node, "outage", origin)
+            s3 = node.client()
+            _eventually(lambda: s3.get_object(Bucket="outage", Key="item-0.bin"))
+            with database_outage(url):
+                time.sleep(1.5)  # several refresh rounds fail meanwhile
+                hit = s3.get_object(Bucket="outage", Key="item-0.bin")
+                assert hit["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit"
+                miss = s3.get_object(Bucket="outage", Key="item-1.bin")
+                assert miss["Body"].read() == b"\x01" * 5000
+                assert node.proc.poll() is None
+            assert "metadata store unavailable" in node.log()
+        finally:
+            node.stop()
 
 
 # -- aws-cli, a real subprocess ------------------------------------------------------------

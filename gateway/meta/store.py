@@ -299,13 +299,22 @@ class MetaStore:
     @asynccontextmanager
     async def _connect(self) -> AsyncIterator[AsyncConnection]:
         """A connection in a transaction, committed on success; outages become MetaUnavailable."""
+        conn = self._engine.connect()
         try:
-            async with self._engine.begin() as conn:
+            await conn.start()
+        except Exception as error:
+            # Whatever stops us from getting a connection at all (refused, not accepting
+            # connections, too many clients, shutting down) is an outage, not a bug.
+            raise MetaUnavailable(f"database {self._safe_url()}: {error}") from error
+        try:
+            async with conn.begin():
                 yield conn
         except Exception as error:
             if _unavailable(error):
                 raise MetaUnavailable(f"database {self._safe_url()}: {error}") from error
             raise
+        finally:
+            await conn.close()
 
     def _safe_url(self) -> str:
         return self._engine.url.render_as_string(hide_password=True)

@@ -49,3 +49,15 @@ def temp_database() -> Iterator[str]:
     finally:
         # FORCE terminates connections a failed test left open, which would block the drop.
         _run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextmanager
+def database_outage(url: str) -> Iterator[None]:
+    """The database of `url` refuses every connection (and loses the open ones) for a while."""
+    name = url.rsplit("/", 1)[1]
+    _run(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+    _run("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", name)
+    try:
+        yield
+    finally:
+        _run(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
