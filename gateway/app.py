@@ -11,6 +11,7 @@ from gateway.admin.routes import ADMIN_PATHS, admin_app
 from gateway.cache import ObjectCache
 from gateway.config import Settings
 from gateway.meta import MetaStore, SecretBox
+from gateway.metrics import watch_cache
 from gateway.s3.app import S3App
 from gateway.s3.http import Receive, Scope, Send
 from gateway.service.gateway import Gateway
@@ -52,6 +53,7 @@ class Node:
         await meta.migrate()
         cache = open_cache(s)
         await cache.open()
+        watch_cache(lambda: cache.stats)
         gateway = Gateway(meta, cache, s.metadata_ttl)
         await gateway.namespace.refresh()
         self._refresher = asyncio.create_task(gateway.namespace.run(s.refresh_interval))

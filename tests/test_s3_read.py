@@ -414,3 +414,18 @@ def test_if_modified_since_with_http_date_on_the_wire(node: GatewayNode) -> None
 
 def _xml_code(r: httpx.Response) -> str | None:
     return ET.fromstring(r.content).findtext("Code")
+
+
+def test_prometheus_metrics_count_requests_and_cache_hits(node: GatewayNode) -> None:
+    s3 = node.client()
+    s3.get_object(Bucket="files", Key="top.txt")["Body"].read()
+    s3.get_object(Bucket="files", Key="top.txt")["Body"].read()
+    text = httpx.get(f"{node.url}/metrics").text
+    samples = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert samples['gateway_requests_total{op="GetObject",status="200"}'] >= 2
+    assert samples["gateway_cache_hits_total"] >= 1
+    assert samples['gateway_response_bytes_total{cache="hit",op="GetObject"}'] >= 4

@@ -1,4 +1,4 @@
-"""Starlette routes for operators: /healthz answers 200 once the node serves."""
+"""Starlette routes for operators: /healthz (200 once the node serves) and /metrics."""
 
 from __future__ import annotations
 
@@ -6,10 +6,13 @@ from collections.abc import Callable
 
 from starlette.applications import Starlette
 from starlette.requests import Request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-ADMIN_PATHS = ("/healthz",)
+from gateway.metrics import REGISTRY
+
+ADMIN_PATHS = ("/healthz", "/metrics")
 
 
 def admin_app(ready: Callable[[], bool]) -> Starlette:
@@ -18,4 +21,12 @@ def admin_app(ready: Callable[[], bool]) -> Starlette:
             return JSONResponse({"status": "starting"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    return Starlette(routes=[Route("/healthz", healthz, methods=["GET", "HEAD"])])
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    return Starlette(
+        routes=[
+            Route("/healthz", healthz, methods=["GET", "HEAD"]),
+            Route("/metrics", metrics, methods=["GET"]),
+        ]
+    )

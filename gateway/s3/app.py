@@ -11,7 +11,7 @@ import logging
 import re
 import time
 
-from gateway import errors
+from gateway import errors, metrics
 from gateway.s3.handlers import Context, Operation, route
 from gateway.s3.http import Receive, Reply, S3Request, Scope, Send, parse_request, send_reply
 from gateway.s3.sigv4 import SigV4Verifier
@@ -80,19 +80,25 @@ class S3App:
             log.warning(
                 "response aborted: %s", exc, extra={"request_id": req.request_id}
             )
+        name = op.name if op else "Unknown"
+        elapsed = time.perf_counter() - started
+        cache = reply.cache or "none"
+        metrics.REQUESTS.labels(name, str(reply.status)).inc()
+        metrics.RESPONSE_BYTES.labels(name, cache).inc(sent)
+        metrics.LATENCY.labels(name).observe(elapsed)
         if self.log_access:
             access_log.info(
                 "request",
                 extra={
                     "request_id": req.request_id,
-                    "op": op.name if op else None,
+                    "op": name,
                     "method": req.method,
                     "bucket": req.bucket,
                     "key": req.key,
                     "status": reply.status,
                     "bytes": sent,
-                    "ms": round((time.perf_counter() - started) * 1000, 3),
-                    "cache": dict(reply.headers).get(b"x-cache", b"").decode() or None,
+                    "ms": round(elapsed * 1000, 3),
+                    "cache": reply.cache,
                     "access_key": req.access_key,
                 },
             )

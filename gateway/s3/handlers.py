@@ -264,6 +264,7 @@ def _object_reply(req: S3Request, result: ObjectResult) -> Reply:
             "content-range", f"bytes {result.start}-{result.end - 1}/{result.info.size}"
         )
     reply.header("x-cache", result.cache)
+    reply.cache = result.cache
     length = result.end - result.start
     reply.body = b"" if result.body is None else result.body  # None: HEAD
     reply.length = length

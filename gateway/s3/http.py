@@ -72,6 +72,7 @@ class Reply:
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     body: bytes | AsyncIterator[bytes] = b""
     length: int | None = None  # Content-Length when it is not len(body): streams, HEAD
+    cache: str | None = None  # hit, miss or bypass: for x-cache, metrics and the access log
 
     def header(self, name: str, value: str) -> None:
         self.headers.append((name.encode("latin-1"), value.encode("latin-1")))
