@@ -186,7 +186,9 @@ async def _bootstrap(meta: MetaStore, s: Settings) -> str:
             + (" s3://demo/ --recursive" if s.demo else "")
         )
     else:
-        lines.append("  (its secret was printed when it was created; `gateway keys create` adds one)")
+        lines.append(
+            "  (its secret was printed when it was created; `gateway keys create` adds one)"
+        )
     return "\n".join(lines)
 
 

@@ -16,9 +16,7 @@ from gateway.cache import CacheStats
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
-REQUESTS = Counter(
-    "gateway_requests", "S3 requests answered", ["op", "status"], registry=REGISTRY
-)
+REQUESTS = Counter("gateway_requests", "S3 requests answered", ["op", "status"], registry=REGISTRY)
 RESPONSE_BYTES = Counter(
     "gateway_response_bytes", "Body bytes sent to clients", ["op", "cache"], registry=REGISTRY
 )

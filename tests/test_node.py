@@ -229,9 +229,7 @@ def cli_node(
 def aws(node: GatewayNode, *args: str) -> subprocess.CompletedProcess[str]:
     from tests.support.gateway import ACCESS_KEY, SECRET_KEY
 
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != "HOME"
-    } | {
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != "HOME"} | {
         "AWS_ACCESS_KEY_ID": ACCESS_KEY,
         "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
         "AWS_DEFAULT_REGION": "us-east-1",

@@ -11,6 +11,7 @@ from email.utils import format_datetime
 from pathlib import Path
 from typing import Any
 
+import boto3
 import httpx
 import pytest
 from botocore.exceptions import ClientError
@@ -241,8 +242,10 @@ def test_list_v2_paginates_over_more_than_1000_keys(node: GatewayNode) -> None:
 
 
 def test_list_v1_paginates_with_markers(node: GatewayNode) -> None:
-    pages = node.client().get_paginator("list_objects").paginate(
-        Bucket="many", PaginationConfig={"PageSize": 300}
+    pages = (
+        node.client()
+        .get_paginator("list_objects")
+        .paginate(Bucket="many", PaginationConfig={"PageSize": 300})
     )
     keys = [o["Key"] for page in pages for o in page.get("Contents", [])]
     assert keys == [f"{i // 100:02d}/k{i:05d}" for i in range(1100)]
@@ -429,3 +432,42 @@ def test_prometheus_metrics_count_requests_and_cache_hits(node: GatewayNode) -> 
     assert samples['gateway_requests_total{op="GetObject",status="200"}'] >= 2
     assert samples["gateway_cache_hits_total"] >= 1
     assert samples['gateway_response_bytes_total{cache="hit",op="GetObject"}'] >= 4
+
+
+def test_sigv2_presigned_url_as_boto3_makes_by_default(node: GatewayNode) -> None:
+    from tests.support.gateway import ACCESS_KEY, SECRET_KEY
+
+    s3 = boto3.client(
+        "s3", endpoint_url=node.url, aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY, region_name="us-east-1",
+    )  # fmt: skip
+    for key in ("obj.bin", "with space.txt", "ünïcödé/ключ.txt"):
+        url = s3.generate_presigned_url(
+            "get_object", Params={"Bucket": "data", "Key": key, "ResponseContentType": "a/b"}
+        )
+        assert "AWSAccessKeyId=" in url
+        r = httpx.get(url)
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"] == "a/b"
+    bad = s3.generate_presigned_url("get_object", Params={"Bucket": "data", "Key": "obj.bin"})
+    r = httpx.get(bad.replace("Signature=", "Signature=x"))
+    assert (r.status_code, _xml_code(r)) == (403, "SignatureDoesNotMatch")
+    expired = s3.generate_presigned_url(
+        "get_object", Params={"Bucket": "data", "Key": "obj.bin"}, ExpiresIn=-10
+    )
+    assert _xml_code(httpx.get(expired)) == "AccessDenied"
+
+
+def test_sigv2_header_auth(node: GatewayNode) -> None:
+    from botocore.config import Config
+
+    from tests.support.gateway import ACCESS_KEY, SECRET_KEY
+
+    s3 = boto3.client(
+        "s3", endpoint_url=node.url, aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY, region_name="us-east-1",
+        config=Config(signature_version="s3", s3={"addressing_style": "path"}),
+    )  # fmt: skip
+    assert s3.get_object(Bucket="data", Key="plus+sign.txt")["Body"].read() == b"ds/plus+sign.txt"
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="many", MaxKeys=3)["Contents"]]
+    assert keys == ["00/k00000", "00/k00001", "00/k00002"]

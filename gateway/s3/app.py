@@ -14,7 +14,8 @@ import time
 from gateway import errors, metrics
 from gateway.s3.handlers import Context, Operation, route
 from gateway.s3.http import Receive, Reply, S3Request, Scope, Send, parse_request, send_reply
-from gateway.s3.sigv4 import SigV4Verifier
+from gateway.s3.sigv2 import SigV2Verifier, is_sigv2
+from gateway.s3.sigv4 import AuthResult, SigV4Verifier
 from gateway.service.gateway import Gateway
 
 log = logging.getLogger("gateway.s3")
@@ -27,7 +28,12 @@ def _claimed_access_key(req: S3Request) -> str | None:
     cred = req.query.get("X-Amz-Credential")
     if cred:
         return cred.split("/", 1)[0]
-    m = _CREDENTIAL.search(req.headers.get("authorization", ""))
+    if "AWSAccessKeyId" in req.query:
+        return req.query["AWSAccessKeyId"]
+    header = req.headers.get("authorization", "")
+    if header.startswith("AWS "):
+        return header[4:].rpartition(":")[0].strip() or None
+    m = _CREDENTIAL.search(header)
     return m.group(1) if m else None
 
 
@@ -51,6 +57,7 @@ class S3App:
         self.base_domain = base_domain
         self.log_access = log_access
         self.verifier = SigV4Verifier(gateway.namespace.secret_for)
+        self.verifier_v2 = SigV2Verifier(gateway.namespace.secret_for)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
@@ -77,9 +84,7 @@ class S3App:
         except Exception as exc:
             # Headers are out: all we can do is cut the connection so the client sees a
             # short body instead of a silently wrong one.
-            log.warning(
-                "response aborted: %s", exc, extra={"request_id": req.request_id}
-            )
+            log.warning("response aborted: %s", exc, extra={"request_id": req.request_id})
         name = op.name if op else "Unknown"
         elapsed = time.perf_counter() - started
         cache = reply.cache or "none"
@@ -103,10 +108,17 @@ class S3App:
                 },
             )
 
+    def _verify(self, req: S3Request) -> AuthResult | None:
+        if is_sigv2(req.headers, req.query_string):
+            in_host = req.bucket if req.virtual_host else None
+            return self.verifier_v2.verify(
+                req.method, req.raw_path, req.query_string, req.headers, in_host
+            )
+        return self.verifier.verify(req.method, req.raw_path, req.query_string, req.headers)
+
     async def authenticate(self, req: S3Request, op: Operation) -> None:
-        v = self.verifier
         try:
-            result = v.verify(req.method, req.raw_path, req.query_string, req.headers)
+            result = self._verify(req)
         except errors.S3Error as exc:
             if exc.code != "InvalidAccessKeyId":
                 raise
@@ -114,7 +126,7 @@ class S3App:
             ak = _claimed_access_key(req)
             if ak is None or await self.gateway.namespace.lookup_unknown_key(ak) is None:
                 raise
-            result = v.verify(req.method, req.raw_path, req.query_string, req.headers)
+            result = self._verify(req)
         if result is not None:
             req.access_key = result.access_key
             return

@@ -91,7 +91,9 @@ NoSuchUpload = _error(
     " or the multipart upload might have been aborted or completed.",
 )
 NotImplementedError_ = _error(
-    "NotImplemented", 501, "A header or query you provided implies functionality that is not implemented."
+    "NotImplemented",
+    501,
+    "A header or query you provided implies functionality that is not implemented.",
 )
 PreconditionFailed = _error(
     "PreconditionFailed", 412, "At least one of the pre-conditions you specified did not hold"
@@ -112,10 +114,6 @@ XAmzContentSHA256Mismatch = _error(
     400,
     "The provided 'x-amz-content-sha256' header does not match what was computed.",
 )
-InternalError = _error(
-    "InternalError", 500, "We encountered an internal error. Please try again."
-)
-ServiceUnavailable = _error(
-    "ServiceUnavailable", 503, "Please reduce your request rate."
-)
+InternalError = _error("InternalError", 500, "We encountered an internal error. Please try again.")
+ServiceUnavailable = _error("ServiceUnavailable", 503, "Please reduce your request rate.")
 SlowDown = _error("SlowDown", 503, "Please reduce your request rate.")

@@ -29,6 +29,9 @@ RESPONSE_OVERRIDES = {
 }
 _AUTH_PARAMS = {
     "x-id",
+    "AWSAccessKeyId",
+    "Expires",
+    "Signature",
     "X-Amz-Algorithm",
     "X-Amz-Credential",
     "X-Amz-Date",
@@ -255,14 +258,14 @@ async def get_object(ctx: Context, req: S3Request) -> Reply:
 
 def _object_reply(req: S3Request, result: ObjectResult) -> Reply:
     overrides = {
-        header: req.query[param] for param, header in RESPONSE_OVERRIDES.items() if param in req.query
+        header: req.query[param]
+        for param, header in RESPONSE_OVERRIDES.items()
+        if param in req.query
     }
     reply = Reply(status=206 if result.partial else 200)
     object_headers(reply, result.info, overrides)
     if result.partial:
-        reply.header(
-            "content-range", f"bytes {result.start}-{result.end - 1}/{result.info.size}"
-        )
+        reply.header("content-range", f"bytes {result.start}-{result.end - 1}/{result.info.size}")
     reply.header("x-cache", result.cache)
     reply.cache = result.cache
     length = result.end - result.start

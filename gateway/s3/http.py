@@ -33,6 +33,7 @@ class S3Request:
     key: str | None
     request_id: str = field(default_factory=new_request_id)
     access_key: str | None = None  # set once authenticated
+    virtual_host: bool = False  # the bucket came from the Host header
 
     @property
     def resource(self) -> str:
@@ -55,15 +56,18 @@ def parse_request(scope: Scope, base_domain: str | None) -> S3Request:
     bucket: str | None = None
     key: str | None = None
     host = headers.get("host", "").rsplit(":", 1)[0].lower() if base_domain else ""
-    if base_domain and host.endswith("." + base_domain):
-        bucket = host[: -len(base_domain) - 1]
+    virtual = bool(base_domain) and host.endswith(f".{base_domain}")
+    if virtual:
+        bucket = host[: -len(f".{base_domain}")]
         key = path[1:] or None
     else:
         rest = path[1:]
         if rest:
             bucket, sep, k = rest.partition("/")
             key = k if sep and k else None
-    return S3Request(scope["method"], raw_path, qs, headers, query, bucket or None, key)
+    req = S3Request(scope["method"], raw_path, qs, headers, query, bucket or None, key)
+    req.virtual_host = virtual
+    return req
 
 
 @dataclass(slots=True)

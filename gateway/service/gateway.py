@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncGenerator, Coroutine
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +47,7 @@ class ObjectResult:
     start: int
     end: int
     partial: bool  # a Range was asked for and satisfied (206)
-    body: bytes | AsyncIterator[bytes] | None  # None for HEAD
+    body: bytes | AsyncGenerator[bytes, None] | None  # None for HEAD
     cache: str  # "hit", "miss" or "bypass"
 
 
@@ -108,9 +108,7 @@ class Gateway:
             return ListPage([], [], None)
         try:
             with store_errors(prefix):
-                return await handle.store.list_page(
-                    prefix, delimiter, token, start_after, max_keys
-                )
+                return await handle.store.list_page(prefix, delimiter, token, start_after, max_keys)
         except ValueError:
             raise errors.InvalidArgument(
                 "The continuation token provided is incorrect", ArgumentName="continuation-token"
@@ -169,14 +167,16 @@ class Gateway:
                 # Overwritten between stat and read: revalidate once and serve the new version.
                 self.metadata.forget(handle.id, key)
                 if attempt:
-                    raise errors.ServiceUnavailable("The object changed while it was read.") from None
+                    raise errors.ServiceUnavailable(
+                        "The object changed while it was read."
+                    ) from None
                 continue
             return ObjectResult(info, start, end, rng is not None, body, how)
         raise AssertionError("unreachable")
 
     async def _body(
         self, handle: MountHandle, info: ObjectInfo, start: int, end: int
-    ) -> tuple[bytes | AsyncIterator[bytes], str]:
+    ) -> tuple[bytes | AsyncGenerator[bytes, None], str]:
         if not handle.cache_enabled or not self.cache.admits(info.size):
             return self._from_store(handle, info, start, end), "bypass"
         ckey = self._ckey(handle, info)
@@ -203,7 +203,7 @@ class Gateway:
 
     async def _stream_cached(
         self, handle: MountHandle, info: ObjectInfo, entry: CacheEntry, start: int, end: int
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         try:
             async with aclosing(self.cache.stream(entry, start, end)) as chunks:
                 async for chunk in chunks:
@@ -217,7 +217,7 @@ class Gateway:
 
     async def _from_store(
         self, handle: MountHandle, info: ObjectInfo, start: int, end: int
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         if start >= end:
             return
         with store_errors(info.key):
@@ -227,7 +227,7 @@ class Gateway:
 
     async def _fill_and_stream(
         self, handle: MountHandle, info: ObjectInfo, fill: Fill
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         committed = False
         try:
             async with aclosing(self._from_store(handle, info, 0, info.size)) as chunks:
@@ -266,4 +266,3 @@ class Gateway:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-

@@ -1,4 +1,4 @@
-"""In-process object metadata with per-mount TTL: what makes a hot hit free of store and database."""
+"""In-process object metadata with per-mount TTL: what keeps a hot hit off store and database."""
 
 from __future__ import annotations
 

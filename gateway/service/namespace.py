@@ -7,10 +7,12 @@ access key), so `gateway mount add` on any machine reaches a running node withou
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.meta import MetaStore, MetaUnavailable, Mount
 from gateway.stores import Store, open_store
@@ -116,10 +118,8 @@ class Namespace:
         if time.monotonic() - self._keys_refreshed >= 1.0:
             if self._key_refresh is None or self._key_refresh.done():
                 self._key_refresh = asyncio.create_task(self.refresh_keys())
-            try:
+            with contextlib.suppress(MetaUnavailable):
                 await asyncio.shield(self._key_refresh)
-            except MetaUnavailable:
-                pass
         return self._secrets.get(access_key)
 
     async def run(self, interval: float) -> None:
@@ -140,8 +140,8 @@ class Namespace:
             await handle.store.close()
         self._mounts = {}
 
-    def _spawn(self, coro: object) -> None:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -7,7 +7,7 @@ root or prefix. Nothing here knows about HTTP requests from clients.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -71,7 +71,7 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def read(
         self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """Bytes [start, end) of the object (end None: to the end), as they arrive.
 
         With `if_match`, raise VersionChanged rather than return bytes of another version.

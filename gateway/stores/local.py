@@ -8,7 +8,7 @@ import errno
 import mimetypes
 import os
 import stat as st
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from datetime import UTC, datetime
 
 import anyio.to_thread
@@ -202,7 +202,7 @@ class LocalStore(Store):
 
     async def read(
         self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         fd, data, pos, stop, etag = await anyio.to_thread.run_sync(
             self._open_sync, key, start, end, if_match
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from datetime import UTC, datetime
 from email.utils import format_datetime
 from typing import Any
@@ -203,7 +203,7 @@ class S3Store(Store):
 
     async def read(
         self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         if end is not None and end <= start:
             # No bytes to send, but a missing key or a changed version must still be reported.
             await self._head(key, if_match)
