@@ -194,6 +194,10 @@ class Gateway:
                 return self._from_store(handle, info, start, end), "miss"
         if entry is None:
             return self._from_store(handle, info, start, end), "miss"
+        if entry.size != info.size:
+            # Same version, other length: a damaged file. Drop it rather than serve it.
+            self.cache.invalidate(ckey)
+            return self._from_store(handle, info, start, end), "miss"
         try:
             if end - start <= SMALL_READ:
                 return await self.cache.read(entry, start, end), "hit"
