@@ -471,3 +471,49 @@ def test_sigv2_header_auth(node: GatewayNode) -> None:
     assert s3.get_object(Bucket="data", Key="plus+sign.txt")["Body"].read() == b"ds/plus+sign.txt"
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket="many", MaxKeys=3)["Contents"]]
     assert keys == ["00/k00000", "00/k00001", "00/k00002"]
+
+
+@pytest.mark.parametrize(
+    ("params", "code"),
+    [
+        ({"list-type": "2", "max-keys": "ten"}, "InvalidArgument"),
+        ({"list-type": "2", "max-keys": "-1"}, "InvalidArgument"),
+        ({"list-type": "2", "encoding-type": "base64"}, "InvalidArgument"),
+        ({"list-type": "2", "continuation-token": "not-a-token!"}, "InvalidArgument"),
+    ],
+)
+def test_bad_list_arguments_are_400(node: GatewayNode, params: dict[str, str], code: str) -> None:
+    r = _signed_get(node, "/files", params)
+    assert (r.status_code, _xml_code(r)) == (400, code)
+
+
+def test_path_that_is_not_utf8_is_400(node: GatewayNode) -> None:
+    r = httpx.get(f"{node.url}/files/%ff%fe")
+    assert r.status_code == 400
+    assert _xml_code(r) == "InvalidArgument"
+
+
+def test_request_with_skewed_clock_is_refused(
+    node: GatewayNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import botocore.auth
+
+    an_hour_ago = datetime.now(UTC).replace(tzinfo=None) - timedelta(hours=1)
+    monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda: an_hour_ago)
+    r = _signed_get(node, "/files/top.txt", {})
+    assert (r.status_code, _xml_code(r)) == (403, "RequestTimeTooSkewed")
+
+
+def _signed_get(node: GatewayNode, path: str, params: dict[str, str]) -> httpx.Response:
+    from urllib.parse import urlencode
+
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    from tests.support.gateway import ACCESS_KEY, SECRET_KEY
+
+    url = f"{node.url}{path}?{urlencode(params)}" if params else f"{node.url}{path}"
+    req = AWSRequest(method="GET", url=url, headers={"x-amz-content-sha256": "UNSIGNED-PAYLOAD"})
+    S3SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "s3", "us-east-1").add_auth(req)
+    return httpx.get(url, headers=dict(req.headers.items()))
