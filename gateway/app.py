@@ -45,7 +45,7 @@ class Node:
         self.gateway: Gateway | None = None
         self.s3: S3App | None = None
         self.admin = admin_app(lambda: self.s3 is not None)
-        self._refresher: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         s = self.settings
@@ -54,17 +54,27 @@ class Node:
         cache = open_cache(s)
         await cache.open()
         watch_cache(lambda: cache.stats)
-        gateway = Gateway(meta, cache, s.metadata_ttl)
+        gateway = Gateway(
+            meta,
+            cache,
+            s.metadata_ttl,
+            bucket_store=s.bucket_store,
+            bucket_store_options=s.bucket_store_option_map,
+            multipart_max_age=s.multipart_max_age,
+        )
         await gateway.namespace.refresh()
-        self._refresher = asyncio.create_task(gateway.namespace.run(s.refresh_interval))
+        self._tasks = [
+            asyncio.create_task(gateway.namespace.run(s.refresh_interval)),
+            asyncio.create_task(gateway.multipart.run_janitor(min(3600.0, s.multipart_max_age))),
+        ]
         self.gateway = gateway
         self.s3 = S3App(gateway, s.region, s.base_domain, s.access_log)
 
     async def stop(self) -> None:
-        if self._refresher is not None:
-            self._refresher.cancel()
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._refresher
+                await task
         if self.gateway is not None:
             await self.gateway.close()
             await self.gateway.cache.close()

@@ -18,6 +18,7 @@ import click
 
 from gateway.config import Settings, build_settings
 from gateway.meta import AccessKeyExists, MetaStore, MountExists
+from gateway.service.buckets import bucket_name_problem
 from gateway.service.namespace import store_options
 from gateway.stores import open_store
 
@@ -43,6 +44,11 @@ _SERVE_OPTIONS: list[tuple[str, str]] = [
     ("cache_memory_object_max", "Largest object kept in the memory tier."),
     ("metadata_ttl", "Default metadata TTL in seconds (0 always revalidate, -1 never)."),
     ("refresh_interval", "Seconds between re-reads of mounts and keys from the database."),
+    ("bucket_store", "Where CreateBucket makes buckets: file:///dir or s3:// (none: refused)."),
+    ("bucket_store_options", "Options of the bucket store: endpoint_url=...,secret_key=..."),
+    ("multipart_max_age", "Seconds after which an unfinished multipart upload is aborted."),
+    ("tls_cert", "Serve HTTPS: the certificate chain (PEM)."),
+    ("tls_key", "Serve HTTPS: the private key (PEM)."),
     ("admin_access_key", "An access key to ensure at start (with --admin-secret-key)."),
     ("admin_secret_key", "The secret of --admin-access-key."),
     ("log_level", "debug, info, warning or error."),
@@ -129,6 +135,8 @@ def serve(**kwargs: Any) -> None:
         log_config=None,
         server_header=False,
         timeout_graceful_shutdown=10,
+        ssl_certfile=settings.tls_cert,
+        ssl_keyfile=settings.tls_key,
     )
 
 
@@ -155,7 +163,8 @@ DEMO_FILES = {
 
 async def _bootstrap(meta: MetaStore, s: Settings) -> str:
     """Keys and the demo mount a fresh node needs; returns what to print for the user."""
-    lines = [f"gateway: S3 endpoint http://{s.host}:{s.port} (region {s.region})"]
+    scheme = "https" if s.tls_cert else "http"
+    lines = [f"gateway: S3 endpoint {scheme}://{s.host}:{s.port} (region {s.region})"]
     created = None
     if s.admin_access_key and s.admin_secret_key:
         existing = await meta.get_key(s.admin_access_key)
@@ -182,7 +191,7 @@ async def _bootstrap(meta: MetaStore, s: Settings) -> str:
         lines.append(f"  secret key: {key.secret_key}")
         lines.append(
             f"  try: AWS_ACCESS_KEY_ID={key.access_key} AWS_SECRET_ACCESS_KEY={key.secret_key} "
-            f"aws --endpoint-url http://{s.host}:{s.port} s3 ls"
+            f"aws --endpoint-url {scheme}://{s.host}:{s.port} s3 ls"
             + (" s3://demo/ --recursive" if s.demo else "")
         )
     else:
@@ -198,22 +207,10 @@ def _redact(url: str) -> str:
 
 # -- mounts ------------------------------------------------------------------------------
 
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-_RESERVED = {"healthz"}
-
-
 def validate_bucket(name: str) -> None:
-    if (
-        not _BUCKET.match(name)
-        or ".." in name
-        or re.match(r"^\d+\.\d+\.\d+\.\d+$", name)
-        or name in _RESERVED
-    ):
-        raise click.BadParameter(
-            f"{name!r} is not a valid bucket name (3-63 of a-z 0-9 . -, starting and ending"
-            " with a letter or digit, not an IP address)",
-            param_hint="BUCKET",
-        )
+    problem = bucket_name_problem(name)
+    if problem:
+        raise click.BadParameter(f"{name!r}: {problem}", param_hint="BUCKET")
 
 
 def _parse_options(pairs: tuple[str, ...]) -> dict[str, str]:

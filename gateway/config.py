@@ -47,6 +47,11 @@ class Settings:
     cache_memory_object_max: int = 256 << 10
     metadata_ttl: float = 5.0  # seconds; 0 revalidates every request, -1 never
     refresh_interval: float = 2.0  # how often mounts and keys are re-read from the database
+    bucket_store: str | None = None  # where CreateBucket makes buckets: file:///dir or s3://
+    bucket_store_options: str | None = None  # "endpoint_url=...,access_key=...,secret_key=..."
+    multipart_max_age: float = 7 * 86400.0  # abandoned uploads are aborted after this
+    tls_cert: Path | None = None  # serve HTTPS with this certificate chain (PEM)
+    tls_key: Path | None = None
     admin_access_key: str | None = None  # ensured to exist at start (with admin_secret_key)
     admin_secret_key: str | None = None
     access_log: bool = True
@@ -57,6 +62,17 @@ class Settings:
     @property
     def effective_database_url(self) -> str:
         return self.database_url or f"sqlite+aiosqlite:///{self.data_dir.resolve() / 'gateway.db'}"
+
+    @property
+    def bucket_store_option_map(self) -> dict[str, str]:
+        pairs = [p for p in (self.bucket_store_options or "").split(",") if p.strip()]
+        out = {}
+        for pair in pairs:
+            name, eq, value = pair.partition("=")
+            if not eq:
+                raise ValueError(f"bucket_store_options: {pair!r} is not KEY=VALUE")
+            out[name.strip()] = value.strip()
+        return out
 
     @property
     def effective_cache_dir(self) -> Path:
@@ -81,7 +97,7 @@ def _coerce(name: str, value: Any) -> Any:
         return int(value)
     if isinstance(default, float):
         return float(value)
-    if name in {"data_dir", "cache_dir", "encryption_key_file"}:
+    if name in {"data_dir", "cache_dir", "encryption_key_file", "tls_cert", "tls_key"}:
         return Path(value)
     return str(value)
 

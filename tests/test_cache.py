@@ -456,3 +456,24 @@ def test_key_names_are_unambiguous() -> None:
     assert len(names) == 4
     assert CacheKey(1, "ab", "c").name == CacheKey(1, "ab", "c").name
     assert len(CacheKey(1, "ab", "c").name) == 64
+
+
+async def test_a_write_is_named_by_the_version_the_store_answered(cache: ObjectCache) -> None:
+    data = os.urandom(3 * MiB + 5)
+    fill = cache.begin_write(len(data))
+    for i in range(0, len(data), MiB):
+        await fill.write(data[i : i + MiB])
+    assert cache.lookup(CacheKey(1, "k", '"etag"')) is None
+    entry = await cache.commit_write(fill, CacheKey(1, "k", '"etag"'))
+    assert cache.lookup(CacheKey(1, "k", '"etag"')) == entry
+    assert await cache.read(entry, 0, len(data)) == data
+
+
+async def test_an_aborted_write_leaves_nothing(cache: ObjectCache, tmp_path: Path) -> None:
+    fill = cache.begin_write(2 * MiB)
+    await fill.write(b"x" * (MiB + 1))
+    await fill.abort()
+    assert cache.stats.entries == 0
+    assert not any((tmp_path / "cache").rglob("*/*/*"))
+    with pytest.raises(FillAborted):
+        await cache.commit_write(fill, CacheKey(1, "k", '"e"'))

@@ -93,7 +93,7 @@ def test_invalid_mounts_are_refused(tmp_path: Path) -> None:
     from tests.support.gateway import run_cli
 
     for args, message in [
-        (("Bad_Name", "file:///tmp"), "not a valid bucket name"),
+        (("Bad_Name", "file:///tmp"), "Bucket names are 3-63"),
         (("ok-name", "ftp://host/x"), "unknown store scheme"),
         (("ok-name", "file://relative"), ""),
         (("ok-name", "s3://b", "-o", "colour=blue"), "unknown s3 store options"),

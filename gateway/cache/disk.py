@@ -234,6 +234,21 @@ class ObjectCache:
         self._fills[name] = fill
         return fill
 
+    def begin_write(self, size: int) -> Fill:
+        """A fill for bytes whose version is not known yet (a PUT on its way to the store);
+        `commit_write` names it once the store has answered with the ETag."""
+        if self._ctx is None:
+            raise RuntimeError("cache is not open")
+        if not self.admits(size):
+            raise ValueError(f"an object of {size} bytes is not admitted")
+        tmp = f"{self._root}/{_files.TMP_DIR}/{secrets.token_hex(16)}"
+        # Not registered as in flight: nobody can wait for a version that has no name yet.
+        return Fill(_UNNAMED, size, tmp, tmp, self._ctx)
+
+    async def commit_write(self, fill: Fill, key: CacheKey) -> CacheEntry:
+        fill.name_as(key, _files.object_path(self._root, key.name))
+        return await fill.commit()
+
     async def wait(self, key: CacheKey) -> CacheEntry | None:
         """The entry of the fill in flight once it ends, None if it failed; with no fill in
         flight, the cached entry if there is one."""
@@ -347,6 +362,9 @@ class ObjectCache:
         # queue behind (or starve) whatever else uses the loop's default executor.
         result: T = await asyncio.wrap_future(self._pool().submit(fn, *args))
         return result
+
+
+_UNNAMED = CacheKey(0, "", "")
 
 
 def _check_range(entry: CacheEntry, start: int, end: int) -> None:

@@ -96,6 +96,13 @@ class Fill:
         if not self._keep and len(self._buf) >= WRITE_BATCH:
             await self._flush()
 
+    def name_as(self, key: CacheKey, dest: str) -> None:
+        """Give a fill begun without a version (ObjectCache.begin_write) its key before commit."""
+        if self._state is _State.OPEN:
+            self.key, self._dest = key, dest
+        elif self._state is not _State.ABORTED:  # an aborted one fails at commit, as it should
+            raise RuntimeError(f"naming a fill that is {self._state.value}")
+
     async def commit(self) -> CacheEntry:
         """Make the object visible and wake the waiters. A short fill is aborted instead."""
         if self._state is _State.COMMITTED and self._entry is not None:

@@ -12,8 +12,9 @@ import re
 import time
 
 from gateway import errors, metrics
-from gateway.s3.handlers import Context, Operation, route
+from gateway.s3.handlers import Context
 from gateway.s3.http import Receive, Reply, S3Request, Scope, Send, parse_request, send_reply
+from gateway.s3.routing import Operation, route
 from gateway.s3.sigv2 import SigV2Verifier, is_sigv2
 from gateway.s3.sigv4 import AuthResult, SigV4Verifier
 from gateway.service.gateway import Gateway
@@ -68,6 +69,7 @@ class S3App:
             reply = error_reply(errors.InvalidArgument("The path is not valid UTF-8."), req)
             await send_reply(send, reply, req.method == "HEAD", req.request_id)
             return
+        req.receive = receive
         op: Operation | None = None
         try:
             op = route(req)
@@ -129,6 +131,7 @@ class S3App:
             result = self._verify(req)
         if result is not None:
             req.access_key = result.access_key
+            req.auth = result
             return
         if op.read_only and req.bucket is not None:
             handle = self.gateway.namespace.mount(req.bucket)

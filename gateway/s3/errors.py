@@ -49,6 +49,35 @@ AuthorizationQueryParametersError = _error(
     "Query-string authentication version 4 requires the X-Amz-Algorithm, X-Amz-Credential,"
     " X-Amz-Signature, X-Amz-Date, X-Amz-SignedHeaders, and X-Amz-Expires parameters.",
 )
+BucketAlreadyExists = _error(
+    "BucketAlreadyExists",
+    409,
+    "The requested bucket name is not available. The bucket namespace is shared by all users"
+    " of the system. Please select a different name and try again.",
+)
+BucketAlreadyOwnedByYou = _error(
+    "BucketAlreadyOwnedByYou",
+    409,
+    "Your previous request to create the named bucket succeeded and you already own it.",
+)
+BucketNotEmpty = _error("BucketNotEmpty", 409, "The bucket you tried to delete is not empty")
+EntityTooSmall = _error(
+    "EntityTooSmall",
+    400,
+    "Your proposed upload is smaller than the minimum allowed object size.",
+)
+InvalidPart = _error(
+    "InvalidPart",
+    400,
+    "One or more of the specified parts could not be found. The part might not have been"
+    " uploaded, or the specified entity tag might not have matched the part's entity tag.",
+)
+InvalidPartOrder = _error(
+    "InvalidPartOrder",
+    400,
+    "The list of parts was not in ascending order. The parts list must be specified in"
+    " order by part number.",
+)
 BadDigest = _error(
     "BadDigest", 400, "The Content-MD5 or checksum value that you specified did not match."
 )
@@ -65,6 +94,12 @@ InvalidAccessKeyId = _error(
 )
 InvalidArgument = _error("InvalidArgument", 400, "Invalid Argument")
 InvalidBucketName = _error("InvalidBucketName", 400, "The specified bucket is not valid.")
+# S3 answers 403 for this one (observed; a 400 would be more natural).
+InvalidChunkSizeError = _error(
+    "InvalidChunkSizeError",
+    403,
+    "Only the last chunk is allowed to have a size less than 8192 bytes",
+)
 InvalidDigest = _error("InvalidDigest", 400, "The Content-MD5 you specified is not valid.")
 InvalidRange = _error("InvalidRange", 416, "The requested range is not satisfiable")
 InvalidRequest = _error("InvalidRequest", 400, "Invalid Request")
@@ -72,6 +107,12 @@ MalformedXML = _error(
     "MalformedXML",
     400,
     "The XML you provided was not well-formed or did not validate against our published schema.",
+)
+MalformedTrailerError = _error(
+    "MalformedTrailerError",
+    400,
+    "The request contained trailing data that was not well-formed or did not conform to our"
+    " published schema.",
 )
 MethodNotAllowed = _error(
     "MethodNotAllowed", 405, "The specified method is not allowed against this resource."

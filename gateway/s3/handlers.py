@@ -1,12 +1,8 @@
-"""One function per S3 operation, each reading like the operation it implements.
-
-`route` picks the operation from the method, bucket, key and query; anything it does not
-know answers NotImplemented rather than a wrong answer.
-"""
+"""The read operations, one function each, reading like the operation it implements."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from email.utils import format_datetime
 
@@ -17,8 +13,6 @@ from gateway.service.conditions import ByteRange, Conditions
 from gateway.service.gateway import Gateway, ObjectResult
 from gateway.stores import ObjectInfo
 
-Handler = Callable[["Context", S3Request], Awaitable[Reply]]
-
 RESPONSE_OVERRIDES = {
     "response-content-type": "content-type",
     "response-content-language": "content-language",
@@ -27,66 +21,12 @@ RESPONSE_OVERRIDES = {
     "response-content-disposition": "content-disposition",
     "response-content-encoding": "content-encoding",
 }
-_AUTH_PARAMS = {
-    "x-id",
-    "AWSAccessKeyId",
-    "Expires",
-    "Signature",
-    "X-Amz-Algorithm",
-    "X-Amz-Credential",
-    "X-Amz-Date",
-    "X-Amz-Expires",
-    "X-Amz-SignedHeaders",
-    "X-Amz-Signature",
-    "X-Amz-Security-Token",
-    "X-Amz-Content-Sha256",
-}
-_LIST_PARAMS = {"prefix", "delimiter", "max-keys", "encoding-type"}
-_LIST_V1_PARAMS = _LIST_PARAMS | {"marker"}
-_LIST_V2_PARAMS = _LIST_PARAMS | {"list-type", "continuation-token", "start-after", "fetch-owner"}
-_GET_OBJECT_PARAMS = set(RESPONSE_OVERRIDES)
 
 
 @dataclass(frozen=True, slots=True)
 class Context:
     gateway: Gateway
     region: str
-
-
-@dataclass(frozen=True, slots=True)
-class Operation:
-    name: str
-    handler: Handler
-    read_only: bool = True
-
-
-def _extra_params(req: S3Request, allowed: set[str]) -> list[str]:
-    return [p for p in req.query if p not in allowed and p not in _AUTH_PARAMS]
-
-
-def route(req: S3Request) -> Operation:
-    method = req.method
-    if req.bucket is None:
-        if method == "GET" and not _extra_params(req, set()):
-            return Operation("ListBuckets", list_buckets)
-    elif req.key is None:
-        if method == "HEAD" and not _extra_params(req, set()):
-            return Operation("HeadBucket", head_bucket)
-        if method == "GET":
-            if "location" in req.query and not _extra_params(req, {"location"}):
-                return Operation("GetBucketLocation", get_bucket_location)
-            if req.query.get("list-type") == "2":
-                if not _extra_params(req, _LIST_V2_PARAMS):
-                    return Operation("ListObjectsV2", list_objects_v2)
-            elif not _extra_params(req, _LIST_V1_PARAMS):
-                return Operation("ListObjects", list_objects_v1)
-    elif method in ("GET", "HEAD") and not _extra_params(req, _GET_OBJECT_PARAMS):
-        return Operation("GetObject" if method == "GET" else "HeadObject", get_object)
-    if method not in ("GET", "HEAD", "PUT", "POST", "DELETE"):
-        raise errors.MethodNotAllowed(Method=method, ResourceType="OBJECT" if req.key else "BUCKET")
-    extra = _extra_params(req, set())
-    what = f"{method} with ?{extra[0]}" if extra else f"{method} on this resource"
-    raise errors.NotImplementedError_(f"{what} is not implemented by this gateway.")
 
 
 # -- service -----------------------------------------------------------------------------
@@ -221,6 +161,11 @@ def object_headers(reply: Reply, info: ObjectInfo, overrides: dict[str, str]) ->
         reply.header(f"x-amz-meta-{name}", _latin1(value))
 
 
+def checksum_headers(reply: Reply, checksums: Mapping[str, str]) -> None:
+    for algorithm, value in checksums.items():
+        reply.header(f"x-amz-checksum-{algorithm}", value)
+
+
 def _latin1(value: str) -> str:
     try:
         value.encode("latin-1")
@@ -266,6 +211,12 @@ def _object_reply(req: S3Request, result: ObjectResult) -> Reply:
     object_headers(reply, result.info, overrides)
     if result.partial:
         reply.header("content-range", f"bytes {result.start}-{result.end - 1}/{result.info.size}")
+    if (
+        not result.partial
+        and result.info.checksums
+        and req.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED"
+    ):
+        checksum_headers(reply, result.info.checksums)
     reply.header("x-cache", result.cache)
     reply.cache = result.cache
     length = result.end - result.start

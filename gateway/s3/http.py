@@ -34,6 +34,8 @@ class S3Request:
     request_id: str = field(default_factory=new_request_id)
     access_key: str | None = None  # set once authenticated
     virtual_host: bool = False  # the bucket came from the Host header
+    receive: Receive | None = None  # the body, for operations that read one
+    auth: Any = None  # the AuthResult of a signed request (body checks need it)
 
     @property
     def resource(self) -> str:

@@ -120,3 +120,125 @@ def location(region: str) -> bytes:
     # us-east-1 is S3's empty LocationConstraint.
     value = "" if region == "us-east-1" else escape(region)
     return f'{HEAD}<LocationConstraint xmlns="{NS}">{value}</LocationConstraint>'.encode()
+
+
+def copy_result(etag: str, last_modified: datetime, part: bool = False) -> bytes:
+    tag = "CopyPartResult" if part else "CopyObjectResult"
+    return (
+        f'{HEAD}<{tag} xmlns="{NS}"><LastModified>{iso8601(last_modified)}</LastModified>'
+        f"<ETag>{escape(etag)}</ETag></{tag}>"
+    ).encode()
+
+
+def delete_result(
+    deleted: Iterable[str], failed: Iterable[tuple[str, str, str]], encode: bool
+) -> bytes:
+    """DeleteResult: keys deleted (omitted in Quiet mode) and (key, code, message) errors."""
+    parts = [HEAD, f'<DeleteResult xmlns="{NS}">']
+    parts.extend(f"<Deleted><Key>{_enc(k, encode)}</Key></Deleted>" for k in deleted)
+    parts.extend(
+        f"<Error><Key>{_enc(k, encode)}</Key><Code>{code}</Code>"
+        f"<Message>{escape(msg)}</Message></Error>"
+        for k, code, msg in failed
+    )
+    parts.append("</DeleteResult>")
+    return "".join(parts).encode()
+
+
+def initiate_multipart(bucket: str, key: str, upload_id: str) -> bytes:
+    return (
+        f'{HEAD}<InitiateMultipartUploadResult xmlns="{NS}"><Bucket>{escape(bucket)}</Bucket>'
+        f"<Key>{escape(key)}</Key><UploadId>{escape(upload_id)}</UploadId>"
+        "</InitiateMultipartUploadResult>"
+    ).encode()
+
+
+def complete_multipart(location: str, bucket: str, key: str, etag: str) -> bytes:
+    return (
+        f'{HEAD}<CompleteMultipartUploadResult xmlns="{NS}">'
+        f"<Location>{escape(location)}</Location><Bucket>{escape(bucket)}</Bucket>"
+        f"<Key>{escape(key)}</Key><ETag>{escape(etag)}</ETag>"
+        "</CompleteMultipartUploadResult>"
+    ).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class ListedPart:
+    number: int
+    last_modified: datetime
+    etag: str
+    size: int
+
+
+def list_parts(
+    bucket: str,
+    key: str,
+    upload_id: str,
+    marker: int,
+    max_parts: int,
+    parts: Sequence[ListedPart],
+    truncated: bool,
+    initiated: datetime,
+) -> bytes:
+    items = "".join(
+        f"<Part><PartNumber>{p.number}</PartNumber>"
+        f"<LastModified>{iso8601(p.last_modified)}</LastModified>"
+        f"<ETag>{escape(p.etag)}</ETag><Size>{p.size}</Size></Part>"
+        for p in parts
+    )
+    nxt = f"<NextPartNumberMarker>{parts[-1].number}</NextPartNumberMarker>" if parts else ""
+    return (
+        f'{HEAD}<ListPartsResult xmlns="{NS}"><Bucket>{escape(bucket)}</Bucket>'
+        f"<Key>{escape(key)}</Key><UploadId>{escape(upload_id)}</UploadId>"
+        f"<Initiator><ID>{OWNER_ID}</ID><DisplayName>{OWNER_NAME}</DisplayName></Initiator>"
+        f"{_owner()}<StorageClass>STANDARD</StorageClass>"
+        f"<PartNumberMarker>{marker}</PartNumberMarker>{nxt}<MaxParts>{max_parts}</MaxParts>"
+        f"<IsTruncated>{'true' if truncated else 'false'}</IsTruncated>{items}"
+        f"<Initiated>{iso8601(initiated)}</Initiated></ListPartsResult>"
+    ).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class ListedUpload:
+    key: str
+    upload_id: str
+    initiated: datetime
+
+
+def list_uploads(
+    bucket: str,
+    prefix: str,
+    delimiter: str | None,
+    key_marker: str,
+    upload_id_marker: str,
+    max_uploads: int,
+    uploads: Sequence[ListedUpload],
+    prefixes: Sequence[str],
+    truncated: bool,
+    encode: bool,
+) -> bytes:
+    parts = [HEAD, f'<ListMultipartUploadsResult xmlns="{NS}"><Bucket>{escape(bucket)}</Bucket>']
+    parts.append(f"<KeyMarker>{_enc(key_marker, encode)}</KeyMarker>")
+    parts.append(f"<UploadIdMarker>{escape(upload_id_marker)}</UploadIdMarker>")
+    if truncated and uploads:
+        parts.append(f"<NextKeyMarker>{_enc(uploads[-1].key, encode)}</NextKeyMarker>")
+        parts.append(f"<NextUploadIdMarker>{escape(uploads[-1].upload_id)}</NextUploadIdMarker>")
+    parts.append(f"<Prefix>{_enc(prefix, encode)}</Prefix>")
+    if delimiter:
+        parts.append(f"<Delimiter>{_enc(delimiter, encode)}</Delimiter>")
+    if encode:
+        parts.append("<EncodingType>url</EncodingType>")
+    parts.append(f"<MaxUploads>{max_uploads}</MaxUploads>")
+    parts.append(f"<IsTruncated>{'true' if truncated else 'false'}</IsTruncated>")
+    for u in uploads:
+        parts.append(
+            f"<Upload><Key>{_enc(u.key, encode)}</Key><UploadId>{escape(u.upload_id)}</UploadId>"
+            f"<Initiator><ID>{OWNER_ID}</ID><DisplayName>{OWNER_NAME}</DisplayName></Initiator>"
+            f"{_owner()}<StorageClass>STANDARD</StorageClass>"
+            f"<Initiated>{iso8601(u.initiated)}</Initiated></Upload>"
+        )
+    parts.extend(
+        f"<CommonPrefixes><Prefix>{_enc(p, encode)}</Prefix></CommonPrefixes>" for p in prefixes
+    )
+    parts.append("</ListMultipartUploadsResult>")
+    return "".join(parts).encode()

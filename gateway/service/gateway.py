@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Coroutine
+from collections.abc import AsyncGenerator, Coroutine, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -19,16 +19,17 @@ from typing import Any
 from gateway import errors
 from gateway.cache import CacheEntry, CacheKey, CacheMiss, Fill, ObjectCache
 from gateway.meta import MetaStore, MetaUnavailable
+from gateway.service.buckets import Buckets
 from gateway.service.conditions import ByteRange, Conditions, check_conditions
 from gateway.service.metadata import MetadataCache
+from gateway.service.multipart import Multipart
 from gateway.service.namespace import MountHandle, Namespace
+from gateway.service.store_errors import store_errors
+from gateway.service.writes import ObjectWriter
 from gateway.stores import (
     ListPage,
     ObjectInfo,
-    ObjectNotFound,
-    StoreAccessDenied,
     StoreError,
-    StoreUnavailable,
     VersionChanged,
 )
 
@@ -51,27 +52,26 @@ class ObjectResult:
     cache: str  # "hit", "miss" or "bypass"
 
 
-@contextlib.contextmanager
-def store_errors(key: str) -> Any:
-    """Map a store's typed errors to the S3 errors the client sees."""
-    try:
-        yield
-    except ObjectNotFound:
-        raise errors.NoSuchKey(Key=key) from None
-    except StoreAccessDenied as exc:
-        raise errors.AccessDenied(f"The under-store denied access: {exc}") from None
-    except StoreUnavailable as exc:
-        raise errors.ServiceUnavailable(f"The under-store is unavailable: {exc}") from None
-
-
 class Gateway:
     """The service every S3 front end calls; owns the namespace, metadata and the cache."""
 
-    def __init__(self, meta: MetaStore, cache: ObjectCache, default_ttl: float) -> None:
+    def __init__(
+        self,
+        meta: MetaStore,
+        cache: ObjectCache,
+        default_ttl: float,
+        *,
+        bucket_store: str | None = None,
+        bucket_store_options: Mapping[str, str] | None = None,
+        multipart_max_age: float = 7 * 86400,
+    ) -> None:
         self.meta = meta
         self.cache = cache
         self.namespace = Namespace(meta, default_ttl)
         self.metadata = MetadataCache()
+        self.writer = ObjectWriter(self)
+        self.multipart = Multipart(self, multipart_max_age)
+        self.buckets = Buckets(self, bucket_store, bucket_store_options or {})
         self._fill_slots = asyncio.Semaphore(MAX_BACKGROUND_FILLS)
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -81,6 +81,7 @@ class Gateway:
             _, pending = await asyncio.wait(list(self._tasks), timeout=5)
             for task in pending:
                 task.cancel()
+        await self.writer.close()
         await self.namespace.close()
 
     # -- buckets ---------------------------------------------------------------------------
@@ -205,6 +206,13 @@ class Gateway:
             return self._from_store(handle, info, start, end), "miss"
         return self._stream_cached(handle, info, entry, start, end), "hit"
 
+    async def open_body(
+        self, handle: MountHandle, info: ObjectInfo, start: int, end: int
+    ) -> AsyncGenerator[bytes, None]:
+        """Bytes [start, end) of a known version, from the cache where it can (copies)."""
+        body, _ = await self._body(handle, info, start, end)
+        return _once(body) if isinstance(body, bytes) else body
+
     async def _stream_cached(
         self, handle: MountHandle, info: ObjectInfo, entry: CacheEntry, start: int, end: int
     ) -> AsyncGenerator[bytes, None]:
@@ -270,3 +278,7 @@ class Gateway:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+async def _once(data: bytes) -> AsyncGenerator[bytes, None]:
+    yield data

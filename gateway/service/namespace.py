@@ -26,6 +26,7 @@ MOUNT_OPTIONS = {
     "public_read": "true: anonymous reads allowed",
     "cache": "on|off",
     "read_only": "true: writes refused",
+    "owned": "true: made by CreateBucket; DeleteBucket removes the container too",
 }
 # Stores of a changed or removed mount stay open this long for requests still reading them.
 _CLOSE_GRACE = 30.0
@@ -40,6 +41,7 @@ class MountHandle:
     ttl: float  # metadata TTL in seconds: 0 revalidates always, < 0 never
     public_read: bool
     cache_enabled: bool
+    read_only: bool
 
     @property
     def id(self) -> int:
@@ -62,6 +64,7 @@ def make_handle(mount: Mount, default_ttl: float) -> MountHandle:
         ttl=float(opts.get("metadata_ttl", default_ttl)),
         public_read=opts.get("public_read", "").lower() in _TRUE,
         cache_enabled=opts.get("cache", "on").lower() not in {"off", "false", "0", "no"},
+        read_only=opts.get("read_only", "").lower() in _TRUE,
     )
 
 

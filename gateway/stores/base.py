@@ -7,7 +7,7 @@ root or prefix. Nothing here knows about HTTP requests from clients.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -28,6 +28,41 @@ class ObjectInfo:
     expires: str | None = None
     metadata: Mapping[str, str] = field(default_factory=dict)  # x-amz-meta-* without the prefix
     storage_class: str = "STANDARD"
+    # Full-object checksums kept with the object: "crc32", "crc32c", "crc64nvme", "sha1",
+    # "sha256" -> base64 value, as S3 returns them in x-amz-checksum-*. Empty when unknown.
+    checksums: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteAttrs:
+    """What a writer says about a new object; kept by the store and returned by stat."""
+
+    content_type: str | None = None
+    content_encoding: str | None = None
+    content_disposition: str | None = None
+    content_language: str | None = None
+    cache_control: str | None = None
+    expires: str | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    checksums: Mapping[str, str] = field(default_factory=dict)  # as in ObjectInfo, verified
+
+    @classmethod
+    def of(cls, info: ObjectInfo) -> WriteAttrs:
+        """The attributes of an existing object (CopyObject with the COPY directive)."""
+        return cls(
+            info.content_type, info.content_encoding, info.content_disposition,
+            info.content_language, info.cache_control, info.expires, info.metadata,
+            info.checksums,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class PartInfo:
+    """One uploaded part as the store knows it."""
+
+    part_number: int
+    etag: str  # quoted MD5 of the part's bytes, as S3 answers UploadPart
+    size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +94,22 @@ class VersionChanged(StoreError):
     """The object no longer has the ETag the reader asked for (it was overwritten)."""
 
 
+class PreconditionFailed(StoreError):
+    """A conditional write found the key in another state than the writer required."""
+
+
+class UploadNotFound(StoreError):
+    """The multipart upload id is unknown to the store (completed, aborted or never made)."""
+
+
+class ContainerNotEmpty(StoreError):
+    """A bucket or folder to delete still holds objects."""
+
+
+class ContainerExists(StoreError):
+    """A bucket or folder to create exists already."""
+
+
 class Store(abc.ABC):
     """An under-store: stat, ranged read as an async byte stream, list page."""
 
@@ -88,6 +139,57 @@ class Store(abc.ABC):
         max_keys: int = 1000,
     ) -> ListPage:
         """Up to max_keys entries (objects and common prefixes together) after token/start_after."""
+
+    # -- writes: each is atomic, so a failure (including the body iterator raising, which is
+    # how a client's bad checksum or a disconnect arrives) leaves nothing half-visible.
+
+    @abc.abstractmethod
+    async def put(
+        self,
+        key: str,
+        body: AsyncIterator[bytes],
+        size: int,
+        attrs: WriteAttrs,
+        *,
+        if_match: str | None = None,
+        if_none_match: bool = False,
+    ) -> ObjectInfo:
+        """Stream exactly `size` bytes into a new version of `key`; its info (ETag: the MD5).
+
+        if_none_match: fail with PreconditionFailed when the key exists; if_match: unless the
+        key's current ETag is this one. Memory stays bounded whatever the size.
+        """
+
+    @abc.abstractmethod
+    async def delete(self, key: str) -> None:
+        """Remove the key; a missing key is not an error."""
+
+    @abc.abstractmethod
+    async def copy(
+        self, src_key: str, dst_key: str, attrs: WriteAttrs | None, *, if_match: str | None = None
+    ) -> ObjectInfo:
+        """Server-side copy within this store; attrs None keeps the source's. if_match guards
+        the source's version (VersionChanged)."""
+
+    @abc.abstractmethod
+    async def create_multipart(self, key: str, attrs: WriteAttrs) -> str:
+        """Start an upload; the store's own upload id."""
+
+    @abc.abstractmethod
+    async def upload_part(
+        self, key: str, upload_id: str, part_number: int, body: AsyncIterator[bytes], size: int
+    ) -> PartInfo:
+        """Store one part (1..10000); uploading a number again replaces that part."""
+
+    @abc.abstractmethod
+    async def complete_multipart(
+        self, key: str, upload_id: str, parts: Sequence[PartInfo], attrs: WriteAttrs
+    ) -> ObjectInfo:
+        """Join the parts in order into the object, atomically; ETag md5(part md5s)-N."""
+
+    @abc.abstractmethod
+    async def abort_multipart(self, key: str, upload_id: str) -> None:
+        """Drop the upload and its parts; an unknown upload is not an error."""
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the store is not used afterwards."""

@@ -31,6 +31,7 @@ class GatewayNode:
     proc: subprocess.Popen[bytes]
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
+    cert: Path | None = None  # the CA to trust when the node serves HTTPS
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run `gateway ARGS` against this node's database."""
@@ -40,6 +41,7 @@ class GatewayNode:
         return boto3.client(
             "s3",
             endpoint_url=self.url,
+            verify=str(self.cert) if self.cert else None,
             aws_access_key_id=access_key,
             aws_secret_access_key=secret_key,
             region_name="us-east-1",
@@ -95,6 +97,7 @@ def start_gateway(
     args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
     port: int | None = None,
+    tls: tuple[Path, Path] | None = None,
 ) -> GatewayNode:
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
@@ -105,14 +108,17 @@ def start_gateway(
     ]  # fmt: skip
     if database_url:
         cmd += ["--database-url", database_url]
+    if tls:
+        cmd += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
     log_path = data_dir / f"gateway-{port}.log"
     full_env = _env(env)
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
-    url = f"http://127.0.0.1:{port}"
-    node = GatewayNode(url, port, data_dir, database_url, proc, log_path, env or {})
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+    cert = tls[0] if tls else None
+    node = GatewayNode(url, port, data_dir, database_url, proc, log_path, env or {}, cert)
     try:
-        wait_http(url + "/healthz", timeout=60, proc=proc)
+        wait_http(url + "/healthz", timeout=60, proc=proc, verify=str(cert) if cert else True)
     except RuntimeError as exc:
         node.stop()
         raise RuntimeError(f"{exc}\n--- gateway log ---\n{node.log()}") from None

@@ -15,7 +15,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_http(url: str, timeout: float = 30.0, proc: object | None = None) -> None:
+def wait_http(
+    url: str, timeout: float = 30.0, proc: object | None = None, verify: bool | str = True
+) -> None:
     """Poll `url` until it answers (any status below 500) or fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None
@@ -24,7 +26,7 @@ def wait_http(url: str, timeout: float = 30.0, proc: object | None = None) -> No
         if poll is not None and poll() is not None:
             raise RuntimeError(f"server process exited with {poll()} before {url} answered")
         try:
-            if httpx.get(url, timeout=2.0).status_code < 500:
+            if httpx.get(url, timeout=2.0, verify=verify).status_code < 500:
                 return
         except httpx.HTTPError as exc:
             last = exc

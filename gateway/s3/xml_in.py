@@ -1,0 +1,76 @@
+"""The XML bodies clients send (DeleteObjects, CompleteMultipartUpload, CreateBucket),
+parsed with defusedxml so that entity tricks cannot blow up memory, and size-capped."""
+
+from __future__ import annotations
+
+from xml.etree.ElementTree import Element
+
+import defusedxml.ElementTree as SafeET
+from defusedxml import DefusedXmlException
+
+from gateway import errors
+
+MAX_XML_BODY = 2 << 20  # S3 caps DeleteObjects at 1000 keys, well under this
+
+
+def _local(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1]
+
+
+def parse(data: bytes) -> Element:
+    if len(data) > MAX_XML_BODY:
+        raise errors.MalformedXML("The XML you provided was larger than the maximum allowed.")
+    try:
+        root: Element = SafeET.fromstring(data)
+    except (SafeET.ParseError, DefusedXmlException, ValueError):
+        raise errors.MalformedXML() from None
+    return root
+
+
+def _children(el: Element, name: str) -> list[Element]:
+    return [c for c in el if _local(c.tag) == name]
+
+
+def _text(el: Element, name: str) -> str | None:
+    found = _children(el, name)
+    return None if not found else (found[0].text or "")
+
+
+def delete_objects(data: bytes) -> tuple[list[str], bool]:
+    """The keys of a DeleteObjects request (1..1000) and its Quiet flag."""
+    root = parse(data)
+    if _local(root.tag) != "Delete":
+        raise errors.MalformedXML()
+    keys = []
+    for obj in _children(root, "Object"):
+        key = _text(obj, "Key")
+        if not key:
+            raise errors.MalformedXML()
+        keys.append(key)
+    if not keys or len(keys) > 1000:
+        raise errors.MalformedXML()
+    quiet = (_text(root, "Quiet") or "").strip().lower() == "true"
+    return keys, quiet
+
+
+def complete_multipart(data: bytes) -> list[tuple[int, str]]:
+    root = parse(data)
+    if _local(root.tag) != "CompleteMultipartUpload":
+        raise errors.MalformedXML()
+    parts = []
+    for part in _children(root, "Part"):
+        number, etag = _text(part, "PartNumber"), _text(part, "ETag")
+        if number is None or etag is None or not number.strip().isdigit():
+            raise errors.MalformedXML()
+        parts.append((int(number), etag.strip()))
+    return parts
+
+
+def create_bucket(data: bytes) -> str | None:
+    """The LocationConstraint of a CreateBucket body (accepted, the node has one region)."""
+    if not data.strip():
+        return None
+    root = parse(data)
+    if _local(root.tag) != "CreateBucketConfiguration":
+        raise errors.MalformedXML()
+    return _text(root, "LocationConstraint")
