@@ -1,4 +1,4 @@
-"""The gateway's database: mounts, access keys and object metadata, with secrets encrypted."""
+"""The gateway's database: mounts, access keys, object metadata, uploads; secrets encrypted."""
 
 from .engine import default_database_url, normalize_database_url
 from .migrate import head_revision, migrations_dir, run_migrations
@@ -13,6 +13,7 @@ from .models import (
 )
 from .secrets import InvalidSecretKey, SecretBox, WrongSecretKey
 from .store import MetaStore
+from .uploads import PartRecord, UploadGone, UploadRecord
 
 __all__ = [
     "SECRET_OPTIONS",
@@ -24,7 +25,10 @@ __all__ = [
     "MetaUnavailable",
     "Mount",
     "MountExists",
+    "PartRecord",
     "SecretBox",
+    "UploadGone",
+    "UploadRecord",
     "WrongSecretKey",
     "default_database_url",
     "head_revision",

@@ -1,4 +1,4 @@
-"""MetaStore: mounts, access keys and object metadata in SQLite or PostgreSQL, one code path."""
+"""MetaStore: mounts, access keys, object metadata (and uploads) in SQLite or PostgreSQL."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from .migrate import run_migrations
 from .models import SECRET_OPTIONS, AccessKey, AccessKeyExists, MetaUnavailable, Mount, MountExists
 from .secrets import SecretBox
 from .tables import access_keys, mounts, objects
+from .uploads import MultipartUploads
 
 ACCESS_KEY_PREFIX = "GK"
 ACCESS_KEY_LENGTH = 20
@@ -66,8 +67,11 @@ def _unavailable(error: BaseException) -> bool:
     return False
 
 
-class MetaStore:
-    """The gateway's database. Create, `await migrate()` once, use, `await close()`."""
+class MetaStore(MultipartUploads):
+    """The gateway's database. Create, `await migrate()` once, use, `await close()`.
+
+    Multipart upload state comes from the MultipartUploads mixin (uploads.py).
+    """
 
     def __init__(self, url: str, box: SecretBox) -> None:
         self.url = normalize_database_url(url)
@@ -136,7 +140,7 @@ class MetaStore:
         return Mount(mount_id, bucket, uri, MappingProxyType(dict(options)), now)
 
     async def remove_mount(self, bucket: str) -> bool:
-        """Remove the mount and (by cascade) its object metadata; False if there was none."""
+        """Remove the mount and (by cascade) its object metadata and uploads; False if none."""
         async with self._connect() as conn:
             result = await conn.execute(sa.delete(mounts).where(mounts.c.bucket == bucket))
         return result.rowcount > 0

@@ -94,3 +94,46 @@ objects = sa.Table(
     sa.Column("extra", sa.Text, nullable=False),
     sa.Column("checked_at", UTCDateTime, nullable=False),
 )
+
+# Multipart uploads in progress: the under-store holds the parts' bytes, these tables hold what
+# ListMultipartUploads and ListParts answer with, and map the client's upload id to the store's.
+multipart_uploads = sa.Table(
+    "multipart_uploads",
+    metadata,
+    # The id the client sees. It is ours, not the under-store's: the service generates it, so
+    # that it can be unique across mounts and stores.
+    sa.Column("upload_id", sa.Text, primary_key=True),
+    sa.Column(
+        "mount_id",
+        sa.Integer,
+        sa.ForeignKey("mounts.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    sa.Column("key", object_key_type(), nullable=False),
+    sa.Column("store_upload_id", sa.Text, nullable=False),
+    # JSON object: what CreateMultipartUpload was given (content type, user metadata, ...),
+    # applied to the object when the upload completes.
+    sa.Column("attrs", sa.Text, nullable=False),
+    sa.Column("initiated_at", UTCDateTime, nullable=False),
+    sa.Column("access_key", sa.Text, nullable=True),
+    # Listing walks one mount's uploads in key order; leading with mount_id, it also serves the
+    # cascade when a mount is removed.
+    sa.Index("ix_multipart_uploads_mount_id_key_upload_id", "mount_id", "key", "upload_id"),
+    # The reaper asks for the oldest uploads across all mounts.
+    sa.Index("ix_multipart_uploads_initiated_at", "initiated_at"),
+)
+
+multipart_parts = sa.Table(
+    "multipart_parts",
+    metadata,
+    sa.Column(
+        "upload_id",
+        sa.Text,
+        sa.ForeignKey("multipart_uploads.upload_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("part_number", sa.Integer, primary_key=True),
+    sa.Column("etag", sa.Text, nullable=False),  # quoted, as the client receives it
+    sa.Column("size", sa.BigInteger, nullable=False),
+    sa.Column("uploaded_at", UTCDateTime, nullable=False),
+)
