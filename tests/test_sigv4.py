@@ -513,7 +513,9 @@ def test_presigned_url_from_the_future_is_not_yet_valid(path_client: Any) -> Non
 
 @pytest.mark.parametrize("expires", [604801, 0])
 def test_presigned_expiry_out_of_range_is_refused(path_client: Any, expires: int) -> None:
-    wire = presign(path_client, "get_object", expires=expires, Bucket="b", Key="k")
+    # Forged into the query: botocore's CRT signer refuses to make such URLs itself.
+    wire = presign(path_client, "get_object", expires=3600, Bucket="b", Key="k")
+    wire = wire._replace(query=wire.query.replace("X-Amz-Expires=3600", f"X-Amz-Expires={expires}"))
     with pytest.raises(errors.AuthorizationQueryParametersError):
         verify(wire)
 
