@@ -25,7 +25,7 @@ from botocore.awsrequest import AWSPreparedRequest, AWSRequest
 from botocore.config import Config
 from botocore.credentials import Credentials
 
-from gateway.s3 import errors
+from gateway import errors
 from gateway.s3.body import PIECE, RequestBody
 from gateway.s3.checksums import ALGORITHMS, Checksummer
 from gateway.s3.http import Message

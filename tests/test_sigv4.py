@@ -16,7 +16,7 @@ from botocore.awsrequest import AWSPreparedRequest, AWSRequest
 from botocore.config import Config
 from botocore.credentials import Credentials
 
-from gateway.s3 import errors
+from gateway import errors
 from gateway.s3.sigv4 import AuthResult, SigV4Verifier
 from gateway.s3.sigv4_canonical import canonical_query, canonical_uri
 from gateway.s3.sigv4_chunked import (

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from gateway.s3.errors import (
+from gateway.errors import (
     IncompleteBody,
     InvalidChunkSizeError,
     MalformedTrailerError,

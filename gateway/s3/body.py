@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from gateway.s3.aws_chunked import STREAMING_UNSIGNED_TRAILER, AwsChunkedDecoder
 from gateway.s3.checksums import Checksummer, Declared, declared
-from gateway.s3.errors import (
+from gateway.errors import (
     BadDigest,
     EntityTooLarge,
     IncompleteBody,

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from awscrt import checksums as crt
 
-from gateway.s3.errors import InvalidRequest, MalformedTrailerError
+from gateway.errors import InvalidRequest, MalformedTrailerError
 
 HEADER_PREFIX = "x-amz-checksum-"
 # x-amz-checksum-* headers that carry no checksum value.

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
 
-from gateway.s3.errors import (
+from gateway.errors import (
     AccessDenied,
     AuthorizationHeaderMalformed,
     AuthorizationQueryParametersError,

@@ -10,7 +10,7 @@ import hashlib
 import hmac
 from collections.abc import Iterable
 
-from gateway.s3.errors import SignatureDoesNotMatch
+from gateway.errors import SignatureDoesNotMatch
 from gateway.s3.sigv4 import AuthResult
 
 STREAMING_PAYLOAD = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"
