@@ -47,6 +47,23 @@ def node(
         tls=cert,
         args=("--bucket-store", buckets.as_uri(), "--multipart-max-age", "3"),
     )
+    _mount(node, origin, folder)
+    yield node
+    node.stop()
+
+
+@pytest.fixture(scope="module")
+def plain(
+    module_dir: Path, node: GatewayNode, origin: CountingProxy, folder: Path
+) -> Iterator[GatewayNode]:
+    """A second node, plain HTTP, over the same stores (and its own cache and database)."""
+    plain = start_gateway(module_dir / "plain")
+    _mount(plain, origin, folder)
+    yield plain
+    plain.stop()
+
+
+def _mount(node: GatewayNode, origin: CountingProxy, folder: Path) -> None:
     opts = ["-o", f"endpoint_url={origin.url}", "-o", "access_key=ak", "-o", "secret_key=sk"]
     node.cli("mount", "add", "s3w", f"s3://{ORIGIN}/pre", *opts)
     node.cli("mount", "add", "filew", folder.as_uri())
@@ -55,8 +72,6 @@ def node(
     while {b["Name"] for b in node.client().list_buckets()["Buckets"]} < {"s3w", "filew"}:
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    yield node
-    node.stop()
 
 
 @pytest.fixture(params=["s3w", "filew"])
@@ -66,9 +81,10 @@ def bucket(request: pytest.FixtureRequest) -> str:
 
 def plain_client(node: GatewayNode) -> Any:
     """boto3 over plain HTTP: a signed payload and x-amz-checksum-crc32 in a header."""
+    assert node.url.startswith("http://")
     return boto3.client(
         "s3",
-        endpoint_url=node.url.replace("https://", "http://"),
+        endpoint_url=node.url,
         aws_access_key_id=ACCESS_KEY,
         aws_secret_access_key=SECRET_KEY,
         region_name="us-east-1",
@@ -103,14 +119,14 @@ def test_put_then_get_round_trip_with_attributes(node: GatewayNode, bucket: str)
     assert "ContentEncoding" not in got  # aws-chunked never leaks into the object
 
 
-def test_put_over_plain_http_with_signed_payload(node: GatewayNode, bucket: str) -> None:
-    s3 = plain_client(node)
+def test_put_over_plain_http_with_signed_payload(plain: GatewayNode, bucket: str) -> None:
+    s3 = plain_client(plain)
     s3.put_object(Bucket=bucket, Key="plain.txt", Body=b"signed payload")
     assert s3.get_object(Bucket=bucket, Key="plain.txt")["Body"].read() == b"signed payload"
 
 
-def test_zero_length_object(node: GatewayNode, bucket: str) -> None:
-    for s3 in (node.client(), plain_client(node)):
+def test_zero_length_object(node: GatewayNode, plain: GatewayNode, bucket: str) -> None:
+    for s3 in (node.client(), plain_client(plain)):
         s3.put_object(Bucket=bucket, Key="empty", Body=b"")
         got = s3.get_object(Bucket=bucket, Key="empty")
         assert got["ContentLength"] == 0 and got["Body"].read() == b""
@@ -155,13 +171,13 @@ def test_conditional_writes(node: GatewayNode, bucket: str) -> None:
     assert s3.get_object(Bucket=bucket, Key="cond")["Body"].read() == b"v3"
 
 
-def test_presigned_put_with_plain_http_client(node: GatewayNode, bucket: str) -> None:
-    url = plain_client(node).generate_presigned_url(
+def test_presigned_put_with_plain_http_client(plain: GatewayNode, bucket: str) -> None:
+    url = plain_client(plain).generate_presigned_url(
         "put_object", Params={"Bucket": bucket, "Key": "presigned.txt"}, ExpiresIn=60
     )
     r = httpx.put(url, content=b"from a presigned url")
     assert r.status_code == 200, r.text
-    got = node.client().get_object(Bucket=bucket, Key="presigned.txt")
+    got = plain.client().get_object(Bucket=bucket, Key="presigned.txt")
     assert got["Body"].read() == b"from a presigned url"
 
 
@@ -375,7 +391,8 @@ def test_create_and_delete_bucket(node: GatewayNode) -> None:
 # -- bad input ----------------------------------------------------------------------------------
 
 
-def test_body_shorter_than_content_length_leaves_nothing(node: GatewayNode, bucket: str) -> None:
+def test_body_shorter_than_content_length_leaves_nothing(plain: GatewayNode, bucket: str) -> None:
+    node = plain
     url = plain_client(node).generate_presigned_url(
         "put_object", Params={"Bucket": bucket, "Key": "short.bin"}
     )
@@ -400,11 +417,11 @@ def test_body_shorter_than_content_length_leaves_nothing(node: GatewayNode, buck
 
 
 def test_wrong_content_md5_is_bad_digest_and_nothing_written(
-    node: GatewayNode, bucket: str
+    plain: GatewayNode, bucket: str
 ) -> None:
     import base64
 
-    s3 = plain_client(node)
+    s3 = plain_client(plain)
     with pytest.raises(ClientError) as exc:
         s3.put_object(
             Bucket=bucket, Key="md5.bin", Body=b"abc",
@@ -416,17 +433,21 @@ def test_wrong_content_md5_is_bad_digest_and_nothing_written(
     assert _code(exc)[1] == 404
 
 
-def test_malformed_and_oversized_xml(node: GatewayNode) -> None:
-    url = plain_client(node).generate_presigned_url(
-        "delete_objects", Params={"Bucket": "filew", "Delete": {"Objects": [{"Key": "a"}]}}
-    )
-    for body in (
-        b"<Delete><Object><Key>a</Key>",
-        b"<Delete>" + b"<Object><Key>k</Key></Object>" * 1001 + b"</Delete>",
-    ):
-        r = httpx.post(url, content=body, headers={"Content-MD5": _md5_b64(body)})
+def test_malformed_and_oversized_xml(plain: GatewayNode) -> None:
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    url = f"{plain.url}/filew?delete"
+    too_many = b"<Delete>" + b"<Object><Key>k</Key></Object>" * 1001 + b"</Delete>"
+    for body in (b"<Delete><Object><Key>a</Key>", too_many, b"<NotDelete/>"):
+        headers = {"Content-MD5": _md5_b64(body)}
+        req = AWSRequest(method="POST", url=url, data=body, headers=headers)
+        S3SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "s3", "us-east-1").add_auth(req)
+        r = httpx.post(url, content=body, headers=dict(req.headers.items()))
         assert r.status_code == 400, r.text
         assert b"<Code>MalformedXML</Code>" in r.content
+    assert httpx.get(f"{plain.url}/healthz").status_code == 200
 
 
 def _md5_b64(data: bytes) -> str:

@@ -13,7 +13,16 @@ import time
 
 from gateway import errors, metrics
 from gateway.s3.handlers import Context
-from gateway.s3.http import Receive, Reply, S3Request, Scope, Send, parse_request, send_reply
+from gateway.s3.http import (
+    Message,
+    Receive,
+    Reply,
+    S3Request,
+    Scope,
+    Send,
+    parse_request,
+    send_reply,
+)
 from gateway.s3.routing import Operation, route
 from gateway.s3.sigv2 import SigV2Verifier, is_sigv2
 from gateway.s3.sigv4 import AuthResult, SigV4Verifier
@@ -36,6 +45,25 @@ def _claimed_access_key(req: S3Request) -> str | None:
         return header[4:].rpartition(":")[0].strip() or None
     m = _CREDENTIAL.search(header)
     return m.group(1) if m else None
+
+
+class _BodyTracker:
+    """Knows whether the request's body has been read to its end."""
+
+    def __init__(self, receive: Receive, headers: dict[str, str]) -> None:
+        self._receive = receive
+        length = headers.get("content-length", "0").strip()
+        self.ended = ("transfer-encoding" not in headers) and length in ("", "0")
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self.ended = True
+        return message
+
+    @property
+    def unread(self) -> bool:
+        return not self.ended
 
 
 def error_reply(exc: errors.S3Error, req: S3Request) -> Reply:
@@ -69,7 +97,8 @@ class S3App:
             reply = error_reply(errors.InvalidArgument("The path is not valid UTF-8."), req)
             await send_reply(send, reply, req.method == "HEAD", req.request_id)
             return
-        req.receive = receive
+        tracker = _BodyTracker(receive, req.headers)
+        req.receive = tracker.receive
         op: Operation | None = None
         try:
             op = route(req)
@@ -80,6 +109,11 @@ class S3App:
         except Exception:
             log.exception("internal error", extra={"request_id": req.request_id})
             reply = error_reply(errors.InternalError(), req)
+        if tracker.unread:
+            # The client may still be sending (or, after Expect: 100-continue, holding back)
+            # a body we will not read; on a kept-alive connection those bytes would be taken
+            # for the next request. Close it, as S3 does.
+            reply.header("connection", "close")
         sent = 0
         try:
             sent = await send_reply(send, reply, req.method == "HEAD", req.request_id)

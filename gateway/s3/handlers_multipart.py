@@ -54,7 +54,7 @@ async def upload_part(ctx: Context, req: S3Request) -> Reply:
     ctx.gateway.writer.writable(req.bucket)
     body = request_body(req, MAX_PART_SIZE)
     part = await ctx.gateway.multipart.upload_part(
-        req.bucket, req.key, upload_id, number, body, body.size
+        req.bucket, req.key, upload_id, number, aiter(body), body.size
     )
     reply = Reply()
     reply.header("etag", part.etag)

@@ -96,7 +96,7 @@ async def put_object(ctx: Context, req: S3Request) -> Reply:
     ctx.gateway.writer.writable(req.bucket)  # refuse before reading a byte of the body
     body = request_body(req, MAX_PUT_SIZE)
     info = await ctx.gateway.writer.put(
-        req.bucket, req.key, body, body.size, write_attrs(req, body), _write_conditions(req)
+        req.bucket, req.key, aiter(body), body.size, write_attrs(req, body), _write_conditions(req)
     )
     return _etag_reply(info.etag, body)
 

@@ -170,11 +170,11 @@ class Multipart:
             if part is None or part.etag.strip('"') != etag.strip().strip('"'):
                 raise errors.InvalidPart(PartNumber=str(number), ETag=etag)
             chosen.append(PartInfo(number, part.etag, part.size))
-        for part in chosen[:-1]:
-            if part.size < MIN_PART_SIZE:
+        for small in chosen[:-1]:
+            if small.size < MIN_PART_SIZE:
                 raise errors.EntityTooSmall(
-                    PartNumber=str(part.part_number),
-                    ProposedSize=str(part.size),
+                    PartNumber=str(small.part_number),
+                    ProposedSize=str(small.size),
                     MinSizeAllowed=str(MIN_PART_SIZE),
                 )
         with store_errors(key):
