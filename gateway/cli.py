@@ -207,6 +207,7 @@ def _redact(url: str) -> str:
 
 # -- mounts ------------------------------------------------------------------------------
 
+
 def validate_bucket(name: str) -> None:
     problem = bucket_name_problem(name)
     if problem:

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,8 @@ def test_sync_500_files_up_and_down_then_rm(node: GatewayNode, bucket: str, tmp_
         path = up / f"d{i % 7}" / f"f{i:03d}.txt"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(f"file {i}\n".encode() * (i % 13 + 1))
+        # Older than the upload: S3 lists LastModified to the second, and sync compares them.
+        os.utime(path, (time.time() - 3600, time.time() - 3600))
     aws(node, "s3", "sync", str(up), f"s3://{bucket}/synced")
     down = tmp_path / "down"
     aws(node, "s3", "sync", f"s3://{bucket}/synced", str(down))

@@ -3,6 +3,7 @@ through to a real S3 origin (moto, counted) and to a local folder, and kept hot.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import os
@@ -454,3 +455,39 @@ def _md5_b64(data: bytes) -> str:
     import base64
 
     return base64.b64encode(hashlib.md5(data).digest()).decode()
+
+
+def _cache_entries(node: GatewayNode) -> float:
+    text = httpx.get(f"{node.url}/metrics", verify=str(node.cert) if node.cert else True).text
+    line = next(x for x in text.splitlines() if x.startswith("gateway_cache_entries "))
+    return float(line.split()[1])
+
+
+@pytest.mark.parametrize("https", [True, False])
+def test_wrong_checksum_is_bad_digest_and_leaves_nothing(
+    node: GatewayNode, plain: GatewayNode, origin_s3: Any, folder: Path, https: bool
+) -> None:
+    target = node if https else plain
+    s3 = target.client() if https else plain_client(plain)
+    before = _cache_entries(target)
+    with pytest.raises(ClientError) as exc:
+        s3.put_object(Bucket="s3w", Key="badsum.bin", Body=b"z" * 70_000, ChecksumCRC32="AAAAAA==")
+    assert _code(exc) == ("BadDigest", 400)
+    with pytest.raises(ClientError) as exc:
+        s3.put_object(
+            Bucket="filew", Key="badsum.bin", Body=b"z" * 70_000, ChecksumSHA256="A" * 43 + "="
+        )
+    assert _code(exc) == ("BadDigest", 400)
+    with pytest.raises(ClientError):
+        origin_s3.head_object(Bucket=ORIGIN, Key="pre/badsum.bin")
+    assert not (folder / "badsum.bin").exists()
+    assert not [p for p in folder.rglob("*") if ".s3gw" in p.name and p.is_file()]
+    assert _cache_entries(target) == before
+
+
+def test_checksum_is_returned_when_asked(node: GatewayNode, bucket: str) -> None:
+    s3 = node.client()
+    s3.put_object(Bucket=bucket, Key="summed.bin", Body=b"checksummed", ChecksumAlgorithm="SHA256")
+    got = s3.head_object(Bucket=bucket, Key="summed.bin", ChecksumMode="ENABLED")
+    expected = base64.b64encode(hashlib.sha256(b"checksummed").digest()).decode()
+    assert got.get("ChecksumSHA256") == expected

@@ -10,8 +10,6 @@ import hashlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
-from gateway.s3.aws_chunked import STREAMING_UNSIGNED_TRAILER, AwsChunkedDecoder
-from gateway.s3.checksums import Checksummer, Declared, declared
 from gateway.errors import (
     BadDigest,
     EntityTooLarge,
@@ -24,6 +22,8 @@ from gateway.errors import (
     S3Error,
     XAmzContentSHA256Mismatch,
 )
+from gateway.s3.aws_chunked import STREAMING_UNSIGNED_TRAILER, AwsChunkedDecoder
+from gateway.s3.checksums import Checksummer, Declared, declared
 from gateway.s3.http import Receive
 from gateway.s3.sigv4 import UNSIGNED_PAYLOAD, AuthResult
 from gateway.s3.sigv4_chunked import STREAMING_PAYLOAD, STREAMING_PAYLOAD_TRAILER

@@ -27,3 +27,11 @@ def store_errors(key: str) -> Iterator[None]:
         raise errors.BucketNotEmpty() from None
     except store.ContainerExists:
         raise errors.BucketAlreadyExists() from None
+    except store.ContainerNotFound as exc:
+        raise errors.ServiceUnavailable(f"The mount's container is missing: {exc}") from None
+    except store.InvalidPart:
+        raise errors.InvalidPart() from None
+    except store.IncompleteBody:
+        raise errors.IncompleteBody() from None
+    except store.UnsupportedKey as exc:
+        raise errors.InvalidArgument(f"The key cannot be stored here: {exc}", Key=key) from None

@@ -4,28 +4,57 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
+import anyio.to_thread
+
 from gateway.stores.base import (
+    ContainerExists,
+    ContainerNotEmpty,
+    ContainerNotFound,
+    IncompleteBody,
+    InvalidPart,
     ListPage,
     ObjectInfo,
     ObjectNotFound,
+    PartInfo,
+    PreconditionFailed,
     Store,
     StoreAccessDenied,
     StoreError,
     StoreUnavailable,
+    UnsupportedKey,
+    UploadNotFound,
     VersionChanged,
+    WriteAttrs,
 )
 
+if TYPE_CHECKING:
+    from gateway.stores.local import LocalStore
+    from gateway.stores.s3 import S3Store
+
 __all__ = [
+    "ContainerExists",
+    "ContainerNotEmpty",
+    "ContainerNotFound",
+    "IncompleteBody",
+    "InvalidPart",
     "ListPage",
     "ObjectInfo",
     "ObjectNotFound",
+    "PartInfo",
+    "PreconditionFailed",
     "Store",
     "StoreAccessDenied",
     "StoreError",
     "StoreUnavailable",
+    "UnsupportedKey",
+    "UploadNotFound",
     "VersionChanged",
+    "WriteAttrs",
+    "create_bucket",
+    "delete_bucket",
     "open_store",
 ]
 
@@ -65,3 +94,51 @@ def open_store(uri: str, options: Mapping[str, str]) -> Store:
             raise ValueError(f"s3 URI {uri!r} needs a bucket name: s3://bucket[/prefix]")
         return S3Store(bucket, unquote(parts.path), options)
     raise ValueError(f"unknown store scheme {parts.scheme!r} in {uri!r}; expected file:// or s3://")
+
+
+async def create_bucket(uri: str, options: Mapping[str, str]) -> None:
+    """Create the container a URI names: `file:///abs/dir` (a folder, parents as needed) or
+    `s3://bucket` (no prefix). ContainerExists if it is there already."""
+    from gateway.stores.local_files import create_folder
+    from gateway.stores.s3 import S3Store
+
+    store = _container(uri, options)
+    try:
+        if isinstance(store, S3Store):
+            await store.create_container(options.get("region"))
+        else:
+            await anyio.to_thread.run_sync(create_folder, store.root)
+    finally:
+        await store.close()
+
+
+async def delete_bucket(uri: str, options: Mapping[str, str]) -> None:
+    """Delete the container a URI names, if it holds no objects (ContainerNotEmpty else;
+    the file store's internals and empty folders do not count). ContainerNotFound if none."""
+    from gateway.stores.local_files import delete_folder
+    from gateway.stores.s3 import S3Store
+
+    store = _container(uri, options)
+    try:
+        if isinstance(store, S3Store):
+            await store.delete_container()
+        else:
+            await anyio.to_thread.run_sync(delete_folder, store.root)
+    finally:
+        await store.close()
+
+
+def _container(uri: str, options: Mapping[str, str]) -> LocalStore | S3Store:
+    from gateway.stores.local import LocalStore
+    from gateway.stores.s3 import S3Store
+
+    store = open_store(uri, options)
+    if isinstance(store, S3Store):
+        if store.prefix:
+            raise ValueError(f"a bucket URI names no prefix: s3://{store.bucket}, not {uri!r}")
+        return store
+    if isinstance(store, LocalStore):
+        if store.root == "/":
+            raise ValueError("the file system's root is no bucket")
+        return store
+    raise ValueError(f"{uri!r} names no store that has buckets")

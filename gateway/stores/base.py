@@ -110,6 +110,25 @@ class ContainerExists(StoreError):
     """A bucket or folder to create exists already."""
 
 
+class ContainerNotFound(StoreError):
+    """A bucket or folder to delete does not exist."""
+
+
+class InvalidPart(StoreError):
+    """complete_multipart named a part the store does not hold with that ETag, or the origin
+    refused the part list (out of order, a part too small)."""
+
+
+class IncompleteBody(StoreError):
+    """A body yielded fewer or more bytes than the size its writer declared."""
+
+
+class UnsupportedKey(StoreError):
+    """This store cannot hold an object under this key: for the file store a key with an
+    empty, '.' or '..' segment or a trailing '/', a name reserved for the store's internals
+    ('.s3gw…'), a folder outside the root, or a file where a folder is (or the reverse)."""
+
+
 class Store(abc.ABC):
     """An under-store: stat, ranged read as an async byte stream, list page."""
 
@@ -154,10 +173,13 @@ class Store(abc.ABC):
         if_match: str | None = None,
         if_none_match: bool = False,
     ) -> ObjectInfo:
-        """Stream exactly `size` bytes into a new version of `key`; its info (ETag: the MD5).
+        """Stream exactly `size` bytes into a new version of `key`; its info (ETag: the MD5,
+        or the multipart form where a store sends large bodies up in parts).
 
         if_none_match: fail with PreconditionFailed when the key exists; if_match: unless the
-        key's current ETag is this one. Memory stays bounded whatever the size.
+        key exists with this ETag (a missing key fails too). Memory stays bounded whatever
+        the size. An exception from `body` propagates unchanged; a body of another size
+        raises IncompleteBody; both leave the previous version untouched.
         """
 
     @abc.abstractmethod
@@ -179,13 +201,22 @@ class Store(abc.ABC):
     async def upload_part(
         self, key: str, upload_id: str, part_number: int, body: AsyncIterator[bytes], size: int
     ) -> PartInfo:
-        """Store one part (1..10000); uploading a number again replaces that part."""
+        """Store one part (1..10000); uploading a number again replaces that part.
+
+        The body is taken as by put (IncompleteBody, exceptions propagate); UploadNotFound
+        for an unknown upload or one made for another key.
+        """
 
     @abc.abstractmethod
     async def complete_multipart(
         self, key: str, upload_id: str, parts: Sequence[PartInfo], attrs: WriteAttrs
     ) -> ObjectInfo:
-        """Join the parts in order into the object, atomically; ETag md5(part md5s)-N."""
+        """Join the parts in order into the object, atomically; ETag md5(part md5s)-N.
+
+        `attrs` are those given to create_multipart: stores that set attributes when the
+        object appears (files) take them from here, S3 from the create. A part missing or
+        with another ETag raises InvalidPart; an unknown upload UploadNotFound.
+        """
 
     @abc.abstractmethod
     async def abort_multipart(self, key: str, upload_id: str) -> None:

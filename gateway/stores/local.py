@@ -5,11 +5,9 @@ from __future__ import annotations
 import base64
 import binascii
 import errno
-import mimetypes
 import os
 import stat as st
 from collections.abc import AsyncGenerator, Iterator
-from datetime import UTC, datetime
 
 import anyio.to_thread
 
@@ -17,38 +15,20 @@ from gateway.stores.base import (
     ListPage,
     ObjectInfo,
     ObjectNotFound,
-    Store,
     StoreAccessDenied,
     StoreError,
     StoreUnavailable,
     VersionChanged,
 )
+from gateway.stores.local_meta import bare, info_of, is_internal, synthetic_etag
+from gateway.stores.local_multipart import LocalMultipart
 
 # One thread hop per MiB keeps the hop cost (~50 µs) well below the copy cost.
 CHUNK_SIZE = 1 << 20
 
-# mimetypes reports .gz & co. as an *encoding*; S3 would not set Content-Encoding on a stored
-# archive (clients would decompress it on the fly), so such files get an archive type instead.
-_ARCHIVE_TYPES = {
-    "gzip": "application/gzip",
-    "bzip2": "application/x-bzip2",
-    "xz": "application/x-xz",
-    "compress": "application/x-compress",
-    "br": "application/x-brotli",
-}
-
 # An item of a walk: ("file", key, entry, ()) or ("dir", common prefix, entry, real paths from
 # the root down to that directory, to follow symlinked directories without looping).
 _Item = tuple[str, str, os.DirEntry[str], tuple[str, ...]]
-
-
-def synthetic_etag(s: os.stat_result) -> str:
-    # Never 32 bare hex digits: clients (rclone, aws-cli) check those as an MD5 of the bytes.
-    return f'"{s.st_mtime_ns:x}-{s.st_size:x}"'
-
-
-def _bare(etag: str) -> str:
-    return etag.removeprefix("W/").strip('"')
 
 
 def encode_token(last: str) -> str:
@@ -62,13 +42,6 @@ def decode_token(token: str) -> str:
         raise ValueError("malformed continuation token") from exc
 
 
-def _guess_type(key: str) -> str:
-    ctype, encoding = mimetypes.guess_type(key, strict=False)
-    if encoding is not None:
-        return _ARCHIVE_TYPES.get(encoding, "application/octet-stream")
-    return ctype or "application/octet-stream"
-
-
 def _utf8(name: str) -> bool:
     # Names that are not UTF-8 (surrogate-escaped by os) cannot be S3 keys, nor sort like them.
     try:
@@ -78,8 +51,11 @@ def _utf8(name: str) -> bool:
     return True
 
 
-class LocalStore(Store):
-    """Objects are the regular files under `root`; directories and other file types are not."""
+class LocalStore(LocalMultipart):
+    """Objects are the regular files under `root`; directories and other file types are not.
+
+    Names the store reserves for itself (`local_meta.is_internal`) are never objects.
+    """
 
     scheme = "file"
 
@@ -100,7 +76,7 @@ class LocalStore(Store):
             raise ObjectNotFound(key)
         parts = key.split("/")
         # '' also catches a trailing '/': a directory-like key is never a file.
-        if any(p in ("", ".", "..") for p in parts):
+        if any(p in ("", ".", "..") or is_internal(p) for p in parts):
             raise ObjectNotFound(key)
         return os.path.join(self.root, *parts)
 
@@ -129,31 +105,17 @@ class LocalStore(Store):
             return StoreAccessDenied(f"{key}: {exc.strerror}")
         return StoreUnavailable(f"{key}: {exc}")
 
-    def _info(self, key: str, s: os.stat_result) -> ObjectInfo:
-        return ObjectInfo(
-            key=key,
-            size=s.st_size,
-            etag=synthetic_etag(s),
-            last_modified=datetime.fromtimestamp(s.st_mtime_ns / 1e9, UTC),
-        )
-
     # -- stat and read -----------------------------------------------------------------------
 
     def _stat_sync(self, key: str) -> ObjectInfo:
         try:
-            s = os.stat(self._resolve(key))
+            path = self._resolve(key)
+            s = os.stat(path)
         except OSError as exc:
             raise self._os_error(exc, key) from None
         if not st.S_ISREG(s.st_mode):
             raise ObjectNotFound(key)
-        info = self._info(key, s)
-        return ObjectInfo(
-            key=key,
-            size=info.size,
-            etag=info.etag,
-            last_modified=info.last_modified,
-            content_type=_guess_type(key),
-        )
+        return info_of(key, s, path)
 
     async def stat(self, key: str) -> ObjectInfo:
         return await anyio.to_thread.run_sync(self._stat_sync, key)
@@ -171,9 +133,12 @@ class LocalStore(Store):
             s = os.fstat(fd)
             if not st.S_ISREG(s.st_mode):
                 raise ObjectNotFound(key)
+            # The version token for the check at the end of the read; the ETag for the client's.
             etag = synthetic_etag(s)
-            if if_match is not None and if_match != "*" and _bare(if_match) != _bare(etag):
-                raise VersionChanged(f"{key}: is now {etag}, not {if_match}")
+            if if_match is not None and if_match != "*":
+                current = info_of(key, s, fd).etag
+                if bare(if_match) != bare(current):
+                    raise VersionChanged(f"{key}: is now {current}, not {if_match}")
             stop = s.st_size if end is None else min(end, s.st_size)
             pos = max(start, 0)
             data = b""
@@ -261,7 +226,7 @@ class LocalStore(Store):
                 prefixes.append(name)
             else:
                 try:
-                    objects.append(self._info(name, entry.stat()))
+                    objects.append(info_of(name, entry.stat(), entry.path))
                 except OSError:
                     continue  # deleted since the directory was read
             last = name
@@ -292,7 +257,7 @@ class _Walk:
         try:
             with os.scandir(path) as it:
                 for e in it:
-                    if not _utf8(e.name):
+                    if not _utf8(e.name) or is_internal(e.name):
                         continue
                     try:
                         is_dir = e.is_dir()

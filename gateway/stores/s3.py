@@ -13,17 +13,25 @@ import aiohttp
 from aiobotocore.session import get_session
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+from botocore.handlers import add_expect_header
 
 from gateway.stores.base import (
+    ContainerExists,
+    ContainerNotEmpty,
+    ContainerNotFound,
+    InvalidPart,
     ListPage,
     ObjectInfo,
     ObjectNotFound,
-    Store,
+    PreconditionFailed,
     StoreAccessDenied,
     StoreError,
     StoreUnavailable,
+    UploadNotFound,
     VersionChanged,
 )
+from gateway.stores.s3_body import checksums_of
+from gateway.stores.s3_write import S3Writes
 
 # Large enough that per-chunk overhead vanishes, small enough to start streaming early.
 CHUNK_SIZE = 512 * 1024
@@ -45,6 +53,9 @@ OPTIONS = frozenset(
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
 _DENIED = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"}
 _TRANSPORT_ERRORS = (BotoCoreError, aiohttp.ClientError, asyncio.TimeoutError, OSError)
+_PRECONDITION = {"PreconditionFailed", "ConditionalRequestConflict"}
+_BAD_PARTS = {"InvalidPart", "InvalidPartOrder", "EntityTooSmall"}
+_EXISTS = {"BucketAlreadyExists", "BucketAlreadyOwnedByYou"}
 
 
 def _status(exc: ClientError) -> int:
@@ -59,13 +70,14 @@ def _utc(value: datetime) -> datetime:
     return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-class S3Store(Store):
+class S3Store(S3Writes):
     """Objects under `prefix` in one bucket of an S3-compatible origin.
 
     A mount prefix names a folder: 's3://b/pre/fix' holds 'pre/fix/<key>', never 'pre/fixture'.
     """
 
     scheme = "s3"
+    _failures = (ClientError, *_TRANSPORT_ERRORS)
 
     def __init__(self, bucket: str, prefix: str = "", options: Mapping[str, str] | None = None):
         options = dict(options or {})
@@ -97,7 +109,10 @@ class S3Store(Store):
             max_pool_connections=64,
             # total_max_attempts counts the first try; the retries dict's max_attempts does not.
             retries={"mode": "standard", "total_max_attempts": int(o.get("max_attempts", 3))},
-            s3={"addressing_style": style},
+            # No payload signing (UNSIGNED-PAYLOAD): bodies are streamed, and a SigV4 payload
+            # hash would need the whole body before its first byte is sent. TLS, and the
+            # checksum a writer gives (which the origin verifies), protect the bytes.
+            s3={"addressing_style": style, "payload_signing_enabled": False},
             # Checksums only where the API demands them: blocks are ranged reads, which S3 gives
             # no checksum for, and CRC of every full GET in Python costs CPU on the miss path.
             request_checksum_calculation="when_required",
@@ -117,7 +132,12 @@ class S3Store(Store):
                         aws_session_token=o.get("session_token") or None,
                         config=self._config(),
                     )
-                    self._client = await self._stack.enter_async_context(creator)
+                    client = await self._stack.enter_async_context(creator)
+                    # No "Expect: 100-continue": aiohttp leaves the failure of such a request on
+                    # a pooled connection the origin has closed in a task nobody awaits; without
+                    # it that failure is an ordinary one, retried while the body can be resent.
+                    client.meta.events.unregister("before-call.s3", add_expect_header)
+                    self._client = client
         return self._client
 
     async def close(self) -> None:
@@ -149,6 +169,29 @@ class S3Store(Store):
             return StoreUnavailable(f"{where}: origin answered {status} {code}")
         return StoreError(f"{where}: origin answered {status} {code}")
 
+    def _write_error(
+        self, exc: Exception, key: str, *, conditional: bool = False, container: bool = False
+    ) -> StoreError:
+        """As _error, for writes: preconditions, uploads and buckets have errors of their own."""
+        if isinstance(exc, ClientError):
+            where = f"s3://{self.bucket}/{self.prefix}{key}"
+            code, status = _code(exc), _status(exc)
+            if code in _PRECONDITION or status == 412:
+                return PreconditionFailed(f"{where}: {code}")
+            if conditional and code in _NOT_FOUND:
+                return PreconditionFailed(f"{where}: does not exist")
+            if code == "NoSuchUpload":
+                return UploadNotFound(f"{where}: no such upload")
+            if code in _BAD_PARTS:
+                return InvalidPart(f"{where}: {code}")
+            if container and code in _EXISTS:
+                return ContainerExists(f"bucket {self.bucket!r} exists")
+            if container and code == "BucketNotEmpty":
+                return ContainerNotEmpty(f"bucket {self.bucket!r} is not empty")
+            if container and code == "NoSuchBucket":
+                return ContainerNotFound(f"bucket {self.bucket!r} does not exist")
+        return self._error(exc, key)
+
     async def _head_missing(self, key: str) -> StoreError:
         """A HEAD 404 has no body to tell a missing key from a missing bucket; ask once."""
         if not self._bucket_seen:
@@ -165,12 +208,16 @@ class S3Store(Store):
 
     # -- operations --------------------------------------------------------------------------
 
-    async def _head(self, key: str, if_match: str | None = None) -> dict[str, Any]:
+    async def _head(
+        self, key: str, if_match: str | None = None, checksums: bool = False
+    ) -> dict[str, Any]:
         if not key:
             raise ObjectNotFound(key)
         args = {"Bucket": self.bucket, "Key": self.prefix + key}
         if if_match is not None:
             args["IfMatch"] = if_match
+        if checksums:
+            args["ChecksumMode"] = "ENABLED"
         try:
             head: dict[str, Any] = await (await self._s3()).head_object(**args)
             return head
@@ -182,7 +229,9 @@ class S3Store(Store):
             raise self._error(exc, key) from None
 
     async def stat(self, key: str) -> ObjectInfo:
-        h = await self._head(key)
+        return self._info(key, await self._head(key, checksums=True))
+
+    def _info(self, key: str, h: Mapping[str, Any]) -> ObjectInfo:
         expires = h.get("ExpiresString")
         if expires is None and isinstance(h.get("Expires"), datetime):
             expires = format_datetime(_utc(h["Expires"]), usegmt=True)
@@ -199,6 +248,7 @@ class S3Store(Store):
             expires=expires,
             metadata=dict(h.get("Metadata") or {}),
             storage_class=h.get("StorageClass") or "STANDARD",
+            checksums=checksums_of(h),
         )
 
     async def read(

@@ -178,8 +178,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         chunk_out = not bodiless and length is None
         if chunk_out:
             self.send_header("Transfer-Encoding", "chunked")
-        if response.will_close:
-            self.close_connection = True
+        # An upstream that closes after each response (moto does) costs us an upstream
+        # reconnect, not the client's connection: the client was told nothing of a close.
         self.end_headers()
         if bodiless:
             response.read()

@@ -1,0 +1,640 @@
+"""The write half of the store contract: the file store on a temporary folder and the S3 store
+on moto (behind the counting proxy, with a mount prefix) must write, copy, delete and join parts
+alike, and a failed write must leave nothing visible."""
+
+from __future__ import annotations
+
+import base64
+import errno
+import hashlib
+import os
+import tracemalloc
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+import anyio
+import pytest
+from botocore.exceptions import ClientError
+
+from gateway.stores import (
+    ContainerExists,
+    ContainerNotEmpty,
+    ContainerNotFound,
+    IncompleteBody,
+    InvalidPart,
+    ObjectInfo,
+    ObjectNotFound,
+    PartInfo,
+    PreconditionFailed,
+    UnsupportedKey,
+    UploadNotFound,
+    VersionChanged,
+    WriteAttrs,
+    create_bucket,
+    delete_bucket,
+    open_store,
+    s3_write,
+)
+from tests.support.origin import CountingProxy, MotoServer
+from tests.test_store_contract import (
+    MOUNT_PREFIX,
+    FileOrigin,
+    Origin,
+    S3Origin,
+    list_all,
+    read_all,
+    s3_options,
+)
+
+pytestmark = pytest.mark.anyio
+
+MIB = 1 << 20
+ATTRS = WriteAttrs(
+    content_type="application/json",
+    content_encoding="identity",
+    content_disposition='attachment; filename="a.json"',
+    content_language="de",
+    cache_control="max-age=60",
+    expires="Wed, 21 Oct 2037 07:28:00 GMT",
+    metadata={"owner": "team-a", "build": "42"},
+)
+
+
+class ClientGone(Exception):
+    """What a body iterator raises when the client's upload fails (disconnect, bad checksum)."""
+
+
+@pytest.fixture(scope="module")
+def proxy(moto_server: MotoServer) -> Iterator[CountingProxy]:
+    p = CountingProxy(moto_server.url)
+    yield p
+    p.stop()
+
+
+@pytest.fixture(params=["file", "s3"])
+async def target(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Origin]:
+    o: Origin
+    if request.param == "file":
+        (tmp_path / "root").mkdir()
+        o = FileOrigin(tmp_path / "root")
+    else:
+        moto: MotoServer = request.getfixturevalue("moto_server")
+        proxy: CountingProxy = request.getfixturevalue("proxy")
+        o = S3Origin(moto, proxy)
+        proxy.reset()
+    yield o
+    await o.store.close()
+
+
+@pytest.fixture
+async def s3_target(moto_server: MotoServer, proxy: CountingProxy) -> AsyncIterator[S3Origin]:
+    o = S3Origin(moto_server, proxy)
+    proxy.reset()
+    yield o
+    await o.store.close()
+
+
+async def body(data: bytes, step: int = 256 * 1024) -> AsyncIterator[bytes]:
+    for at in range(0, len(data), step):
+        yield data[at : at + step]
+
+
+async def failing(data: bytes, fail_at: int, step: int = 256 * 1024) -> AsyncIterator[bytes]:
+    """`data` up to fail_at (all of it if fail_at >= len), then the client is gone."""
+    async for chunk in body(data[:fail_at], step):
+        yield chunk
+    raise ClientGone("the client went away")
+
+
+def md5_etag(data: bytes) -> str:
+    return f'"{hashlib.md5(data).hexdigest()}"'
+
+
+def sha256_b64(data: bytes) -> str:
+    return base64.b64encode(hashlib.sha256(data).digest()).decode()
+
+
+def raw_keys(o: Origin) -> list[str]:
+    """What the under-store itself holds under the mount, temp files too (but not the file
+    store's open uploads: `open_uploads`)."""
+    if isinstance(o, FileOrigin):
+        found = (str(p.relative_to(o.root)) for p in o.root.rglob("*") if not p.is_dir())
+        return sorted(k for k in found if not k.startswith(".s3gw-uploads/"))
+    assert isinstance(o, S3Origin)
+    page = o.s3.list_objects_v2(Bucket=o.bucket, Prefix=f"{MOUNT_PREFIX}/")
+    return sorted(c["Key"][len(MOUNT_PREFIX) + 1 :] for c in page.get("Contents", []))
+
+
+def open_uploads(o: Origin) -> list[str]:
+    if isinstance(o, FileOrigin):
+        uploads = o.root / ".s3gw-uploads"
+        return sorted(p.name for p in uploads.iterdir()) if uploads.exists() else []
+    assert isinstance(o, S3Origin)
+    page = o.s3.list_multipart_uploads(Bucket=o.bucket, Prefix=f"{MOUNT_PREFIX}/")
+    return [u["UploadId"] for u in page.get("Uploads", [])]
+
+
+async def put(o: Origin, key: str, data: bytes, attrs: WriteAttrs = ATTRS, **kw: Any) -> ObjectInfo:
+    return await o.store.put(key, body(data), len(data), attrs, **kw)
+
+
+def same_attrs(info: ObjectInfo, attrs: WriteAttrs) -> None:
+    got = WriteAttrs.of(info)
+    assert got.content_type == attrs.content_type
+    assert got.content_encoding == attrs.content_encoding
+    assert got.content_disposition == attrs.content_disposition
+    assert got.content_language == attrs.content_language
+    assert got.cache_control == attrs.cache_control
+    assert got.expires == attrs.expires
+    assert dict(got.metadata) == dict(attrs.metadata)
+
+
+# -- put -------------------------------------------------------------------------------------
+
+
+async def test_put_round_trips_bytes_attributes_metadata_and_checksum(target: Origin) -> None:
+    data = os.urandom(MIB + 17)
+    attrs = WriteAttrs(**{**_fields(ATTRS), "checksums": {"sha256": sha256_b64(data)}})
+    written = await put(target, "docs/a b/ü.json", data, attrs)
+    assert written.etag == md5_etag(data)  # a single PUT's ETag is the MD5, as S3 gives
+    info = await target.store.stat("docs/a b/ü.json")
+    assert (info.size, info.etag) == (len(data), md5_etag(data))
+    same_attrs(info, attrs)
+    assert info.checksums.get("sha256") == sha256_b64(data)
+    assert written.checksums.get("sha256") == sha256_b64(data)
+    assert await read_all(target.store, "docs/a b/ü.json") == data
+    (listed,) = (await target.store.list_page("docs/")).objects
+    assert (listed.key, listed.etag, listed.size) == ("docs/a b/ü.json", info.etag, len(data))
+
+
+def _fields(attrs: WriteAttrs) -> dict[str, Any]:
+    return {f: getattr(attrs, f) for f in WriteAttrs.__dataclass_fields__}
+
+
+async def test_checksums_known_only_after_the_body_are_reported(target: Origin) -> None:
+    """A trailer's checksum is verified, and so known, only once the last byte is in."""
+    data = os.urandom(300_000)
+    sums: dict[str, str] = {}
+
+    async def trailed() -> AsyncIterator[bytes]:
+        async for chunk in body(data):
+            yield chunk
+        sums["sha256"] = sha256_b64(data)
+
+    attrs = WriteAttrs(content_type="application/x-test", checksums=sums)
+    written = await target.store.put("trailed", trailed(), len(data), attrs)
+    assert written.checksums.get("sha256") == sha256_b64(data)
+    if target.kind == "file":  # kept with the file; S3 keeps only what its headers carried
+        assert (await target.store.stat("trailed")).checksums.get("sha256") == sha256_b64(data)
+
+
+async def test_zero_length_put(target: Origin) -> None:
+    written = await put(target, "empty", b"", WriteAttrs(content_type="text/plain"))
+    info = await target.store.stat("empty")
+    assert (info.size, info.etag, written.etag) == (0, md5_etag(b""), md5_etag(b""))
+    assert info.content_type == "text/plain"
+    assert await read_all(target.store, "empty") == b""
+
+
+async def test_overwrite_replaces_bytes_and_attributes(target: Origin) -> None:
+    await put(target, "k.txt", b"version one", ATTRS)
+    await put(target, "k.txt", b"version two!", WriteAttrs(content_type="text/plain"))
+    info = await target.store.stat("k.txt")
+    assert (info.etag, info.content_type, dict(info.metadata)) == (
+        md5_etag(b"version two!"),
+        "text/plain",
+        {},
+    )
+    assert await read_all(target.store, "k.txt") == b"version two!"
+    assert raw_keys(target) == ["k.txt"]
+
+
+async def test_if_none_match_creates_only_new_keys(target: Origin) -> None:
+    await put(target, "new", b"first", if_none_match=True)
+    with pytest.raises(PreconditionFailed):
+        await put(target, "new", b"second", if_none_match=True)
+    assert await read_all(target.store, "new") == b"first"
+
+
+async def test_if_none_match_lets_one_of_two_racing_creators_win(target: Origin) -> None:
+    gate = anyio.Event()
+    outcomes: list[str] = []
+
+    async def gated(data: bytes) -> AsyncIterator[bytes]:
+        yield data[:3]
+        await gate.wait()
+        yield data[3:]
+
+    async def create(data: bytes) -> None:
+        try:
+            await target.store.put("race", gated(data), len(data), ATTRS, if_none_match=True)
+            outcomes.append(data.decode())
+        except PreconditionFailed:
+            outcomes.append("refused")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(create, b"writer-a")
+        tg.start_soon(create, b"writer-b")
+        await anyio.sleep(0.3)  # both have passed the early check and are streaming
+        gate.set()
+    assert sorted(outcomes)[0] == "refused" and len(outcomes) == 2
+    winner = next(o for o in outcomes if o != "refused")
+    assert await read_all(target.store, "race") == winner.encode()
+
+
+async def test_if_match_guards_the_version_written_over(target: Origin) -> None:
+    first = await put(target, "obj", b"one")
+    with pytest.raises(PreconditionFailed):
+        await put(target, "obj", b"two", if_match='"0123456789abcdef0123456789abcdef"')
+    with pytest.raises(PreconditionFailed):
+        await put(target, "missing", b"two", if_match=first.etag)
+    assert await read_all(target.store, "obj") == b"one"
+    await put(target, "obj", b"two", if_match=first.etag)
+    assert await read_all(target.store, "obj") == b"two"
+    assert raw_keys(target) == ["obj"]
+
+
+@pytest.mark.parametrize("fail_at", [2 * MIB, 3 * MIB], ids=["midway", "after-last-byte"])
+async def test_body_that_raises_leaves_nothing_and_the_old_version(
+    target: Origin, fail_at: int
+) -> None:
+    data = os.urandom(3 * MIB)
+    with pytest.raises(ClientGone):
+        await target.store.put("fresh", failing(data, fail_at), len(data), ATTRS)
+    with pytest.raises(ObjectNotFound):
+        await target.store.stat("fresh")
+    await put(target, "kept", b"old bytes")
+    with pytest.raises(ClientGone):
+        await target.store.put("kept", failing(data, fail_at), len(data), ATTRS)
+    assert await read_all(target.store, "kept") == b"old bytes"
+    assert raw_keys(target) == ["kept"]  # no temp file left, no object committed
+
+
+async def test_body_that_raises_in_a_multipart_sized_put_is_aborted(target: Origin) -> None:
+    data = os.urandom(20 * MIB)  # above the S3 store's multipart threshold
+    with pytest.raises(ClientGone):
+        await target.store.put("big", failing(data, 19 * MIB, MIB), len(data), ATTRS)
+    with pytest.raises(ObjectNotFound):
+        await target.store.stat("big")
+    assert raw_keys(target) == [] and open_uploads(target) == []
+
+
+@pytest.mark.parametrize("sent", [0, 10, 12], ids=["empty", "short", "long"])
+async def test_body_of_another_size_is_refused(target: Origin, sent: int) -> None:
+    await put(target, "k", b"previous")
+    with pytest.raises(IncompleteBody):
+        await target.store.put("k", body(b"x" * sent, 4), 11, ATTRS)
+    with pytest.raises(IncompleteBody):
+        await target.store.put("other", body(b"x" * sent, 4), 11, ATTRS)
+    assert await read_all(target.store, "k") == b"previous"
+    assert raw_keys(target) == ["k"]
+
+
+async def test_a_put_in_progress_is_invisible_and_a_cancelled_one_leaves_nothing(
+    target: Origin,
+) -> None:
+    await put(target, "k", b"old")
+    started = anyio.Event()
+
+    async def stalled() -> AsyncIterator[bytes]:
+        yield b"n" * MIB
+        started.set()
+        await anyio.sleep_forever()
+        yield b""
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(target.store.put, "k", stalled(), 2 * MIB, ATTRS)
+        tg.start_soon(target.store.put, "new", stalled(), 2 * MIB, ATTRS)
+        await started.wait()
+        await anyio.sleep(0.2)
+        entries, _ = await list_all(target.store)
+        assert entries == ["k"]
+        with pytest.raises(ObjectNotFound):
+            await target.store.stat("new")
+        assert await read_all(target.store, "k") == b"old"
+        tg.cancel_scope.cancel()
+    await anyio.sleep(0.2)  # the origin sees the cut connection
+    assert raw_keys(target) == ["k"]
+    assert await read_all(target.store, "k") == b"old"
+
+
+async def test_put_streams_a_large_body_in_bounded_memory(target: Origin) -> None:
+    size = 64 * MIB
+    md5 = hashlib.md5()
+
+    async def generated() -> AsyncIterator[bytes]:
+        for i in range(size // MIB):
+            chunk = i.to_bytes(4, "big") * (MIB // 4)
+            md5.update(chunk)
+            yield chunk
+
+    await put(target, "warm-up", b"x")  # the client and its models are loaded before
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before, _ = tracemalloc.get_traced_memory()
+        info = await target.store.put("huge.bin", generated(), size, WriteAttrs())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak - before < 20 * MIB, f"peak {(peak - before) / MIB:.1f} MiB for a 64 MiB put"
+    assert (await target.store.stat("huge.bin")).size == size
+    if target.kind == "file":
+        assert info.etag == f'"{md5.hexdigest()}"'
+    else:
+        assert info.etag.endswith('-8"')  # 8 MiB parts: the multipart form, fine for S3
+    tail = await read_all(target.store, "huge.bin", size - 4)
+    assert tail == (size // MIB - 1).to_bytes(4, "big")
+
+
+# -- delete ----------------------------------------------------------------------------------
+
+
+async def test_delete_removes_the_key_and_a_missing_key_is_fine(target: Origin) -> None:
+    await put(target, "a/b/c/d.txt", b"x")
+    await put(target, "a/keep", b"y")
+    await target.store.delete("a/b/c/d.txt")
+    with pytest.raises(ObjectNotFound):
+        await target.store.stat("a/b/c/d.txt")
+    await target.store.delete("a/b/c/d.txt")
+    await target.store.delete("never/was")
+    entries, _ = await list_all(target.store, "", "/")
+    assert entries == ["a/"]
+    assert raw_keys(target) == ["a/keep"]
+    if isinstance(target, FileOrigin):
+        # S3 has no folders: the ones the delete emptied go, the one still in use stays.
+        assert not (target.root / "a" / "b").exists() and (target.root / "a").is_dir()
+
+
+# -- copy ------------------------------------------------------------------------------------
+
+
+async def test_copy_keeps_or_replaces_attributes(target: Origin) -> None:
+    data = os.urandom(100_000)
+    src = await put(target, "src dir/ünï cöde.json", data, ATTRS)
+    kept = await target.store.copy("src dir/ünï cöde.json", "dst dir/kopie 1.json", None)
+    info = await target.store.stat("dst dir/kopie 1.json")
+    same_attrs(info, ATTRS)
+    assert (info.etag, kept.etag, info.size) == (src.etag, src.etag, len(data))
+    assert await read_all(target.store, "dst dir/kopie 1.json") == data
+
+    new = WriteAttrs(content_type="text/x-new", metadata={"fresh": "yes"})
+    await target.store.copy("src dir/ünï cöde.json", "dst dir/kopie 2", new)
+    info = await target.store.stat("dst dir/kopie 2")
+    assert (info.content_type, dict(info.metadata), info.cache_control) == (
+        "text/x-new",
+        {"fresh": "yes"},
+        None,
+    )
+    assert await read_all(target.store, "dst dir/kopie 2") == data
+    same_attrs(await target.store.stat("src dir/ünï cöde.json"), ATTRS)
+
+
+async def test_copy_onto_itself_replaces_attributes_only(target: Origin) -> None:
+    await put(target, "self", b"bytes stay")
+    await target.store.copy("self", "self", WriteAttrs(content_type="text/plain"))
+    info = await target.store.stat("self")
+    assert (info.content_type, dict(info.metadata)) == ("text/plain", {})
+    assert await read_all(target.store, "self") == b"bytes stay"
+
+
+async def test_copy_if_match_guards_the_source_version(target: Origin) -> None:
+    first = await put(target, "src", b"one")
+    await put(target, "src", b"two")
+    with pytest.raises(VersionChanged):
+        await target.store.copy("src", "dst", None, if_match=first.etag)
+    with pytest.raises(ObjectNotFound):
+        await target.store.copy("nothing-here", "dst", None)
+    assert raw_keys(target) == ["src"]
+    current = (await target.store.stat("src")).etag
+    await target.store.copy("src", "dst", None, if_match=current)
+    assert await read_all(target.store, "dst") == b"two"
+
+
+async def test_s3_copy_beyond_the_single_copy_limit_goes_part_by_part(
+    s3_target: S3Origin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = s3_target
+    monkeypatch.setattr(s3_write, "COPY_LIMIT", 6 * MIB)
+    monkeypatch.setattr(s3_write, "COPY_PART_SIZE", 5 * MIB)
+    data = os.urandom(11 * MIB)
+    await put(target, "large", data, ATTRS)
+    copied = await target.store.copy("large", "large copy", None)
+    assert copied.etag.endswith('-3"')
+    same_attrs(await target.store.stat("large copy"), ATTRS)
+    assert await read_all(target.store, "large copy") == data
+
+
+# -- multipart -------------------------------------------------------------------------------
+
+
+async def upload(o: Origin, key: str, upload_id: str, number: int, data: bytes) -> PartInfo:
+    return await o.store.upload_part(key, upload_id, number, body(data, MIB), len(data))
+
+
+async def test_multipart_joins_parts_with_the_s3_etag(target: Origin) -> None:
+    parts = [os.urandom(5 * MIB), os.urandom(5 * MIB), b"!"]
+    key = "mp/ünï file.bin"
+    upload_id = await target.store.create_multipart(key, ATTRS)
+    infos = [await upload(target, key, upload_id, n, d) for n, d in enumerate(parts, 1)]
+    assert [i.etag for i in infos] == [md5_etag(d) for d in parts]
+    parts[1] = os.urandom(5 * MIB)  # uploading a number again replaces that part
+    infos[1] = await upload(target, key, upload_id, 2, parts[1])
+    assert infos[1] == PartInfo(2, md5_etag(parts[1]), 5 * MIB)
+    with pytest.raises(ObjectNotFound):
+        await target.store.stat(key)  # nothing visible before the completion
+
+    done = await target.store.complete_multipart(key, upload_id, infos, ATTRS)
+    digests = b"".join(hashlib.md5(d).digest() for d in parts)
+    expected = f'"{hashlib.md5(digests).hexdigest()}-3"'
+    info = await target.store.stat(key)
+    assert (done.etag, info.etag, info.size) == (expected, expected, 10 * MIB + 1)
+    same_attrs(info, ATTRS)
+    assert await read_all(target.store, key) == b"".join(parts)
+    assert raw_keys(target) == [key] and open_uploads(target) == []
+
+
+async def test_complete_with_a_wrong_part_etag_makes_nothing(target: Origin) -> None:
+    upload_id = await target.store.create_multipart("mp", ATTRS)
+    one = await upload(target, "mp", upload_id, 1, os.urandom(5 * MIB))
+    two = await upload(target, "mp", upload_id, 2, b"tail")
+    wrong = PartInfo(2, md5_etag(b"something else"), 4)
+    with pytest.raises(InvalidPart):
+        await target.store.complete_multipart("mp", upload_id, [one, wrong], ATTRS)
+    with pytest.raises(InvalidPart):
+        await target.store.complete_multipart(
+            "mp", upload_id, [one, PartInfo(3, two.etag, 4)], ATTRS
+        )
+    with pytest.raises(ObjectNotFound):
+        await target.store.stat("mp")
+    assert raw_keys(target) == []
+    # The upload is still there, and a right part list completes it.
+    await target.store.complete_multipart("mp", upload_id, [one, two], ATTRS)
+    assert (await target.store.stat("mp")).size == 5 * MIB + 4
+
+
+async def test_abort_drops_the_upload_and_its_parts(target: Origin) -> None:
+    upload_id = await target.store.create_multipart("mp", ATTRS)
+    part = await upload(target, "mp", upload_id, 1, b"part")
+    assert open_uploads(target) != []
+    await target.store.abort_multipart("mp", upload_id)
+    assert open_uploads(target) == [] and raw_keys(target) == []
+    with pytest.raises(UploadNotFound):
+        await upload(target, "mp", upload_id, 2, b"more")
+    with pytest.raises(UploadNotFound):
+        await target.store.complete_multipart("mp", upload_id, [part], ATTRS)
+    await target.store.abort_multipart("mp", upload_id)  # again: not an error
+    with pytest.raises(ObjectNotFound):
+        await target.store.stat("mp")
+
+
+async def test_unknown_uploads_are_not_found(target: Origin) -> None:
+    real = await target.store.create_multipart("mp", ATTRS)
+    fake = "A" * 32
+    with pytest.raises(UploadNotFound):
+        await upload(target, "mp", fake, 1, b"x")
+    with pytest.raises(UploadNotFound):
+        await target.store.complete_multipart("mp", fake, [PartInfo(1, md5_etag(b"x"), 1)], ATTRS)
+    if target.kind == "file":  # moto takes parts for any key; S3 and the file store do not
+        with pytest.raises(UploadNotFound):
+            await upload(target, "other-key", real, 1, b"x")
+    await target.store.abort_multipart("mp", fake)
+    await target.store.abort_multipart("mp", real)
+
+
+async def test_a_part_body_that_raises_keeps_the_previous_part(target: Origin) -> None:
+    upload_id = await target.store.create_multipart("mp", ATTRS)
+    good = await upload(target, "mp", upload_id, 1, b"good part")
+    data = os.urandom(2 * MIB)
+    with pytest.raises(ClientGone):
+        await target.store.upload_part("mp", upload_id, 1, failing(data, MIB), len(data))
+    with pytest.raises(IncompleteBody):
+        await target.store.upload_part("mp", upload_id, 1, body(b"short"), 9)
+    await target.store.complete_multipart("mp", upload_id, [good], ATTRS)
+    assert await read_all(target.store, "mp") == b"good part"
+
+
+# -- buckets ---------------------------------------------------------------------------------
+
+
+async def test_create_and_delete_buckets(target: Origin, tmp_path: Path) -> None:
+    if isinstance(target, FileOrigin):
+        uri, options = (tmp_path / "buckets" / "fresh").as_uri(), {}
+    else:
+        assert isinstance(target, S3Origin)
+        uri, options = f"s3://{target.bucket}-new", s3_options(target.proxy.url)
+    await create_bucket(uri, options)
+    with pytest.raises(ContainerExists):
+        await create_bucket(uri, options)
+    store = open_store(uri, options)
+    try:
+        await store.put("k/in it", body(b"x"), 1, WriteAttrs())
+        with pytest.raises(ContainerNotEmpty):
+            await delete_bucket(uri, options)
+        await store.delete("k/in it")
+        if isinstance(target, FileOrigin):
+            # An unfinished upload is no object, though the file store keeps it in the folder.
+            await store.create_multipart("later", WriteAttrs())
+        await delete_bucket(uri, options)
+    finally:
+        await store.close()
+    if isinstance(target, FileOrigin):
+        assert not (tmp_path / "buckets" / "fresh").exists()
+    else:
+        with pytest.raises(ClientError):
+            target.s3.head_bucket(Bucket=uri[5:])
+    with pytest.raises(ContainerNotFound):
+        await delete_bucket(uri, options)
+
+
+@pytest.mark.parametrize("uri", ["s3://bucket/with-prefix", "file:///"])
+async def test_bucket_uris_name_whole_containers(uri: str) -> None:
+    with pytest.raises(ValueError):
+        await create_bucket(uri, {})
+
+
+# -- file store only -------------------------------------------------------------------------
+
+
+async def test_file_keys_that_cannot_be_files_are_refused(tmp_path: Path) -> None:
+    o = FileOrigin(tmp_path)
+    await put(o, "a/b", b"x")
+    for key in ("a", "a/b/c", "dir/", "a//b", "../escape", ".s3gw-uploads/x", "x/.k.s3gw-1.tmp"):
+        with pytest.raises(UnsupportedKey):
+            await put(o, key, b"y")
+    with pytest.raises(UnsupportedKey):
+        await o.store.create_multipart("a", ATTRS)
+    assert raw_keys(o) == ["a/b"]
+
+
+async def test_file_attributes_fall_back_when_the_file_changes_behind_us(tmp_path: Path) -> None:
+    o = FileOrigin(tmp_path)
+    await put(o, "notes.txt", b"written by the gateway", WriteAttrs(content_type="x/custom"))
+    assert (await o.store.stat("notes.txt")).content_type == "x/custom"
+    (tmp_path / "notes.txt").write_bytes(b"rewritten in place by someone else")
+    info = await o.store.stat("notes.txt")
+    assert "-" in info.etag and info.content_type == "text/plain"  # synthetic, guessed
+    (listed,) = (await o.store.list_page()).objects
+    assert listed.etag == info.etag
+    assert await read_all(o.store, "notes.txt", if_match=info.etag) == (
+        b"rewritten in place by someone else"
+    )
+
+
+async def test_file_read_if_match_takes_the_recorded_etag(tmp_path: Path) -> None:
+    o = FileOrigin(tmp_path)
+    written = await put(o, "k", b"data")
+    assert await read_all(o.store, "k", if_match=written.etag) == b"data"
+    with pytest.raises(VersionChanged):
+        await read_all(o.store, "k", if_match='"0-0"')
+
+
+async def test_file_internals_never_show(tmp_path: Path) -> None:
+    o = FileOrigin(tmp_path)
+    await o.store.create_multipart("k", ATTRS)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / ".k.s3gw-abc.tmp").write_bytes(b"left by a crash")
+    assert await list_all(o.store) == ([], 1)
+    assert await list_all(o.store, "", "/") == ([], 1)
+    for key in (".s3gw-uploads", "d/.k.s3gw-abc.tmp"):
+        with pytest.raises(ObjectNotFound):
+            await o.store.stat(key)
+
+
+async def test_file_store_without_xattrs_falls_back_to_synthetic_etags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*_: Any, **__: Any) -> None:
+        raise OSError(errno.ENOTSUP, "Operation not supported")
+
+    monkeypatch.setattr(os, "setxattr", refuse)
+    o = FileOrigin(tmp_path)
+    written = await put(o, "plain.txt", b"no xattrs here", ATTRS)
+    info = await o.store.stat("plain.txt")
+    assert written.etag == info.etag and "-" in info.etag  # what stat will keep saying
+    assert (info.content_type, dict(info.metadata)) == ("text/plain", {})
+    upload_id = await o.store.create_multipart("mp", ATTRS)
+    one = await upload(o, "mp", upload_id, 1, b"a" * (5 * MIB))
+    two = await upload(o, "mp", upload_id, 2, b"b")
+    with pytest.raises(InvalidPart):  # the part's MD5 is taken again, and still checked
+        await o.store.complete_multipart("mp", upload_id, [one, PartInfo(2, one.etag, 1)], ATTRS)
+    await o.store.complete_multipart("mp", upload_id, [one, two], ATTRS)
+    assert await read_all(o.store, "mp") == b"a" * (5 * MIB) + b"b"
+
+
+# -- S3 store only: what reaches the origin --------------------------------------------------
+
+
+async def test_s3_put_is_one_streamed_request_or_a_multipart_upload(s3_target: S3Origin) -> None:
+    proxy = s3_target.proxy
+    await put(s3_target, "small", os.urandom(3 * MIB))
+    assert [(r.method, r.query) for r in proxy.requests] == [("PUT", "")]
+    proxy.reset()
+    await put(s3_target, "large", os.urandom(20 * MIB))
+    calls = [(r.method, sorted(parse_qs(r.query, True))) for r in proxy.requests]
+    part = ("PUT", ["partNumber", "uploadId"])
+    assert calls == [("POST", ["uploads"]), part, part, part, ("POST", ["uploadId"])]
+    head = s3_target.s3.head_object(Bucket=s3_target.bucket, Key=f"{MOUNT_PREFIX}/large")
+    assert head["ContentLength"] == 20 * MIB and head["ContentType"] == ATTRS.content_type
