@@ -491,3 +491,40 @@ def test_checksum_is_returned_when_asked(node: GatewayNode, bucket: str) -> None
     got = s3.head_object(Bucket=bucket, Key="summed.bin", ChecksumMode="ENABLED")
     expected = base64.b64encode(hashlib.sha256(b"checksummed").digest()).decode()
     assert got.get("ChecksumSHA256") == expected
+
+
+def test_put_above_5_gib_is_entity_too_large_before_any_byte(plain: GatewayNode) -> None:
+    url = plain_client(plain).generate_presigned_url(
+        "put_object", Params={"Bucket": "filew", "Key": "huge.bin"}
+    )
+    path = url.split(f":{plain.port}", 1)[1]
+    with socket.create_connection(("127.0.0.1", plain.port)) as sock:
+        sock.sendall(
+            f"PUT {path} HTTP/1.1\r\nHost: 127.0.0.1:{plain.port}\r\n"
+            f"Content-Length: {6 << 30}\r\nExpect: 100-continue\r\n\r\n".encode()
+        )
+        sock.settimeout(10)
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert b"<Code>EntityTooLarge</Code>" in answer
+
+
+def test_delete_objects_without_an_integrity_header_is_refused(plain: GatewayNode) -> None:
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    url = f"{plain.url}/filew?delete"
+    body = b"<Delete><Object><Key>a</Key></Object></Delete>"
+    req = AWSRequest(method="POST", url=url, data=body)
+    S3SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "s3", "us-east-1").add_auth(req)
+    r = httpx.post(url, content=body, headers=dict(req.headers.items()))
+    assert r.status_code == 400
+    assert b"<Code>InvalidRequest</Code>" in r.content
+
+
+def test_create_bucket_without_a_bucket_store_says_how_to_mount(plain: GatewayNode) -> None:
+    with pytest.raises(ClientError) as exc:
+        plain_client(plain).create_bucket(Bucket="no-store-here")
+    assert _code(exc) == ("NotImplemented", 501)
+    assert "gateway mount add" in exc.value.response["Error"]["Message"]
