@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import os
+import importlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
-from urllib.parse import unquote, urlsplit
-
-import anyio.to_thread
+from urllib.parse import urlsplit
 
 from gateway.stores.base import (
     ContainerExists,
@@ -29,10 +26,6 @@ from gateway.stores.base import (
     VersionChanged,
     WriteAttrs,
 )
-
-if TYPE_CHECKING:
-    from gateway.stores.local import LocalStore
-    from gateway.stores.s3 import S3Store
 
 __all__ = [
     "ContainerExists",
@@ -59,8 +52,22 @@ __all__ = [
 ]
 
 
+# scheme -> "module:function" building the store from (parsed URI, options); imported on use.
+OPENERS: dict[str, str] = {
+    "file": "gateway.stores.local:open_local",
+    "s3": "gateway.stores.s3:open_s3",
+    "gs": "gateway.stores.gcs:open_gcs",
+    "az": "gateway.stores.azure:open_azure",
+    "abfs": "gateway.stores.azure:open_azure",
+    "abfss": "gateway.stores.azure:open_azure",
+    "wasb": "gateway.stores.azure:open_azure",
+    "wasbs": "gateway.stores.azure:open_azure",
+    "hdfs": "gateway.stores.hdfs:open_hdfs",
+}
+
+
 def open_store(uri: str, options: Mapping[str, str]) -> Store:
-    """The store a mount's URI names: `file:///abs/path` or `s3://bucket[/prefix]`.
+    """The store a mount's URI names (file, s3, gs, az/abfs/wasbs, hdfs).
 
     Raises ValueError for an unknown scheme or a malformed URI. No I/O happens here: a missing
     folder or bucket shows as StoreUnavailable on first use.
@@ -74,40 +81,25 @@ def open_store(uri: str, options: Mapping[str, str]) -> Store:
         raise ValueError("store URIs carry no credentials; put them in the mount options")
     if parts.query or parts.fragment:
         raise ValueError(f"store URI {uri!r} must have no query or fragment")
-    scheme = parts.scheme.lower()
-    if scheme == "file":
-        from gateway.stores.local import LocalStore
-
-        if parts.netloc not in ("", "localhost"):
-            raise ValueError(f"file URI {uri!r} names a host; use file:///absolute/path")
-        path = unquote(parts.path)
-        if not path.startswith("/") or "\0" in path:
-            raise ValueError(f"file URI {uri!r} needs an absolute path: file:///absolute/path")
-        if options:
-            raise ValueError(f"file stores take no options, got {', '.join(sorted(options))}")
-        return LocalStore(os.path.normpath(path))
-    if scheme == "s3":
-        from gateway.stores.s3 import S3Store
-
-        bucket = parts.netloc
-        if not bucket or ":" in bucket:
-            raise ValueError(f"s3 URI {uri!r} needs a bucket name: s3://bucket[/prefix]")
-        return S3Store(bucket, unquote(parts.path), options)
-    raise ValueError(f"unknown store scheme {parts.scheme!r} in {uri!r}; expected file:// or s3://")
+    target = OPENERS.get(parts.scheme.lower())
+    if target is None:
+        known = ", ".join(f"{s}://" for s in OPENERS)
+        raise ValueError(f"unknown store scheme {parts.scheme!r} in {uri!r}; expected {known}")
+    module, _, function = target.partition(":")
+    try:
+        opener = getattr(importlib.import_module(module), function)
+    except (ImportError, AttributeError):
+        raise ValueError(f"{parts.scheme}:// stores are not available in this build") from None
+    store: Store = opener(parts, options)
+    return store
 
 
 async def create_bucket(uri: str, options: Mapping[str, str]) -> None:
-    """Create the container a URI names: `file:///abs/dir` (a folder, parents as needed) or
-    `s3://bucket` (no prefix). ContainerExists if it is there already."""
-    from gateway.stores.local_files import create_folder
-    from gateway.stores.s3 import S3Store
-
-    store = _container(uri, options)
+    """Create the container a URI names (a folder, an S3 bucket, ...); ContainerExists if it
+    is there already."""
+    store = open_store(uri, options)
     try:
-        if isinstance(store, S3Store):
-            await store.create_container(options.get("region"))
-        else:
-            await anyio.to_thread.run_sync(create_folder, store.root)
+        await store.create_container()
     finally:
         await store.close()
 
@@ -115,30 +107,8 @@ async def create_bucket(uri: str, options: Mapping[str, str]) -> None:
 async def delete_bucket(uri: str, options: Mapping[str, str]) -> None:
     """Delete the container a URI names, if it holds no objects (ContainerNotEmpty else;
     the file store's internals and empty folders do not count). ContainerNotFound if none."""
-    from gateway.stores.local_files import delete_folder
-    from gateway.stores.s3 import S3Store
-
-    store = _container(uri, options)
+    store = open_store(uri, options)
     try:
-        if isinstance(store, S3Store):
-            await store.delete_container()
-        else:
-            await anyio.to_thread.run_sync(delete_folder, store.root)
+        await store.delete_container()
     finally:
         await store.close()
-
-
-def _container(uri: str, options: Mapping[str, str]) -> LocalStore | S3Store:
-    from gateway.stores.local import LocalStore
-    from gateway.stores.s3 import S3Store
-
-    store = open_store(uri, options)
-    if isinstance(store, S3Store):
-        if store.prefix:
-            raise ValueError(f"a bucket URI names no prefix: s3://{store.bucket}, not {uri!r}")
-        return store
-    if isinstance(store, LocalStore):
-        if store.root == "/":
-            raise ValueError("the file system's root is no bucket")
-        return store
-    raise ValueError(f"{uri!r} names no store that has buckets")

@@ -222,5 +222,16 @@ class Store(abc.ABC):
     async def abort_multipart(self, key: str, upload_id: str) -> None:
         """Drop the upload and its parts; an unknown upload is not an error."""
 
+    # -- containers: what CreateBucket/DeleteBucket make of a store whose URI names no prefix
+
+    async def create_container(self) -> None:
+        """Create the bucket/folder/container this store's URI names; ContainerExists if it is
+        there already."""
+        raise ValueError(f"{self.scheme}:// stores make no buckets")
+
+    async def delete_container(self) -> None:
+        """Delete it if it holds no objects (ContainerNotEmpty); ContainerNotFound if none."""
+        raise ValueError(f"{self.scheme}:// stores delete no buckets")
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the store is not used afterwards."""

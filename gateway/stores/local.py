@@ -7,7 +7,8 @@ import binascii
 import errno
 import os
 import stat as st
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Iterator, Mapping
+from urllib.parse import SplitResult, unquote
 
 import anyio.to_thread
 
@@ -20,6 +21,7 @@ from gateway.stores.base import (
     StoreUnavailable,
     VersionChanged,
 )
+from gateway.stores.local_files import create_folder, delete_folder
 from gateway.stores.local_meta import bare, info_of, is_internal, synthetic_etag
 from gateway.stores.local_multipart import LocalMultipart
 
@@ -201,6 +203,14 @@ class LocalStore(LocalMultipart):
             self._list_sync, prefix, delimiter or None, marker, max_keys
         )
 
+    async def create_container(self) -> None:
+        if self.root == "/":
+            raise ValueError("the file system's root is no bucket")
+        await anyio.to_thread.run_sync(create_folder, self.root)
+
+    async def delete_container(self) -> None:
+        await anyio.to_thread.run_sync(delete_folder, self.root)
+
     def _list_sync(self, prefix: str, delimiter: str | None, marker: str, limit: int) -> ListPage:
         if not os.path.isdir(self.root):
             raise StoreUnavailable(f"file store root {self.root} is not a directory")
@@ -313,3 +323,17 @@ class _Walk:
         if any(not is_dir for _, is_dir, _, _ in children):
             return True
         return any(self.has_file(e.path, (*chain, real)) for _, _, real, e in children)
+
+
+def open_local(parts: SplitResult, options: Mapping[str, str]) -> LocalStore:
+    """`file:///absolute/path`."""
+    if parts.netloc not in ("", "localhost"):
+        raise ValueError(f"file URI {parts.geturl()!r} names a host; use file:///absolute/path")
+    path = unquote(parts.path)
+    if not path.startswith("/") or "\0" in path:
+        raise ValueError(
+            f"file URI {parts.geturl()!r} needs an absolute path: file:///absolute/path"
+        )
+    if options:
+        raise ValueError(f"file stores take no options, got {', '.join(sorted(options))}")
+    return LocalStore(os.path.normpath(path))

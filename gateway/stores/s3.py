@@ -8,6 +8,7 @@ from collections.abc import AsyncGenerator, Mapping
 from datetime import UTC, datetime
 from email.utils import format_datetime
 from typing import Any
+from urllib.parse import SplitResult, unquote
 
 import aiohttp
 from aiobotocore.session import get_session
@@ -328,3 +329,11 @@ class S3Store(S3Writes):
         prefixes = [p["Prefix"][cut:] for p in page.get("CommonPrefixes", [])]
         more = page.get("IsTruncated") and page.get("NextContinuationToken")
         return ListPage(objects, prefixes, page["NextContinuationToken"] if more else None)
+
+
+def open_s3(parts: SplitResult, options: Mapping[str, str]) -> S3Store:
+    """`s3://bucket[/prefix]`."""
+    bucket = parts.netloc
+    if not bucket or ":" in bucket:
+        raise ValueError(f"s3 URI {parts.geturl()!r} needs a bucket name: s3://bucket[/prefix]")
+    return S3Store(bucket, unquote(parts.path), options)

@@ -53,6 +53,7 @@ class S3Writes(Store):
 
     bucket: str
     prefix: str
+    _options: Mapping[str, str]
     # The failures of a call to the origin that _write_error turns into our typed errors.
     _failures: tuple[type[Exception], ...]
 
@@ -334,8 +335,10 @@ class S3Writes(Store):
 
     # -- the bucket itself -------------------------------------------------------------------
 
-    async def create_container(self, region: str | None) -> None:
+    async def create_container(self) -> None:
         """Create the bucket; ContainerExists if it is there, whoever owns it."""
+        if self.prefix:
+            raise ValueError(f"a bucket URI names no prefix: s3://{self.bucket}")
         try:
             await self._call("", "head_bucket", Bucket=self.bucket)
         except ObjectNotFound:
@@ -346,6 +349,7 @@ class S3Writes(Store):
             # Checked first: us-east-1 answers 200 to creating a bucket one owns already.
             raise ContainerExists(f"bucket {self.bucket!r} exists")
         args: dict[str, Any] = {"Bucket": self.bucket}
+        region = self._options.get("region")
         if region and region != "us-east-1":
             args["CreateBucketConfiguration"] = {"LocationConstraint": region}
         client = await self._s3()
@@ -355,6 +359,8 @@ class S3Writes(Store):
             raise self._write_error(exc, "", container=True) from None
 
     async def delete_container(self) -> None:
+        if self.prefix:
+            raise ValueError(f"a bucket URI names no prefix: s3://{self.bucket}")
         client = await self._s3()
         try:
             await client.delete_bucket(Bucket=self.bucket)
