@@ -21,6 +21,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from tests.support.gateway import ACCESS_KEY, SECRET_KEY, GatewayNode, start_gateway
+from tests.support.net import tls_context
 from tests.support.origin import CountingProxy
 from tests.support.tls import make_cert
 
@@ -458,7 +459,8 @@ def _md5_b64(data: bytes) -> str:
 
 
 def _cache_entries(node: GatewayNode) -> float:
-    text = httpx.get(f"{node.url}/metrics", verify=str(node.cert) if node.cert else True).text
+    cafile = str(node.cert) if node.cert else None
+    text = httpx.get(f"{node.url}/metrics", verify=tls_context(cafile)).text
     line = next(x for x in text.splitlines() if x.startswith("gateway_cache_entries "))
     return float(line.split()[1])
 

@@ -118,7 +118,7 @@ def start_gateway(
     cert = tls[0] if tls else None
     node = GatewayNode(url, port, data_dir, database_url, proc, log_path, env or {}, cert)
     try:
-        wait_http(url + "/healthz", timeout=60, proc=proc, verify=str(cert) if cert else True)
+        wait_http(url + "/healthz", timeout=60, proc=proc, cafile=str(cert) if cert else None)
     except RuntimeError as exc:
         node.stop()
         raise RuntimeError(f"{exc}\n--- gateway log ---\n{node.log()}") from None

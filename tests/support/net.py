@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import socket
+import ssl
 import time
 
 import httpx
+
+
+def tls_context(cafile: str | None) -> ssl.SSLContext | bool:
+    """What httpx should verify against: the test CA when there is one."""
+    return ssl.create_default_context(cafile=cafile) if cafile else True
 
 
 def free_port() -> int:
@@ -16,7 +22,7 @@ def free_port() -> int:
 
 
 def wait_http(
-    url: str, timeout: float = 30.0, proc: object | None = None, verify: bool | str = True
+    url: str, timeout: float = 30.0, proc: object | None = None, cafile: str | None = None
 ) -> None:
     """Poll `url` until it answers (any status below 500) or fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
@@ -26,7 +32,7 @@ def wait_http(
         if poll is not None and poll() is not None:
             raise RuntimeError(f"server process exited with {poll()} before {url} answered")
         try:
-            if httpx.get(url, timeout=2.0, verify=verify).status_code < 500:
+            if httpx.get(url, timeout=2.0, verify=tls_context(cafile)).status_code < 500:
                 return
         except httpx.HTTPError as exc:
             last = exc
