@@ -11,7 +11,9 @@ import boto3
 import pytest
 from botocore.config import Config
 
+from gateway.meta import default_database_url
 from tests.support.origin import CountingProxy, MotoServer, start_moto
+from tests.support.postgres import temp_database
 
 
 @pytest.fixture(scope="session")
@@ -40,6 +42,21 @@ def origin_s3(moto_server: MotoServer) -> Any:
         region_name="us-east-1",
         config=Config(s3={"addressing_style": "path"}),
     )
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """The metadata tests run on both databases the gateway supports."""
+    return str(request.param)
+
+
+@pytest.fixture
+def database_url(backend: str, tmp_path: Path) -> Iterator[str]:
+    if backend == "sqlite":
+        yield default_database_url(tmp_path)
+    else:
+        with temp_database() as url:
+            yield url
 
 
 @pytest.fixture

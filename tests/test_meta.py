@@ -6,7 +6,7 @@ import asyncio
 import re
 import stat
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -33,7 +33,6 @@ from gateway.meta import (
 from gateway.meta.migrate import alembic_config
 from gateway.stores.base import ObjectInfo
 from tests.support.net import free_port
-from tests.support.postgres import temp_database
 
 pytestmark = pytest.mark.anyio
 
@@ -44,20 +43,6 @@ TABLES = {"mounts", "access_keys", "objects", "alembic_version"}
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def database_url(backend: str, tmp_path: Path) -> Iterator[str]:
-    if backend == "sqlite":
-        yield default_database_url(tmp_path)
-    else:
-        with temp_database() as url:
-            yield url
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from types import MappingProxyType
 
 import pytest
@@ -19,7 +18,6 @@ from gateway.meta import (
     SecretBox,
     UploadGone,
     UploadRecord,
-    default_database_url,
     head_revision,
 )
 from gateway.meta.migrate import alembic_config
@@ -34,20 +32,6 @@ ATTRS = {
 }
 BIG = 5 * 2**30  # a part's largest size: beyond 32 bits
 EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def database_url(backend: str, tmp_path: Path) -> Iterator[str]:
-    if backend == "sqlite":
-        yield default_database_url(tmp_path)
-    else:
-        with temp_database() as url:
-            yield url
 
 
 @pytest.fixture

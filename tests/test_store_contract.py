@@ -26,7 +26,7 @@ from gateway.stores.local import LocalStore
 from gateway.stores.s3 import CHUNK_SIZE as S3_CHUNK
 from gateway.stores.s3 import S3Store
 from tests.support.net import free_port
-from tests.support.origin import CountingProxy, MotoServer, start_moto
+from tests.support.origin import CountingProxy, MotoServer
 
 pytestmark = pytest.mark.anyio
 
@@ -65,10 +65,9 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="module")
-def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
-    server = start_moto(tmp_path_factory.mktemp("moto"))
-    yield server
-    server.stop()
+def moto(moto_server: MotoServer) -> MotoServer:
+    """The session's moto (tests/conftest.py); every test makes its own bucket."""
+    return moto_server
 
 
 @pytest.fixture(scope="module")
