@@ -63,7 +63,11 @@ def node(
     node.cli("mount", "add", "fresh", f"s3://{origin_bucket}/ds", *opts, "-o", "metadata_ttl=1")
     node.cli("mount", "add", "files", files_dir.as_uri())
     node.cli("mount", "add", "open", files_dir.as_uri(), "-o", "public_read=true")
-    _wait_bucket(node, "open")
+    node.cli(
+        "mount", "add", "nocache", f"s3://{origin_bucket}/ds", *opts,
+        "-o", "cache=off", "-o", "metadata_ttl=600",
+    )  # fmt: skip
+    _wait_bucket(node, "nocache")
     yield node
     node.stop()
 
@@ -89,7 +93,7 @@ def _code(exc: pytest.ExceptionInfo[ClientError]) -> tuple[str, int]:
 
 def test_list_buckets_shows_every_mount(node: GatewayNode) -> None:
     names = [b["Name"] for b in node.client().list_buckets()["Buckets"]]
-    assert names == ["data", "files", "fresh", "many", "open"]
+    assert names == ["data", "files", "fresh", "many", "nocache", "open"]
 
 
 def test_head_bucket_and_location(node: GatewayNode) -> None:
@@ -517,3 +521,27 @@ def _signed_get(node: GatewayNode, path: str, params: dict[str, str]) -> httpx.R
     req = AWSRequest(method="GET", url=url, headers={"x-amz-content-sha256": "UNSIGNED-PAYLOAD"})
     S3SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "s3", "us-east-1").add_auth(req)
     return httpx.get(url, headers=dict(req.headers.items()))
+
+
+def test_object_gone_at_origin_is_no_such_key_not_a_cut_stream(
+    node: GatewayNode, origin_s3: Any, origin_bucket: str
+) -> None:
+    s3 = node.client()
+    origin_s3.put_object(Bucket=origin_bucket, Key="ds/vanishing.txt", Body=b"here")
+    assert s3.get_object(Bucket="nocache", Key="vanishing.txt")["Body"].read() == b"here"
+    origin_s3.delete_object(Bucket=origin_bucket, Key="ds/vanishing.txt")
+    with pytest.raises(ClientError) as exc:  # metadata still trusted: the read finds it gone
+        s3.get_object(Bucket="nocache", Key="vanishing.txt")
+    assert _code(exc) == ("NoSuchKey", 404)
+
+
+def test_object_changed_under_trusted_metadata_is_served_new(
+    node: GatewayNode, origin_s3: Any, origin_bucket: str
+) -> None:
+    s3 = node.client()
+    origin_s3.put_object(Bucket=origin_bucket, Key="ds/shifting.txt", Body=b"old bytes")
+    assert s3.get_object(Bucket="nocache", Key="shifting.txt")["Body"].read() == b"old bytes"
+    origin_s3.put_object(Bucket=origin_bucket, Key="ds/shifting.txt", Body=b"new bytes!!")
+    got = s3.get_object(Bucket="nocache", Key="shifting.txt")
+    assert got["Body"].read() == b"new bytes!!"
+    assert got["ContentLength"] == len(b"new bytes!!")

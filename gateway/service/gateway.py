@@ -178,6 +178,19 @@ class Gateway:
     async def _body(
         self, handle: MountHandle, info: ObjectInfo, start: int, end: int
     ) -> tuple[bytes | AsyncGenerator[bytes, None], str]:
+        """The bytes [start, end) and how they were found (hit, miss, bypass).
+
+        A streamed body has already produced its first chunk, so that what the store says
+        first (gone, changed, unavailable) becomes an S3 error before any header is sent.
+        """
+        body, how = await self._body_unprimed(handle, info, start, end)
+        if isinstance(body, bytes):
+            return body, how
+        return await _primed(body), how
+
+    async def _body_unprimed(
+        self, handle: MountHandle, info: ObjectInfo, start: int, end: int
+    ) -> tuple[bytes | AsyncGenerator[bytes, None], str]:
         if not handle.cache_enabled or not self.cache.admits(info.size):
             return self._from_store(handle, info, start, end), "bypass"
         ckey = self._ckey(handle, info)
@@ -282,3 +295,23 @@ class Gateway:
 
 async def _once(data: bytes) -> AsyncGenerator[bytes, None]:
     yield data
+
+
+async def _primed(gen: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+    try:
+        first = await gen.__anext__()
+    except StopAsyncIteration:
+        return _once(b"")
+    except BaseException:
+        await gen.aclose()
+        raise
+    return _chained(first, gen)
+
+
+async def _chained(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+    try:
+        yield first
+        async for chunk in rest:
+            yield chunk
+    finally:
+        await rest.aclose()
