@@ -29,6 +29,27 @@ LATENCY = Histogram(
 )
 
 
+_children: dict[tuple[str, int, str], tuple[Counter, Counter, Histogram]] = {}
+
+
+def observe(op: str, status: int, cache: str, sent: int, seconds: float) -> None:
+    """Count one answered request; the labelled children are looked up once per label set
+    (prometheus_client's labels() costs microseconds a call, the hit path cannot spare them)."""
+    key = (op, status, cache)
+    children = _children.get(key)
+    if children is None:
+        children = (
+            REQUESTS.labels(op, str(status)),
+            RESPONSE_BYTES.labels(op, cache),
+            LATENCY.labels(op),
+        )
+        _children[key] = children
+    requests, sent_bytes, latency = children
+    requests.inc()
+    sent_bytes.inc(sent)
+    latency.observe(seconds)
+
+
 class CacheCollector(Collector):
     def __init__(self, stats: Callable[[], CacheStats]) -> None:
         self._stats = stats

@@ -124,9 +124,7 @@ class S3App:
         name = op.name if op else "Unknown"
         elapsed = time.perf_counter() - started
         cache = reply.cache or "none"
-        metrics.REQUESTS.labels(name, str(reply.status)).inc()
-        metrics.RESPONSE_BYTES.labels(name, cache).inc(sent)
-        metrics.LATENCY.labels(name).observe(elapsed)
+        metrics.observe(name, reply.status, cache, sent, elapsed)
         if self.log_access:
             access_log.info(
                 "request",

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from email.utils import format_datetime
 
 from gateway import errors
 from gateway.s3 import xml
 from gateway.s3.http import Reply, S3Request
-from gateway.service.conditions import ByteRange, Conditions
+from gateway.service.conditions import ByteRange, Conditions, http_date
 from gateway.service.gateway import Gateway, ObjectResult
 from gateway.stores import ObjectInfo
 
@@ -141,7 +140,7 @@ async def list_objects_v1(ctx: Context, req: S3Request) -> Reply:
 
 def object_headers(reply: Reply, info: ObjectInfo, overrides: dict[str, str]) -> None:
     reply.header("etag", info.etag)
-    reply.header("last-modified", format_datetime(info.last_modified, usegmt=True))
+    reply.header("last-modified", http_date(info.last_modified))
     reply.header("accept-ranges", "bytes")
     plain = {
         "content-type": info.content_type or "binary/octet-stream",

@@ -7,6 +7,7 @@ If-None-Match over If-Modified-Since.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime
 from email.utils import format_datetime, parsedate_to_datetime
@@ -72,10 +73,16 @@ def check_conditions(cond: Conditions, info: ObjectInfo) -> None:
             raise _not_modified(info)
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def http_date(dt: datetime) -> str:
+    """RFC 7231 date of a Last-Modified; cached, since hot objects ask for the same ones."""
+    return format_datetime(dt, usegmt=True)
+
+
 def _not_modified(info: ObjectInfo) -> errors.S3Error:
     exc = errors.NotModified()
     exc.headers["etag"] = info.etag
-    exc.headers["last-modified"] = format_datetime(info.last_modified, usegmt=True)
+    exc.headers["last-modified"] = http_date(info.last_modified)
     return exc
 
 
