@@ -54,7 +54,11 @@ def parse_request(scope: Scope, base_domain: str | None) -> S3Request:
         v = value.decode("latin-1")
         headers[n] = f"{headers[n]},{v}" if n in headers else v
     query = dict(parse_qsl(qs, keep_blank_values=True)) if qs else {}
-    path = unquote(raw_path.split("?", 1)[0], errors="strict")
+    path = raw_path.split("?", 1)[0]
+    if not path.isascii():  # raw UTF-8 bytes on the request line, not percent-encoded
+        path = path.encode("latin-1").decode("utf-8")
+    if "%" in path:
+        path = unquote(path, errors="strict")
     bucket: str | None = None
     key: str | None = None
     host = headers.get("host", "").rsplit(":", 1)[0].lower() if base_domain else ""
