@@ -66,6 +66,9 @@ OPENERS: dict[str, str] = {
 }
 
 
+_CONTAINER_AT_HOST = frozenset({"abfs", "abfss", "wasb", "wasbs"})
+
+
 def open_store(uri: str, options: Mapping[str, str]) -> Store:
     """The store a mount's URI names (file, s3, gs, az/abfs/wasbs, hdfs).
 
@@ -76,7 +79,9 @@ def open_store(uri: str, options: Mapping[str, str]) -> Store:
         parts = urlsplit(uri)
     except ValueError as exc:
         raise ValueError(f"malformed store URI: {exc}") from None
-    if parts.username is not None or parts.password is not None:
+    # abfs://container@account... and wasb://container@account... name the container there.
+    hadoop_form = parts.scheme.lower() in _CONTAINER_AT_HOST and parts.password is None
+    if (parts.username is not None and not hadoop_form) or parts.password is not None:
         # Not echoed: the URI may carry a secret.
         raise ValueError("store URIs carry no credentials; put them in the mount options")
     if parts.query or parts.fragment:

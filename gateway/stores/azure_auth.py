@@ -1,14 +1,37 @@
-"""Authorization of Azure Blob requests: Shared Key (HMAC-SHA256 over Microsoft's canonical
-string, version 2009-09-19 and later), a SAS token, or none."""
+"""What goes over the wire to Azure Blob Storage: requests authorized with Shared Key
+(HMAC-SHA256 over Microsoft's canonical string, version 2009-09-19 and later), a SAS token or
+nothing, retried over httpx; and how S3's attributes, metadata and ETags sit in blob headers."""
 
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import hmac
-from collections.abc import Mapping
+import io
+import logging
+import random
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from email.utils import formatdate
-from urllib.parse import parse_qsl
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlsplit
+
+import anyio
+import httpx
+from defusedxml import ElementTree
+
+from gateway.stores.base import ObjectInfo, StoreUnavailable, WriteAttrs
+
+log = logging.getLogger("gateway.stores.azure")
+
+API_VERSION = "2025-01-05"
+# Worth another try: throttling (429, 503 ServerBusy), timeouts and server faults.
+RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+BACKOFF_BASE = 0.1
+BACKOFF_CAP = 4.0
 
 # The headers whose values stand, in this order, between the verb and the x-ms- headers.
 _STANDARD = (
@@ -72,6 +95,275 @@ class SharedKey:
         return f"SharedKey {self.account}:{base64.b64encode(digest).decode()}"
 
 
-def http_date() -> str:
-    """x-ms-date: RFC 1123 in GMT, which Azure takes within 15 minutes of its clock."""
-    return formatdate(usegmt=True)
+class AzureError(Exception):
+    """An answer of the service that is not a success; the store maps it to a StoreError."""
+
+    def __init__(self, status: int, code: str, where: str) -> None:
+        super().__init__(f"{where}: Azure answered {status} {code}")
+        self.status = status
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    max_attempts: int = 4
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+    retry_deadline: float = 20.0  # seconds from the first try after which no retry starts
+
+
+def _replayable(content: Any) -> bool:
+    """Can this body be sent again? Bytes can; streamed bodies rewind only while they kept
+    everything they sent (their seek(0) says so, as botocore asks them)."""
+    if content is None or isinstance(content, bytes):
+        return True
+    try:
+        content.seek(0)
+    except (io.UnsupportedOperation, AttributeError):
+        return False
+    return True
+
+
+def error_code(response: httpx.Response) -> str:
+    """x-ms-error-code, which HEAD answers carry too; else the XML body's <Code>."""
+    code = response.headers.get("x-ms-error-code")
+    if code:
+        return code
+    try:
+        found = ElementTree.fromstring(response.content).findtext("Code")
+    except (ElementTree.ParseError, httpx.ResponseNotRead, ValueError):
+        found = None
+    return found or str(response.status_code)
+
+
+class Transport:
+    """One account endpoint: builds, signs and sends requests, retrying what may be retried
+    with exponential backoff and full jitter until `retry_deadline` has passed."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        account: str,
+        settings: Settings,
+        key: str | None = None,
+        sas_token: str | None = None,
+    ) -> None:
+        parts = urlsplit(endpoint)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.query:
+            raise ValueError(
+                f"azure endpoint must be http(s)://host[:port][/path], not {endpoint!r}"
+            )
+        self.origin = f"{parts.scheme}://{parts.netloc}"
+        self.root = parts.path.rstrip("/")  # "/account" on path-style endpoints (Azurite)
+        self.account = account
+        self.settings = settings
+        self._signer = SharedKey(account, key) if key else None
+        self.sas = (sas_token or "").lstrip("?")
+        self._client: httpx.AsyncClient | None = None
+
+    def url(self, path: str) -> str:
+        """The full URL of an (encoded) path, as another request may name it (x-ms-copy-source)."""
+        return self.origin + self.root + path + (f"?{self.sas}" if self.sas else "")
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            s = self.settings
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(s.read_timeout, connect=s.connect_timeout),
+                limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
+            )
+        return self._client
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    def _build(
+        self,
+        method: str,
+        path: str,
+        query: Sequence[tuple[str, str]],
+        headers: Mapping[str, str],
+        content: Any,
+        timeout: float,
+    ) -> httpx.Request:
+        qs = "&".join(f"{k}={quote(v, safe='')}" for k, v in query)
+        h = {k.lower(): v for k, v in headers.items()}
+        h |= {"x-ms-date": formatdate(usegmt=True), "x-ms-version": API_VERSION}
+        # Bytes as stored: a blob kept gzip-encoded must not be decoded on the way.
+        h.setdefault("accept-encoding", "identity")
+        if self._signer is not None:
+            h["authorization"] = self._signer.authorization(method, self.root + path, qs, h)
+        if self.sas:
+            qs = f"{qs}&{self.sas}" if qs else self.sas
+        url = self.origin + self.root + path + (f"?{qs}" if qs else "")
+        limit = httpx.Timeout(timeout, connect=min(timeout, self.settings.connect_timeout))
+        return self._http().build_request(method, url, headers=h, content=content, timeout=limit)
+
+    async def send(
+        self,
+        method: str,
+        path: str,
+        query: Sequence[tuple[str, str]] = (),
+        headers: Mapping[str, str] | None = None,
+        content: Any = None,
+        *,
+        stream: bool = False,
+    ) -> httpx.Response:
+        """The first success (2xx) answer; AzureError for any other final answer,
+        StoreUnavailable when the service could not be reached in time. A streamed answer
+        must be closed by the caller. Exceptions of a body's own iterator propagate."""
+        s = self.settings
+        deadline = time.monotonic() + s.retry_deadline
+        attempt = 0
+        while True:
+            attempt += 1
+            # No try outlives the deadline, the first one neither.
+            timeout = min(s.read_timeout, max(deadline - time.monotonic(), 0.5))
+            request = self._build(method, path, query, headers or {}, content, timeout)
+            refused: AzureError | None = None
+            try:
+                response = await self._http().send(request, stream=stream)
+            except httpx.TransportError as exc:
+                failure = f"{type(exc).__name__}: {exc}"
+            else:
+                if response.status_code < 300:
+                    return response
+                if stream:
+                    await response.aread()  # the error document, then the connection is free
+                    await response.aclose()
+                refused = AzureError(response.status_code, error_code(response), path)
+                if response.status_code not in RETRY_STATUS:
+                    raise refused
+                failure = str(refused)
+            pause = random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (attempt - 1)))
+            if (
+                attempt >= s.max_attempts
+                or time.monotonic() + pause >= deadline
+                or not _replayable(content)
+            ):
+                if refused is not None:
+                    raise refused  # 5xx, 429: the store makes it StoreUnavailable
+                raise StoreUnavailable(f"{self.origin}: no answer after {attempt} tries: {failure}")
+            log.info("azure %s %s: %s; retry %d in %.2fs", method, path, failure, attempt, pause)
+            await anyio.sleep(pause)
+
+
+# Metadata names are C# identifiers to Azure. Ours start with "s3gw_"; user names that are
+# not lowercase identifiers, or could be taken for ours, are kept hex-encoded.
+ETAG = "s3gw_etag"  # the multipart ETag, which Azure cannot compute
+EXPIRES = "s3gw_expires"  # Azure has no Expires property
+SUM = "s3gw_sum_"  # + algorithm: the full-object checksums the writer gave, verified
+ENCODED = "s3gwx_"
+_PLAIN_NAME = re.compile(r"[a-z_][a-z0-9_]*\Z")
+_MULTIPART = re.compile(r'"[0-9a-f]{32}-[0-9]+"\Z')
+_ENCODED_WORD = re.compile(r"=\?UTF-8\?B\?([A-Za-z0-9+/=]*)\?=\Z")
+_CHECKSUMS = ("crc32", "crc32c", "crc64nvme", "sha1", "sha256")
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """One blob as a HEAD or GET answered: our view of it, and Azure's own ETag for If-Match."""
+
+    info: ObjectInfo
+    azure_etag: str
+
+
+# -- attributes <-> headers --------------------------------------------------------------------
+
+
+def _to_header(value: str) -> str:
+    """Header values must be ASCII, and Azure trims them (an empty one may be refused): others
+    go as an RFC 2047 word, as S3 itself answers non-ASCII metadata."""
+    if value and value.isascii() and value.isprintable() and value == value.strip():
+        return value
+    return f"=?UTF-8?B?{base64.b64encode(value.encode('utf-8', 'surrogatepass')).decode()}?="
+
+
+def _from_header(value: str) -> str:
+    word = _ENCODED_WORD.match(value)
+    if word is None:
+        return value
+    try:
+        return base64.b64decode(word[1], validate=True).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return value
+
+
+def attr_headers(attrs: WriteAttrs, etag: str | None = None) -> dict[str, str]:
+    """x-ms-blob-* properties and x-ms-meta-* names for a new blob (Put Blob, Put Block List)."""
+    h: dict[str, str] = {}
+    for name, value in (
+        ("x-ms-blob-content-type", attrs.content_type),
+        ("x-ms-blob-content-encoding", attrs.content_encoding),
+        ("x-ms-blob-content-language", attrs.content_language),
+        ("x-ms-blob-content-disposition", attrs.content_disposition),
+        ("x-ms-blob-cache-control", attrs.cache_control),
+    ):
+        if value is not None:
+            h[name] = _to_header(value)
+    return h | metadata_headers(attrs, etag)
+
+
+def metadata_headers(attrs: WriteAttrs, etag: str | None = None) -> dict[str, str]:
+    meta: dict[str, str] = {}
+    for name, value in attrs.metadata.items():
+        name = name.lower()
+        plain = _PLAIN_NAME.match(name) and not name.startswith("s3gw")
+        meta[name if plain else ENCODED + name.encode("utf-8", "surrogatepass").hex()] = value
+    if attrs.expires is not None:
+        meta[EXPIRES] = attrs.expires
+    for algorithm, value in attrs.checksums.items():
+        if algorithm in _CHECKSUMS:
+            meta[SUM + algorithm] = value
+    if etag is not None and _MULTIPART.match(etag):
+        meta[ETAG] = etag
+    return {f"x-ms-meta-{k}": _to_header(v) for k, v in meta.items()}
+
+
+def read_metadata(meta: Mapping[str, str]) -> tuple[dict[str, str], str | None, dict[str, str]]:
+    """User metadata, Expires and checksums from a blob's metadata (names without x-ms-meta-)."""
+    user: dict[str, str] = {}
+    checksums: dict[str, str] = {}
+    expires = None
+    for raw, value in meta.items():
+        name, value = raw.lower(), _from_header(value)
+        if name == ETAG:
+            continue
+        if name == EXPIRES:
+            expires = value
+        elif name.startswith(SUM) and name[len(SUM) :] in _CHECKSUMS:
+            checksums[name[len(SUM) :]] = value
+        elif name.startswith(ENCODED):
+            try:
+                user[bytes.fromhex(name[len(ENCODED) :]).decode("utf-8")] = value
+            except (ValueError, UnicodeDecodeError):
+                user[name] = value
+        else:
+            user[name] = value
+    return user, expires, checksums
+
+
+def etag_of(meta: Mapping[str, str], md5_b64: str | None, azure_etag: str) -> str:
+    """S3's ETag of a blob: the multipart form we kept, else its MD5 (Azure keeps Content-MD5
+    in base64), else, for a blob written elsewhere without one, Azure's own ETag."""
+    for name, value in meta.items():
+        if name.lower() == ETAG and _MULTIPART.match(value):
+            return value
+    if md5_b64:
+        try:
+            digest = base64.b64decode(md5_b64, validate=True)
+        except binascii.Error:
+            digest = b""
+        if len(digest) == 16:
+            return f'"{digest.hex()}"'
+    return azure_etag if azure_etag.startswith('"') else f'"{azure_etag}"'
+
+
+def multipart_etag(md5s: Sequence[bytes]) -> str:
+    return f'"{hashlib.md5(b"".join(md5s)).hexdigest()}-{len(md5s)}"'
+
+
+def same_etag(a: str, b: str) -> bool:
+    return a.strip('"') == b.strip('"')

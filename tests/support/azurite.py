@@ -4,12 +4,16 @@ independent client."""
 
 from __future__ import annotations
 
+import http.client
+import http.server
 import os
 import signal
 import subprocess
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from gateway.stores import Store, open_store
 from tests.support.net import free_port, wait_http
@@ -129,3 +133,69 @@ class AzureOrigin(Origin):
         cut = len(MOUNT_PREFIX) + 1
         found = self.blobs.list_blobs(name_starts_with=f"{MOUNT_PREFIX}/")
         return sorted(b.name[cut:] for b in found)
+
+
+class FlakyFront:
+    """An HTTP front on 127.0.0.1 that answers the first `failures` requests with `status`
+    (503 ServerBusy, as Azure throttles) and forwards the rest to `upstream`."""
+
+    def __init__(self, upstream: str, failures: int, status: int = 503) -> None:
+        self.upstream = urlsplit(upstream).netloc
+        self.failures = failures
+        self.status = status
+        self.seen: list[tuple[str, int]] = []  # (method, status answered)
+        self._lock = threading.Lock()
+        front = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def do_any(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                with front._lock:
+                    fail = front.failures > 0
+                    front.failures -= fail
+                if fail:
+                    self._answer(front.status, {"x-ms-error-code": "ServerBusy"}, b"")
+                    return
+                conn = http.client.HTTPConnection(front.upstream, timeout=30)
+                try:
+                    conn.request(self.command, self.path, body=body, headers=dict(self.headers))
+                    r = conn.getresponse()
+                    data = r.read()
+                    headers = {k: v for k, v in r.getheaders() if k.lower() != "transfer-encoding"}
+                    self._answer(r.status, headers, data)
+                finally:
+                    conn.close()
+
+            def _answer(self, status: int, headers: dict[str, str], data: bytes) -> None:
+                with front._lock:
+                    front.seen.append((self.command, status))
+                lengths = [v for k, v in headers.items() if k.lower() == "content-length"]
+                # A HEAD answers the length of the body it does not send.
+                length = lengths[0] if self.command == "HEAD" and lengths else str(len(data))
+                self.send_response_only(status)
+                for name, value in headers.items():
+                    if name.lower() != "content-length":
+                        self.send_header(name, value)
+                self.send_header("Content-Length", length)
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_HEAD = do_PUT = do_DELETE = do_any
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/{ACCOUNT}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
