@@ -44,6 +44,16 @@ def origin_s3(moto_server: MotoServer) -> Any:
     )
 
 
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Azurite (Azure Blob) on loopback for the whole session."""
+    from tests.support.azurite import AzuriteServer
+
+    server = AzuriteServer(tmp_path_factory.mktemp("azurite"))
+    yield server
+    server.stop()
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def backend(request: pytest.FixtureRequest) -> str:
     """The metadata tests run on both databases the gateway supports."""
