@@ -1,0 +1,880 @@
+"""The GCS store against fake-gcs-server (behind a proxy that counts and can fail requests), with
+the contract the file and S3 stores keep, plus what only GCS has: generations, compose, tokens."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import os
+import time
+import tracemalloc
+from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+import anyio
+import pytest
+
+from gateway.stores import (
+    ContainerExists,
+    ContainerNotEmpty,
+    ContainerNotFound,
+    IncompleteBody,
+    InvalidPart,
+    ObjectInfo,
+    ObjectNotFound,
+    PartInfo,
+    PreconditionFailed,
+    StoreAccessDenied,
+    StoreUnavailable,
+    UnsupportedKey,
+    UploadNotFound,
+    VersionChanged,
+    WriteAttrs,
+    create_bucket,
+    delete_bucket,
+    gcs_write,
+    open_store,
+)
+from gateway.stores.gcs import CHUNK_SIZE, GcsStore
+from tests.support.gcs_server import (
+    FaultProxy,
+    FlakyResumableGcs,
+    GcsOrigin,
+    GcsServer,
+    TokenServer,
+)
+from tests.support.net import free_port
+from tests.test_store_contract import MOUNT_PREFIX, TREE, list_all, oracle, read_all, utf8
+
+pytestmark = pytest.mark.anyio
+
+MIB = 1 << 20
+ATTRS = WriteAttrs(
+    content_type="application/json",
+    content_encoding="identity",
+    content_disposition='attachment; filename="a.json"',
+    content_language="de",
+    cache_control="max-age=60",
+    expires="Wed, 21 Oct 2037 07:28:00 GMT",
+    metadata={"owner": "team-a", "build": "42"},
+)
+
+
+class ClientGone(Exception):
+    """What a body iterator raises when the client's upload fails."""
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GcsServer]:
+    server = GcsServer(tmp_path_factory.mktemp("gcs"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def proxy(gcs_server: GcsServer) -> Iterator[FaultProxy]:
+    p = FaultProxy(gcs_server.url)
+    yield p
+    p.stop()
+
+
+@pytest.fixture
+async def gcs(gcs_server: GcsServer, proxy: FaultProxy) -> AsyncIterator[GcsOrigin]:
+    o = GcsOrigin(gcs_server, proxy)
+    proxy.reset()
+    proxy.fail_next(0)
+    yield o
+    await o.store.close()
+    o.close()
+
+
+async def body(data: bytes, step: int = 256 * 1024) -> AsyncIterator[bytes]:
+    for at in range(0, len(data), step):
+        yield data[at : at + step]
+
+
+async def failing(data: bytes, fail_at: int, step: int = 256 * 1024) -> AsyncIterator[bytes]:
+    async for chunk in body(data[:fail_at], step):
+        yield chunk
+    raise ClientGone("the client went away")
+
+
+def md5_etag(data: bytes) -> str:
+    return f'"{hashlib.md5(data).hexdigest()}"'
+
+
+def b64(digest: bytes) -> str:
+    return base64.b64encode(digest).decode()
+
+
+async def put(o: GcsOrigin, key: str, data: bytes, attrs: WriteAttrs = ATTRS, **kw: Any) -> Any:
+    return await o.store.put(key, body(data), len(data), attrs, **kw)
+
+
+def same_attrs(info: ObjectInfo, attrs: WriteAttrs) -> None:
+    assert WriteAttrs.of(info) == WriteAttrs(**{**_fields(attrs), "checksums": info.checksums})
+
+
+def _fields(attrs: WriteAttrs) -> dict[str, Any]:
+    return {f: getattr(attrs, f) for f in WriteAttrs.__dataclass_fields__}
+
+
+def calls(proxy: FaultProxy) -> list[tuple[str, list[str]]]:
+    return [(r.method, sorted(parse_qs(r.query, True))) for r in proxy.requests]
+
+
+# -- reads -------------------------------------------------------------------------------------
+
+
+async def test_stat_maps_resource_fields_md5_and_crc32c(gcs: GcsOrigin) -> None:
+    data = b'{"a": 1}'
+    gcs.put(
+        "docs/readme.json",
+        data,
+        content_type="application/json",
+        contentEncoding="identity",
+        contentDisposition='attachment; filename="m.json"',
+        contentLanguage="de",
+        cacheControl="max-age=60",
+        metadata={"owner": "team-a"},
+    )
+    info = await gcs.store.stat("docs/readme.json")
+    assert (info.key, info.size, info.etag) == ("docs/readme.json", len(data), md5_etag(data))
+    assert info.last_modified.utcoffset() is not None
+    assert info.last_modified.utcoffset().total_seconds() == 0  # type: ignore[union-attr]
+    assert (info.content_type, info.content_encoding) == ("application/json", "identity")
+    assert (info.content_disposition, info.content_language) == (
+        'attachment; filename="m.json"',
+        "de",
+    )
+    assert (info.cache_control, dict(info.metadata)) == ("max-age=60", {"owner": "team-a"})
+    assert info.checksums == {"crc32c": gcs.resource("docs/readme.json")["crc32c"]}
+
+
+async def test_missing_and_directory_like_keys_are_not_found(gcs: GcsOrigin) -> None:
+    gcs.put("dir/inner", b"x")
+    for key in ("not-there", "dir", "dir/", ""):
+        with pytest.raises(ObjectNotFound):
+            await gcs.store.stat(key)
+        with pytest.raises(ObjectNotFound):
+            await read_all(gcs.store, key)
+
+
+async def test_ranges_return_exactly_the_requested_bytes(gcs: GcsOrigin) -> None:
+    data = os.urandom(3 * MIB + 123)
+    n = len(data)
+    gcs.put("big.bin", data)
+    cases = [(0, 10), (1000, 2000), (MIB - 1, 2 * MIB + 1), (n - 10, n), (n - 10, None)]
+    cases += [(0, None), (5, n + 100), (n, None), (n + 5, n + 10), (7, 7)]
+    for start, end in cases:
+        assert await read_all(gcs.store, "big.bin", start, end) == data[start:end], (start, end)
+
+
+async def test_a_ranged_read_is_one_media_get_with_that_range(gcs: GcsOrigin) -> None:
+    gcs.put("dir/obj", os.urandom(5000))
+    proxy_requests = _proxy(gcs)
+    proxy_requests.reset()
+    await read_all(gcs.store, "dir/obj", 1000, 2000)
+    await read_all(gcs.store, "dir/obj")
+    await read_all(gcs.store, "dir/obj", 4000)
+    path = f"/storage/v1/b/{gcs.bucket}/o/pre%2Ffix%2Fdir%2Fobj"
+    assert [(r.method, r.path, r.query, r.range) for r in proxy_requests.requests] == [
+        ("GET", path, "alt=media", "bytes=1000-1999"),
+        ("GET", path, "alt=media", None),
+        ("GET", path, "alt=media", "bytes=4000-"),
+    ]
+
+
+def _proxy(o: GcsOrigin) -> FaultProxy:
+    assert o.proxy is not None
+    return o.proxy
+
+
+async def test_reads_arrive_in_bounded_chunks(gcs: GcsOrigin) -> None:
+    data = os.urandom(3 * MIB + 1)
+    gcs.put("big.bin", data)
+    async with aclosing(gcs.store.read("big.bin")) as stream:
+        chunks = [c async for c in stream]
+    assert b"".join(chunks) == data and max(len(c) for c in chunks) <= CHUNK_SIZE
+
+
+async def test_zero_length_object(gcs: GcsOrigin) -> None:
+    gcs.put("empty", b"")
+    assert (await gcs.store.stat("empty")).size == 0
+    for args in ((), (0, 10), (5,)):
+        assert await read_all(gcs.store, "empty", *args) == b""
+
+
+async def test_gzip_objects_are_read_as_stored(gcs: GcsOrigin) -> None:
+    packed = gzip.compress(b"hello " * 1000)
+    gcs.put("text.gz", packed, content_type="text/plain", contentEncoding="gzip")
+    assert await read_all(gcs.store, "text.gz") == packed
+    assert await read_all(gcs.store, "text.gz", 2, 12) == packed[2:12]
+
+
+async def test_if_match_reads_pin_the_generation(gcs: GcsOrigin) -> None:
+    gcs.put("obj", b"version one")
+    old = (await gcs.store.stat("obj")).etag
+    generation = gcs.resource("obj")["generation"]
+    proxy = _proxy(gcs)
+    proxy.reset()
+    assert await read_all(gcs.store, "obj", 0, 7, if_match=old) == b"version"
+    media = [r for r in proxy.requests if "alt=media" in r.query]
+    assert [parse_qs(r.query)["generation"] for r in media] == [[generation]]
+    assert parse_qs(media[0].query)["ifGenerationMatch"] == [generation]
+    with pytest.raises(VersionChanged):
+        await read_all(gcs.store, "obj", if_match='"0123-45"')
+    gcs.put("obj", b"version two, longer")
+    with pytest.raises(VersionChanged):
+        await read_all(gcs.store, "obj", 0, 4, if_match=old)
+
+
+async def test_odd_keys_round_trip(gcs: GcsOrigin) -> None:
+    for i, key in enumerate(TREE):
+        gcs.put(key, f"body {i}".encode())
+    for i, key in enumerate(TREE):
+        assert await read_all(gcs.store, key) == f"body {i}".encode()
+        assert (await gcs.store.stat(key)).size == len(f"body {i}")
+
+
+async def test_listings_match_the_oracle_across_pages(gcs: GcsOrigin) -> None:
+    for key in TREE:
+        gcs.put(key, b"x")
+    for prefix in ("", "a", "a/", "a/b", "café/", "nothing"):
+        entries, _ = await list_all(gcs.store, prefix)
+        assert entries == oracle(TREE, prefix, None, ""), prefix
+    entries, pages = await list_all(gcs.store, max_keys=4)
+    assert entries == sorted(TREE, key=utf8) and pages > 2
+    combos = [("", "/"), ("a", "/"), ("a/", "/"), ("a/x/", "/"), ("a/b", "/"), ("", "-")]
+    combos += [("a/", "b"), ("", "y/"), ("zz", "/"), ("nothing/", "/")]  # 'y/': two characters
+    for prefix, delimiter in combos:
+        for max_keys in (1, 2, 1000):
+            entries, _ = await list_all(gcs.store, prefix, delimiter, max_keys=max_keys)
+            assert entries == oracle(TREE, prefix, delimiter, ""), (prefix, delimiter, max_keys)
+    cases: list[tuple[str, str | None, str]] = [("", None, "a/b"), ("", "/", "a/b")]
+    cases += [("", "/", "a/"), ("a/", "/", "a/x/y"), ("", None, "zzzz"), ("", "/", "\U0010ffff")]
+    for prefix, delim, after in [*cases, ("", None, "")]:
+        entries, _ = await list_all(gcs.store, prefix, delim, start_after=after)
+        assert entries == oracle(TREE, prefix, delim, after), (prefix, delim, after)
+    for listed in (await gcs.store.list_page("a/")).objects:
+        stat = await gcs.store.stat(listed.key)
+        assert (listed.etag, listed.size) == (stat.etag, stat.size)
+
+
+async def test_listing_asks_gcs_for_the_mount_prefix(gcs: GcsOrigin) -> None:
+    gcs.put("k", b"x")
+    proxy = _proxy(gcs)
+    proxy.reset()
+    page = await gcs.store.list_page("k", "/", start_after="a")
+    assert [o.key for o in page.objects] == ["k"] and page.next_token is None
+    (request,) = proxy.requests
+    query = parse_qs(request.query)
+    assert (query["prefix"], query["delimiter"], query["startOffset"]) == (
+        ["pre/fix/k"],
+        ["/"],
+        ["pre/fix/a"],
+    )
+
+
+async def test_missing_bucket_is_unavailable(gcs_server: GcsServer) -> None:
+    store = open_store("gs://no-such-bucket-here/x", {"endpoint": gcs_server.url})
+    try:
+        with pytest.raises(StoreUnavailable):
+            await store.stat("k")
+        with pytest.raises(StoreUnavailable):
+            await read_all(store, "k")
+        with pytest.raises(StoreUnavailable):
+            await store.list_page()
+    finally:
+        await store.close()
+
+
+async def test_stopping_a_read_early_releases_it(gcs: GcsOrigin) -> None:
+    data = os.urandom(4 * MIB)
+    gcs.put("big.bin", data)
+    for _ in range(5):
+        async with aclosing(gcs.store.read("big.bin")) as stream:
+            async for _chunk in stream:
+                break
+    assert await read_all(gcs.store, "big.bin", 10, 20) == data[10:20]
+
+
+# -- put ---------------------------------------------------------------------------------------
+
+
+async def test_put_round_trips_bytes_attributes_metadata_and_checksums(gcs: GcsOrigin) -> None:
+    data = os.urandom(MIB + 17)
+    sha = b64(hashlib.sha256(data).digest())
+    attrs = WriteAttrs(**{**_fields(ATTRS), "checksums": {"sha256": sha}})
+    written = await put(gcs, "docs/a b/ü.json", data, attrs)
+    assert written.etag == md5_etag(data)  # GCS's base64 md5Hash, as S3's quoted hex
+    info = await gcs.store.stat("docs/a b/ü.json")
+    assert (info.size, info.etag) == (len(data), md5_etag(data))
+    same_attrs(info, attrs)
+    crc = gcs.resource("docs/a b/ü.json")["crc32c"]
+    assert info.checksums == written.checksums == {"sha256": sha, "crc32c": crc}
+    assert await read_all(gcs.store, "docs/a b/ü.json") == data
+    (listed,) = (await gcs.store.list_page("docs/")).objects
+    assert (listed.key, listed.etag, listed.size) == ("docs/a b/ü.json", info.etag, len(data))
+
+
+async def test_small_put_is_one_multipart_upload(gcs: GcsOrigin) -> None:
+    await put(gcs, "small", os.urandom(3 * MIB))
+    assert calls(_proxy(gcs)) == [("POST", ["uploadType"])]
+
+
+async def test_metadata_keys_cannot_forge_internal_ones(gcs: GcsOrigin) -> None:
+    meta = {"s3gw-etag": '"forged"', "s3gw-checksum-sha256": "forged"}
+    written = await put(gcs, "k", b"data", WriteAttrs(metadata=meta))
+    info = await gcs.store.stat("k")
+    assert (written.etag, info.etag, dict(info.metadata)) == (md5_etag(b"data"),) * 2 + (meta,)
+    assert "sha256" not in info.checksums
+
+
+async def test_zero_length_put_and_overwrite(gcs: GcsOrigin) -> None:
+    written = await put(gcs, "k.txt", b"", WriteAttrs(content_type="text/plain"))
+    info = await gcs.store.stat("k.txt")
+    assert (info.size, info.etag, written.etag) == (0, md5_etag(b""), md5_etag(b""))
+    await put(gcs, "k.txt", b"version two!", WriteAttrs(content_type="text/x"))
+    info = await gcs.store.stat("k.txt")
+    assert (info.etag, info.content_type, dict(info.metadata)) == (
+        md5_etag(b"version two!"),
+        "text/x",
+        {},
+    )
+    assert gcs.raw_keys() == ["k.txt"]
+
+
+async def test_conditional_puts_map_to_generations(gcs: GcsOrigin) -> None:
+    first = await put(gcs, "obj", b"one", if_none_match=True)
+    with pytest.raises(PreconditionFailed):
+        await put(gcs, "obj", b"two", if_none_match=True)
+    with pytest.raises(PreconditionFailed):
+        await put(gcs, "obj", b"two", if_match='"0123456789abcdef0123456789abcdef"')
+    with pytest.raises(PreconditionFailed):
+        await put(gcs, "missing", b"two", if_match=first.etag)
+    proxy = _proxy(gcs)
+    proxy.reset()
+    generation = gcs.resource("obj")["generation"]
+    await put(gcs, "obj", b"two", if_match=first.etag)
+    (upload,) = [r for r in proxy.requests if r.method == "POST"]
+    assert parse_qs(upload.query)["ifGenerationMatch"] == [generation]
+    assert await read_all(gcs.store, "obj") == b"two"
+    assert gcs.raw_keys() == ["obj"]
+
+
+async def test_if_none_match_lets_one_of_two_racing_creators_win(gcs: GcsOrigin) -> None:
+    gate = anyio.Event()
+    outcomes: list[str] = []
+
+    async def gated(data: bytes) -> AsyncIterator[bytes]:
+        yield data[:3]
+        await gate.wait()
+        yield data[3:]
+
+    async def create(data: bytes) -> None:
+        try:
+            await gcs.store.put("race", gated(data), len(data), ATTRS, if_none_match=True)
+            outcomes.append(data.decode())
+        except PreconditionFailed:
+            outcomes.append("refused")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(create, b"writer-a")
+        tg.start_soon(create, b"writer-b")
+        await anyio.sleep(0.3)
+        gate.set()
+    assert sorted(outcomes)[0] == "refused" and len(outcomes) == 2
+    winner = next(o for o in outcomes if o != "refused")
+    assert await read_all(gcs.store, "race") == winner.encode()
+
+
+@pytest.mark.parametrize("size", [3 * MIB, 20 * MIB], ids=["multipart", "resumable"])
+@pytest.mark.parametrize("where", ["midway", "after-last-byte"])
+async def test_body_that_raises_leaves_nothing_and_the_old_version(
+    gcs: GcsOrigin, size: int, where: str
+) -> None:
+    data = os.urandom(size)
+    fail_at = size if where == "after-last-byte" else size // 2
+    with pytest.raises(ClientGone):
+        await gcs.store.put("fresh", failing(data, fail_at), size, ATTRS)
+    with pytest.raises(ObjectNotFound):
+        await gcs.store.stat("fresh")
+    await put(gcs, "kept", b"old bytes")
+    with pytest.raises(ClientGone):
+        await gcs.store.put("kept", failing(data, fail_at), size, ATTRS)
+    assert await read_all(gcs.store, "kept") == b"old bytes"
+    assert gcs.raw_keys() == ["kept"]
+
+
+@pytest.mark.parametrize("sent", [0, 10, 12], ids=["empty", "short", "long"])
+async def test_body_of_another_size_is_refused(gcs: GcsOrigin, sent: int) -> None:
+    await put(gcs, "k", b"previous")
+    for key in ("k", "other"):
+        with pytest.raises(IncompleteBody):
+            await gcs.store.put(key, body(b"x" * sent, 4), 11, ATTRS)
+    with pytest.raises(IncompleteBody):
+        await gcs.store.put("big", body(b"x" * (9 * MIB), MIB), 10 * MIB, ATTRS)
+    assert await read_all(gcs.store, "k") == b"previous"
+    assert gcs.raw_keys() == ["k"]
+
+
+async def test_a_cancelled_put_leaves_nothing(gcs: GcsOrigin) -> None:
+    await put(gcs, "k", b"old")
+    started = anyio.Event()
+
+    async def stalled() -> AsyncIterator[bytes]:
+        yield b"n" * (9 * MIB)  # a first resumable chunk goes out
+        started.set()
+        await anyio.sleep_forever()
+        yield b""
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(gcs.store.put, "k", stalled(), 20 * MIB, ATTRS)
+        tg.start_soon(gcs.store.put, "new", stalled(), 20 * MIB, ATTRS)
+        await started.wait()
+        await anyio.sleep(0.3)
+        assert (await list_all(gcs.store))[0] == ["k"]
+        tg.cancel_scope.cancel()
+    assert gcs.raw_keys() == ["k"] and await read_all(gcs.store, "k") == b"old"
+
+
+async def test_a_100_mib_put_streams_in_bounded_memory(gcs: GcsOrigin) -> None:
+    size = 100 * MIB
+    md5 = hashlib.md5()
+
+    async def generated() -> AsyncIterator[bytes]:
+        for i in range(size // MIB):
+            chunk = i.to_bytes(4, "big") * (MIB // 4)
+            md5.update(chunk)
+            yield chunk
+
+    await put(gcs, "warm-up", os.urandom(9 * MIB))  # sessions and code paths are warm
+    proxy = _proxy(gcs)
+    proxy.reset()
+    rss_before = _rss()
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        info = await gcs.store.put("huge.bin", generated(), size, WriteAttrs())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    grown = _rss() - rss_before
+    # One 8 MiB chunk is gathered while none is in flight: far below the body.
+    assert peak - before < 24 * MIB, f"peak {(peak - before) / MIB:.1f} MiB for 100 MiB"
+    assert grown < 48 * MIB, f"RSS grew {grown / MIB:.1f} MiB"
+    assert info.etag == f'"{md5.hexdigest()}"'  # a put's ETag is its MD5, whatever its size
+    chunk = ("PUT", ["name", "uploadType", "upload_id"])
+    assert calls(proxy) == [("POST", ["name", "uploadType"])] + [chunk] * 13  # 8 MiB chunks
+    assert (await gcs.store.stat("huge.bin")).size == size
+    assert await read_all(gcs.store, "huge.bin", size - 4) == (99).to_bytes(4, "big")
+
+
+def _rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+# -- delete and copy ---------------------------------------------------------------------------
+
+
+async def test_delete_removes_the_key_and_a_missing_key_is_fine(gcs: GcsOrigin) -> None:
+    await put(gcs, "a/b/c/d.txt", b"x")
+    await put(gcs, "a/keep", b"y")
+    await gcs.store.delete("a/b/c/d.txt")
+    with pytest.raises(ObjectNotFound):
+        await gcs.store.stat("a/b/c/d.txt")
+    await gcs.store.delete("a/b/c/d.txt")
+    await gcs.store.delete("never/was")
+    assert gcs.raw_keys() == ["a/keep"]
+
+
+async def test_copy_keeps_or_replaces_attributes(gcs: GcsOrigin) -> None:
+    data = os.urandom(100_000)
+    src = await put(gcs, "src dir/ünï cöde.json", data, ATTRS)
+    kept = await gcs.store.copy("src dir/ünï cöde.json", "dst dir/kopie 1.json", None)
+    info = await gcs.store.stat("dst dir/kopie 1.json")
+    same_attrs(info, ATTRS)
+    assert (info.etag, kept.etag, info.size) == (src.etag, src.etag, len(data))
+    assert await read_all(gcs.store, "dst dir/kopie 1.json") == data
+    new = WriteAttrs(content_type="text/x-new", metadata={"fresh": "yes"})
+    await gcs.store.copy("src dir/ünï cöde.json", "dst dir/kopie 2", new)
+    info = await gcs.store.stat("dst dir/kopie 2")
+    assert (info.content_type, dict(info.metadata), info.cache_control, info.etag) == (
+        "text/x-new",
+        {"fresh": "yes"},
+        None,
+        src.etag,
+    )
+    await gcs.store.copy("dst dir/kopie 2", "dst dir/kopie 2", WriteAttrs(content_type="a/b"))
+    info = await gcs.store.stat("dst dir/kopie 2")
+    assert (info.content_type, dict(info.metadata), info.etag) == ("a/b", {}, src.etag)
+    assert await read_all(gcs.store, "dst dir/kopie 2") == data
+
+
+async def test_copy_if_match_guards_the_source_version(gcs: GcsOrigin) -> None:
+    first = await put(gcs, "src", b"one")
+    await put(gcs, "src", b"two")
+    with pytest.raises(VersionChanged):
+        await gcs.store.copy("src", "dst", None, if_match=first.etag)
+    with pytest.raises(ObjectNotFound):
+        await gcs.store.copy("nothing-here", "dst", None)
+    assert gcs.raw_keys() == ["src"]
+    current = (await gcs.store.stat("src")).etag
+    await gcs.store.copy("src", "dst", None, if_match=current)
+    assert await read_all(gcs.store, "dst") == b"two"
+
+
+# -- multipart ---------------------------------------------------------------------------------
+
+
+async def upload(o: GcsOrigin, key: str, upload_id: str, number: int, data: bytes) -> PartInfo:
+    return await o.store.upload_part(key, upload_id, number, body(data, MIB), len(data))
+
+
+def uploads(o: GcsOrigin) -> list[str]:
+    return sorted({k.split("/")[1] for k in o.raw_keys() if k.startswith(".s3gw-uploads/")})
+
+
+async def test_multipart_composes_parts_with_the_s3_etag(gcs: GcsOrigin) -> None:
+    parts = [os.urandom(5 * MIB), os.urandom(5 * MIB), b"!"]
+    key = "mp/ünï file.bin"
+    upload_id = await gcs.store.create_multipart(key, ATTRS)
+    infos = [await upload(gcs, key, upload_id, n, d) for n, d in enumerate(parts, 1)]
+    assert [i.etag for i in infos] == [md5_etag(d) for d in parts]
+    parts[1] = os.urandom(5 * MIB)  # uploading a number again replaces that part
+    infos[1] = await upload(gcs, key, upload_id, 2, parts[1])
+    assert uploads(gcs) == [upload_id]
+    assert (await list_all(gcs.store))[0] == [] and (await list_all(gcs.store, "", "/"))[0] == []
+    with pytest.raises(ObjectNotFound):
+        await gcs.store.stat(key)
+    with pytest.raises(ObjectNotFound):
+        await gcs.store.stat(f".s3gw-uploads/{upload_id}/00001")
+    with pytest.raises(UnsupportedKey):
+        await put(gcs, f".s3gw-uploads/{upload_id}/00001", b"forged part")
+
+    done = await gcs.store.complete_multipart(key, upload_id, infos, ATTRS)
+    digests = b"".join(hashlib.md5(d).digest() for d in parts)
+    expected = f'"{hashlib.md5(digests).hexdigest()}-3"'
+    info = await gcs.store.stat(key)
+    assert (done.etag, info.etag, info.size) == (expected, expected, 10 * MIB + 1)
+    same_attrs(info, ATTRS)
+    assert await read_all(gcs.store, key) == b"".join(parts)
+    assert gcs.raw_keys() == [key]  # parts and marker deleted
+
+
+async def test_more_than_32_parts_compose_in_a_tree(
+    gcs: GcsOrigin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parts = [os.urandom(1000) for _ in range(70)]
+    upload_id = await gcs.store.create_multipart("many", WriteAttrs())
+    infos = [await upload(gcs, "many", upload_id, n, d) for n, d in enumerate(parts, 1)]
+    proxy = _proxy(gcs)
+    proxy.reset()
+    done = await gcs.store.complete_multipart("many", upload_id, infos, WriteAttrs())
+    assert done.etag.endswith('-70"')
+    composes = [r for r in proxy.requests if r.path.endswith("/compose")]
+    assert len(composes) == 4  # 32 + 32 + 6 into three, then one
+    assert await read_all(gcs.store, "many") == b"".join(parts)
+    assert gcs.raw_keys() == ["many"]
+
+
+async def test_complete_with_a_wrong_or_missing_part_makes_nothing(gcs: GcsOrigin) -> None:
+    upload_id = await gcs.store.create_multipart("mp", ATTRS)
+    one = await upload(gcs, "mp", upload_id, 1, os.urandom(5 * MIB))
+    two = await upload(gcs, "mp", upload_id, 2, b"tail")
+    bad = [
+        [one, PartInfo(2, md5_etag(b"something else"), 4)],
+        [one, PartInfo(3, two.etag, 4)],
+        [two, one],
+        [],
+    ]
+    for parts in bad:
+        with pytest.raises(InvalidPart):
+            await gcs.store.complete_multipart("mp", upload_id, parts, ATTRS)
+    with pytest.raises(ObjectNotFound):
+        await gcs.store.stat("mp")
+    await gcs.store.complete_multipart("mp", upload_id, [one, two], ATTRS)
+    assert (await gcs.store.stat("mp")).size == 5 * MIB + 4
+
+
+async def test_abort_drops_the_upload_and_its_parts(gcs: GcsOrigin) -> None:
+    upload_id = await gcs.store.create_multipart("mp", ATTRS)
+    part = await upload(gcs, "mp", upload_id, 1, b"part")
+    assert uploads(gcs) == [upload_id]
+    await gcs.store.abort_multipart("mp", upload_id)
+    assert gcs.raw_keys() == []
+    with pytest.raises(UploadNotFound):
+        await upload(gcs, "mp", upload_id, 2, b"more")
+    with pytest.raises(UploadNotFound):
+        await gcs.store.complete_multipart("mp", upload_id, [part], ATTRS)
+    await gcs.store.abort_multipart("mp", upload_id)
+
+
+async def test_unknown_uploads_and_other_keys_are_not_found(gcs: GcsOrigin) -> None:
+    real = await gcs.store.create_multipart("mp", ATTRS)
+    for fake in ("A" * 32, "0" * 32, "../../x"):
+        with pytest.raises(UploadNotFound):
+            await upload(gcs, "mp", fake, 1, b"x")
+        await gcs.store.abort_multipart("mp", fake)
+    with pytest.raises(UploadNotFound):
+        await upload(gcs, "other-key", real, 1, b"x")
+    await gcs.store.abort_multipart("other-key", real)  # not that key's: kept
+    assert uploads(gcs) == [real]
+    await gcs.store.abort_multipart("mp", real)
+    assert uploads(gcs) == []
+
+
+async def test_a_part_body_that_raises_keeps_the_previous_part(gcs: GcsOrigin) -> None:
+    upload_id = await gcs.store.create_multipart("mp", ATTRS)
+    good = await upload(gcs, "mp", upload_id, 1, b"good part")
+    data = os.urandom(2 * MIB)
+    with pytest.raises(ClientGone):
+        await gcs.store.upload_part("mp", upload_id, 1, failing(data, MIB), len(data))
+    with pytest.raises(IncompleteBody):
+        await gcs.store.upload_part("mp", upload_id, 1, body(b"short"), 9)
+    await gcs.store.complete_multipart("mp", upload_id, [good], ATTRS)
+    assert await read_all(gcs.store, "mp") == b"good part"
+
+
+# -- buckets -----------------------------------------------------------------------------------
+
+
+async def test_create_and_delete_buckets(gcs: GcsOrigin) -> None:
+    uri, options = f"gs://{gcs.bucket}-new", {"endpoint": gcs.server.url, "project": "test"}
+    await create_bucket(uri, options)
+    with pytest.raises(ContainerExists):
+        await create_bucket(uri, options)
+    store = open_store(uri, options)
+    try:
+        await store.put("k/in it", body(b"x"), 1, WriteAttrs())
+        with pytest.raises(ContainerNotEmpty):
+            await delete_bucket(uri, options)
+        await store.delete("k/in it")
+        await store.create_multipart("later", WriteAttrs())  # an upload is no object
+        await delete_bucket(uri, options)
+    finally:
+        await store.close()
+    assert gcs.http.get(f"/storage/v1/b/{gcs.bucket}-new").status_code == 404
+    with pytest.raises(ContainerNotFound):
+        await delete_bucket(uri, options)
+    with pytest.raises(ValueError):
+        await create_bucket(f"gs://{gcs.bucket}/with-prefix", options)
+
+
+# -- faults: retries, a dead emulator, credentials ---------------------------------------------
+
+
+async def test_server_errors_are_retried_then_unavailable(gcs: GcsOrigin) -> None:
+    gcs.put("k", b"data")
+    proxy = _proxy(gcs)
+    proxy.reset()
+    proxy.fail_next(2)
+    assert (await gcs.store.stat("k")).size == 4
+    assert proxy.count("GET") == 3  # two 503s, then the answer
+    proxy.reset()
+    proxy.fail_next(2, status=429)
+    assert await read_all(gcs.store, "k", 1, 3) == b"at"
+    assert proxy.count("GET") == 3
+    store = open_store(f"gs://{gcs.bucket}/x", {"endpoint": proxy.url, "max_attempts": "2"})
+    try:
+        proxy.reset()
+        proxy.fail_next(5)
+        with pytest.raises(StoreUnavailable):
+            await store.stat("k")
+        assert proxy.count("GET") == 2
+    finally:
+        proxy.fail_next(0)
+        await store.close()
+
+
+async def test_a_failed_chunk_is_resumed_from_what_the_session_holds() -> None:
+    flaky = FlakyResumableGcs(fail_chunk=1, keep=256 << 10)
+    store = open_store("gs://bucket/p", {"endpoint": flaky.url})
+    data = os.urandom(20 * MIB)
+    try:
+        written = await store.put("k", body(data, MIB), len(data), WriteAttrs())
+    finally:
+        await store.close()
+        flaky.stop()
+    assert bytes(flaky.data) == data and written.etag == md5_etag(data)
+    resumed = 8 * MIB + (256 << 10)
+    assert flaky.ranges == [
+        f"bytes 0-{8 * MIB - 1}/{20 * MIB}",
+        f"bytes {8 * MIB}-{16 * MIB - 1}/{20 * MIB}",  # answered 503, a quarter MiB kept
+        f"bytes */{20 * MIB}",
+        f"bytes {resumed}-{16 * MIB - 1}/{20 * MIB}",  # only the rest is sent again
+        f"bytes {16 * MIB}-{20 * MIB - 1}/{20 * MIB}",
+    ]
+
+
+async def test_refusals_are_access_denied(gcs: GcsOrigin) -> None:
+    proxy = _proxy(gcs)
+    for status in (401, 403):
+        proxy.reset()
+        proxy.fail_next(1, status=status)
+        with pytest.raises(StoreAccessDenied):
+            await gcs.store.stat("k")
+        assert proxy.count() == 1  # no retry: the same credentials get the same answer
+
+
+async def test_a_dead_emulator_is_unavailable_within_the_deadline_then_back(
+    tmp_path: Path,
+) -> None:
+    server = GcsServer(tmp_path)
+    options = {"max_attempts": "100", "retry_deadline": "1.5", "connect_timeout": "1"}
+    o = GcsOrigin(server, options=options)
+    try:
+        await put(o, "k", b"before the crash")
+        server.stop()
+        for call in (
+            lambda: o.store.stat("k"),
+            lambda: read_all(o.store, "k"),
+            lambda: o.store.list_page(),
+            lambda: put(o, "k2", b"x"),
+        ):
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                await call()
+            assert time.monotonic() - started < 3.0  # 1.5 s of retries, then it gives up
+        server.restart()
+        assert await read_all(o.store, "k") == b"before the crash"
+        await put(o, "k2", b"after the restart")
+        assert o.raw_keys() == ["k", "k2"]
+    finally:
+        await o.store.close()
+        o.close()
+        server.stop()
+
+
+async def test_an_unreachable_endpoint_is_unavailable() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    store = open_store("gs://bucket/p", {"endpoint": dead, "max_attempts": "2"})
+    try:
+        with pytest.raises(StoreUnavailable):
+            await store.stat("k")
+        with pytest.raises(StoreUnavailable):
+            await store.list_page()
+    finally:
+        await store.close()
+
+
+@pytest.fixture
+def tokens() -> Iterator[TokenServer]:
+    server = TokenServer()
+    yield server
+    server.stop()
+
+
+async def test_service_account_tokens_are_signed_cached_and_sent(
+    gcs: GcsOrigin, tokens: TokenServer
+) -> None:
+    gcs.put("k", b"x")
+    options = {"endpoint": _proxy(gcs).url, "credentials_json": tokens.credentials_json()}
+    store = open_store(f"gs://{gcs.bucket}/{MOUNT_PREFIX}", options)
+    proxy = _proxy(gcs)
+    try:
+        proxy.reset()
+        for _ in range(3):
+            await store.stat("k")
+        assert proxy.seen_auth == ["Bearer token-1"] * 3  # one grant for all
+        (claims,) = tokens.assertions
+        assert (
+            claims["iss"] == "gw@test.iam.gserviceaccount.com" and "devstorage" in claims["scope"]
+        )
+        assert claims["exp"] - claims["iat"] == 3600
+        proxy.reset()
+        proxy.fail_next(1, status=401)  # the token was revoked: one new grant, then on
+        await store.stat("k")
+        assert proxy.seen_auth == ["Bearer token-1", "Bearer token-2"]
+        tokens.refuse = True
+        proxy.fail_next(1, status=401)
+        with pytest.raises(StoreAccessDenied):
+            await store.stat("k")
+    finally:
+        await store.close()
+
+
+async def test_tokens_are_renewed_before_they_expire(gcs: GcsOrigin, tokens: TokenServer) -> None:
+    tokens.expires_in = 2  # renewed at half its life, here after a second
+    options = {"endpoint": _proxy(gcs).url, "credentials_json": tokens.credentials_json()}
+    store = open_store(f"gs://{gcs.bucket}/{MOUNT_PREFIX}", options)
+    try:
+        await store.list_page()
+        await store.list_page()
+        assert len(tokens.assertions) == 1
+        await anyio.sleep(1.2)
+        await store.list_page()
+        assert len(tokens.assertions) == 2
+    finally:
+        await store.close()
+
+
+async def test_credentials_from_a_file_and_a_given_token(
+    gcs: GcsOrigin, tokens: TokenServer, tmp_path: Path
+) -> None:
+    key_file = tmp_path / "key.json"
+    key_file.write_text(tokens.credentials_json())
+    proxy = _proxy(gcs)
+    for options, header in (
+        ({"credentials_file": str(key_file)}, "Bearer token-1"),
+        ({"access_token": "ya29.given"}, "Bearer ya29.given"),
+        ({}, None),
+    ):
+        store = open_store(f"gs://{gcs.bucket}", {"endpoint": proxy.url, **options})
+        proxy.reset()
+        try:
+            await store.list_page()
+        finally:
+            await store.close()
+        assert proxy.seen_auth == [header]
+    store = open_store(f"gs://{gcs.bucket}", {"credentials_file": str(tmp_path / "none.json")})
+    with pytest.raises(StoreAccessDenied):
+        await store.stat("k")
+    await store.close()
+
+
+# -- open_gcs ----------------------------------------------------------------------------------
+
+
+def test_open_store_parses_gs_uris() -> None:
+    store = open_store("gs://bkt/pre/fix/", {"endpoint": "http://127.0.0.1:1/"})
+    assert isinstance(store, GcsStore)
+    assert (store.bucket, store.prefix, store.endpoint) == ("bkt", "pre/fix/", "http://127.0.0.1:1")
+    assert open_store("gs://bkt", {}).endpoint == "https://storage.googleapis.com"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "uri, options",
+    [
+        ("gs://", {}),
+        ("gs:///prefix", {}),
+        ("gs://bkt:1/x", {}),
+        ("gs://bkt", {"endpoint_url": "http://x"}),
+        ("gs://bkt", {"access_token": "a", "credentials_json": "{}"}),
+        ("gs://bkt", {"credentials_json": '{"type": "authorized_user"}'}),
+        ("gs://bkt", {"max_attempts": "many"}),
+        ("gs://bkt", {"retry_deadline": "0"}),
+        ("gs://bkt", {"endpoint": "ftp://127.0.0.1"}),
+    ],
+)
+def test_open_store_rejects_bad_uris_and_options(uri: str, options: dict[str, str]) -> None:
+    with pytest.raises(ValueError):
+        open_store(uri, options)
+
+
+def test_chunk_sizes_suit_gcs() -> None:
+    assert gcs_write.CHUNK % (256 * 1024) == 0  # GCS takes resumable chunks in 256 KiB units
+    assert gcs_write.SIMPLE_LIMIT <= gcs_write.CHUNK  # a resumable upload has 2 chunks or more
