@@ -54,6 +54,16 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """fake-gcs-server (Google Cloud Storage) on loopback for the whole session."""
+    from tests.support.gcs_server import GcsServer
+
+    server = GcsServer(tmp_path_factory.mktemp("gcs"))
+    yield server
+    server.stop()
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def backend(request: pytest.FixtureRequest) -> str:
     """The metadata tests run on both databases the gateway supports."""

@@ -19,7 +19,7 @@ from tests.support.gateway import GatewayNode, start_gateway
 from tests.support.origin import CountingProxy
 
 MiB = 1 << 20
-KINDS = ["file", "s3", "azure"]
+KINDS = ["file", "s3", "azure", "gcs"]
 
 
 def _container_uri(kind: str, request: pytest.FixtureRequest, tmp: Path) -> tuple[str, list[str]]:
@@ -42,6 +42,15 @@ def _container_uri(kind: str, request: pytest.FixtureRequest, tmp: Path) -> tupl
         return f"az://{server.account}/{name}/data", [
             f"endpoint={server.url}", f"account_key={server.key}",
         ]  # fmt: skip
+    if kind == "gcs":
+        import httpx
+
+        server = request.getfixturevalue("gcs")
+        created = httpx.post(
+            f"{server.url}/storage/v1/b", params={"project": "test"}, json={"name": name}
+        )
+        assert created.status_code == 200, created.text
+        return f"gs://{name}/data", [f"endpoint={server.url}"]
     raise AssertionError(kind)
 
 
