@@ -64,6 +64,17 @@ def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def webhdfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The spec-faithful WebHDFS test server (NameNode + DataNode ports) for the session;
+    small listing batches so that LISTSTATUS_BATCH paging is always exercised."""
+    from tests.support.webhdfs_server import WebHdfsServer
+
+    server = WebHdfsServer(tmp_path_factory.mktemp("hdfs"), batch_size=7)
+    yield server
+    server.stop()
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def backend(request: pytest.FixtureRequest) -> str:
     """The metadata tests run on both databases the gateway supports."""

@@ -19,7 +19,7 @@ from tests.support.gateway import GatewayNode, start_gateway
 from tests.support.origin import CountingProxy
 
 MiB = 1 << 20
-KINDS = ["file", "s3", "azure", "gcs"]
+KINDS = ["file", "s3", "azure", "gcs", "hdfs"]
 
 
 def _container_uri(kind: str, request: pytest.FixtureRequest, tmp: Path) -> tuple[str, list[str]]:
@@ -51,6 +51,10 @@ def _container_uri(kind: str, request: pytest.FixtureRequest, tmp: Path) -> tupl
         )
         assert created.status_code == 200, created.text
         return f"gs://{name}/data", [f"endpoint={server.url}"]
+    if kind == "hdfs":
+        server = request.getfixturevalue("webhdfs")
+        (server.root / name).mkdir()
+        return f"{server.url}/{name}", ["user=gateway"]
     raise AssertionError(kind)
 
 

@@ -1,11 +1,12 @@
 """One contract for every under-store: the file store on a temporary folder, S3 on moto (behind a
-counting proxy), Azure Blob on Azurite and GCS on fake-gcs-server, each with a mount prefix, must
-answer the same calls with the same results. (HDFS: tests/test_store_hdfs.py runs it too.)
+counting proxy), Azure Blob on Azurite, GCS on fake-gcs-server and HDFS on the WebHDFS test server,
+each with a mount prefix, must answer the same calls with the same results.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
@@ -127,7 +128,7 @@ def _boto_args(url: str) -> dict[str, str]:
     return {"endpoint_url": url, "aws_access_key_id": "test", "aws_secret_access_key": "test"}
 
 
-@pytest.fixture(params=["file", "s3", "azure", "gcs"])
+@pytest.fixture(params=["file", "s3", "azure", "gcs", "hdfs"])
 async def origin(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Origin]:
     """One contract, every store: each kind on its real server (tests/conftest.py)."""
     o: Origin
@@ -140,10 +141,16 @@ async def origin(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
         from tests.support.azurite import AzureOrigin
 
         o = AzureOrigin(request.getfixturevalue("azurite"))
-    else:
+    elif request.param == "gcs":
         from tests.support.gcs_server import GcsOrigin
 
         o = GcsOrigin(request.getfixturevalue("gcs"))
+    else:
+        from tests.support.webhdfs_server import HdfsOrigin
+
+        server = request.getfixturevalue("webhdfs")
+        shutil.rmtree(server.root / MOUNT_PREFIX.split("/")[0], ignore_errors=True)
+        o = HdfsOrigin(server)
     yield o
     await o.store.close()
     close = getattr(o, "close", None)

@@ -144,6 +144,13 @@ class Gateway:
         except errors.NoSuchKey:
             self.metadata.forget(handle.id, key)
             raise
+        except errors.ServiceUnavailable:
+            if previous is None:
+                raise
+            # The store cannot be asked: serve the version we know (stale-if-error) rather
+            # than fail readers of cached data; it is revalidated once the store answers.
+            log.warning("store unavailable, serving last known version of %s", key)
+            return previous
         self.metadata.put(handle.id, key, info, now)
         if previous is not None and previous.etag != info.etag:
             self.cache.invalidate(CacheKey(handle.id, key, previous.etag))

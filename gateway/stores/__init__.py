@@ -63,6 +63,7 @@ OPENERS: dict[str, str] = {
     "wasb": "gateway.stores.azure:open_azure",
     "wasbs": "gateway.stores.azure:open_azure",
     "hdfs": "gateway.stores.hdfs:open_hdfs",
+    "webhdfs": "gateway.stores.hdfs:open_hdfs",
 }
 
 

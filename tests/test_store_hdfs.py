@@ -1,0 +1,763 @@
+"""The hdfs:// store against the WebHDFS test server (tests/support/webhdfs_server.py): the
+behaviours the store contract checks for file:// and s3://, and what reaches the NameNode and
+the DataNode on the wire (redirects, offset/length, two-step CREATE, RENAME, CONCAT)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+import tracemalloc
+from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import pytest
+
+from gateway.stores import (
+    ContainerExists,
+    ContainerNotEmpty,
+    ContainerNotFound,
+    IncompleteBody,
+    InvalidPart,
+    ObjectInfo,
+    ObjectNotFound,
+    PartInfo,
+    PreconditionFailed,
+    StoreAccessDenied,
+    StoreUnavailable,
+    UnsupportedKey,
+    UploadNotFound,
+    VersionChanged,
+    WriteAttrs,
+    create_bucket,
+    delete_bucket,
+    open_store,
+)
+from gateway.stores.hdfs import CHUNK_SIZE, open_hdfs
+from gateway.stores.hdfs_write import HdfsStore
+from tests.support.webhdfs_server import HdfsOrigin, WebHdfsServer
+from tests.test_store_contract import MOUNT_PREFIX, TREE, list_all, oracle, read_all, utf8
+
+pytestmark = pytest.mark.anyio
+
+MIB = 1 << 20
+MOUNT = f"/{MOUNT_PREFIX}"
+ATTRS = WriteAttrs(
+    content_type="application/json",
+    content_encoding="identity",
+    content_disposition='attachment; filename="a.json"',
+    content_language="de",
+    cache_control="max-age=60",
+    expires="Wed, 21 Oct 2037 07:28:00 GMT",
+    metadata={"owner": "team-a", "build": "42"},
+)
+
+
+class ClientGone(Exception):
+    """What a body iterator raises when the client's upload fails."""
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[WebHdfsServer]:
+    # Two entries per LISTSTATUS_BATCH answer: every listing pages through startAfter.
+    s = WebHdfsServer(tmp_path / "hdfs", batch_size=2)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+async def origin(server: WebHdfsServer) -> AsyncIterator[HdfsOrigin]:
+    o = HdfsOrigin(server)
+    yield o
+    await o.store.close()
+
+
+async def body(data: bytes, step: int = 256 * 1024) -> AsyncIterator[bytes]:
+    for at in range(0, len(data), step):
+        yield data[at : at + step]
+
+
+async def failing(data: bytes, fail_at: int, step: int = 256 * 1024) -> AsyncIterator[bytes]:
+    async for chunk in body(data[:fail_at], step):
+        yield chunk
+    raise ClientGone("the client went away")
+
+
+async def put(o: HdfsOrigin, key: str, data: bytes, attrs: WriteAttrs = ATTRS, **kw: Any) -> Any:
+    return await o.store.put(key, body(data), len(data), attrs, **kw)
+
+
+async def upload(o: HdfsOrigin, key: str, upload_id: str, number: int, data: bytes) -> PartInfo:
+    return await o.store.upload_part(key, upload_id, number, body(data, MIB), len(data))
+
+
+def md5_etag(data: bytes) -> str:
+    return f'"{hashlib.md5(data).hexdigest()}"'
+
+
+def raw_keys(o: HdfsOrigin) -> list[str]:
+    """Every file under the mount folder, the store's temp files included, uploads not."""
+    found = (str(p.relative_to(o.base)) for p in o.base.rglob("*") if p.is_file())
+    return sorted(k for k in found if not k.startswith(".s3gw-uploads/"))
+
+
+def open_uploads(o: HdfsOrigin) -> list[str]:
+    uploads = o.base / ".s3gw-uploads"
+    return sorted(p.name for p in uploads.iterdir()) if uploads.exists() else []
+
+
+def same_attrs(info: ObjectInfo, attrs: WriteAttrs) -> None:
+    got = WriteAttrs.of(info)
+    for name in ("content_type", "content_encoding", "content_disposition", "content_language"):
+        assert getattr(got, name) == getattr(attrs, name), name
+    assert (got.cache_control, got.expires) == (attrs.cache_control, attrs.expires)
+    assert dict(got.metadata) == dict(attrs.metadata)
+
+
+# -- reads -------------------------------------------------------------------------------------
+
+
+async def test_stat_reports_size_etag_mtime_and_a_guessed_type(origin: HdfsOrigin) -> None:
+    origin.put("docs/readme.txt", b"hello world")
+    info = await origin.store.stat("docs/readme.txt")
+    assert (info.key, info.size, info.content_type) == ("docs/readme.txt", 11, "text/plain")
+    # HDFS has no cheap MD5: a synthetic ETag that no client takes for one.
+    assert info.etag.startswith('"') and info.etag.count("-") == 2 and len(info.etag) != 34
+    assert info.last_modified.utcoffset() is not None
+    assert abs(info.last_modified.timestamp() - time.time()) < 60
+
+
+async def test_missing_keys_and_directories_are_not_objects(origin: HdfsOrigin) -> None:
+    origin.put("dir/inner", b"x")
+    for key in ("not-there", "dir", "dir/", "", "dir/inner/deeper", "a:b", ".s3gw-tmp"):
+        with pytest.raises(ObjectNotFound):
+            await origin.store.stat(key)
+        with pytest.raises(ObjectNotFound):
+            await read_all(origin.store, key)
+
+
+async def test_ranges_are_one_open_redirected_to_the_datanode(
+    origin: HdfsOrigin, server: WebHdfsServer
+) -> None:
+    data = os.urandom(3 * MIB + 123)
+    n = len(data)
+    origin.put("big.bin", data)
+    cases = [(0, 10), (1000, 2000), (MIB - 1, 2 * MIB + 1), (n - 10, n), (n - 10, None)]
+    cases += [(0, None), (5, n + 100), (n, None), (n + 5, n + 10), (7, 7)]
+    for start, end in cases:
+        assert await read_all(origin.store, "big.bin", start, end) == data[start:end], (start, end)
+    path = f"{MOUNT}/big.bin"
+    for start, end, query in [(1000, 2000, {"offset": "1000", "length": "1000"}),
+                              (0, None, {}), (4000, None, {"offset": "4000"})]:  # fmt: skip
+        server.reset()
+        await read_all(origin.store, "big.bin", start, end)
+        assert server.requests == [
+            (server.port, "GET", "OPEN", path),
+            (server.datanode_port, "GET", "OPEN", path),
+        ]
+        for params in server.queries:
+            assert {k: params[k] for k in ("offset", "length") if k in params} == query
+        assert server.queries[1]["user.name"] == "tester"
+
+
+async def test_reads_arrive_in_bounded_chunks_and_early_stops_release(origin: HdfsOrigin) -> None:
+    data = os.urandom(3 * MIB + 1)
+    origin.put("big.bin", data)
+    async with aclosing(origin.store.read("big.bin")) as stream:
+        chunks = [c async for c in stream]
+    assert b"".join(chunks) == data and max(map(len, chunks)) <= CHUNK_SIZE
+    for _ in range(5):
+        async with aclosing(origin.store.read("big.bin")) as stream:
+            async for _chunk in stream:
+                break
+    assert await read_all(origin.store, "big.bin", 10, 20) == data[10:20]
+
+
+async def test_zero_length_object(origin: HdfsOrigin) -> None:
+    origin.put("empty", b"")
+    assert (await origin.store.stat("empty")).size == 0
+    for args in ((), (0, 10), (5,)):
+        assert await read_all(origin.store, "empty", *args) == b""
+
+
+async def test_if_match_guards_against_another_version(origin: HdfsOrigin) -> None:
+    origin.put("obj", b"version one")
+    old = (await origin.store.stat("obj")).etag
+    assert await read_all(origin.store, "obj", 0, 7, if_match=old) == b"version"
+    with pytest.raises(VersionChanged):
+        await read_all(origin.store, "obj", if_match='"0123-45"')
+    origin.put("obj", b"version two, longer")
+    assert (await origin.store.stat("obj")).etag != old
+    with pytest.raises(VersionChanged):
+        await read_all(origin.store, "obj", 0, 4, if_match=old)
+
+
+async def test_if_match_read_sees_a_file_replaced_between_stat_and_open(
+    origin: HdfsOrigin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    origin.put("obj", b"version one")
+    etag = (await origin.store.stat("obj")).etag
+    real_open = HdfsStore._open
+
+    async def replaced_first(self: HdfsStore, key: str, start: int, end: int | None) -> Any:
+        (origin.base / "new").write_bytes(b"version two")
+        os.replace(origin.base / "new", origin.base / "obj")  # a new file, as a rename makes
+        return await real_open(self, key, start, end)
+
+    monkeypatch.setattr(HdfsStore, "_open", replaced_first)
+    with pytest.raises(VersionChanged):
+        await read_all(origin.store, "obj", if_match=etag)
+
+
+async def test_odd_keys_round_trip(origin: HdfsOrigin) -> None:
+    for i, key in enumerate(TREE):
+        origin.put(key, f"body {i}".encode())
+    for i, key in enumerate(TREE):
+        assert await read_all(origin.store, key) == f"body {i}".encode()
+
+
+async def test_listing_without_delimiter_matches_sorted_keys(origin: HdfsOrigin) -> None:
+    for key in TREE:
+        origin.put(key, b"x")
+    (origin.base / "a" / "emptydir" / "deeper").mkdir(parents=True)
+    for prefix in ("", "a", "a/", "a/b", "café/", "nothing"):
+        entries, _ = await list_all(origin.store, prefix)
+        assert entries == oracle(TREE, prefix, None, ""), prefix
+    entries, pages = await list_all(origin.store, max_keys=4)
+    assert entries == sorted(TREE, key=utf8) and pages > 2
+    for listed in (await origin.store.list_page("a/")).objects:
+        stat = await origin.store.stat(listed.key)
+        assert (listed.etag, listed.size) == (stat.etag, stat.size)
+
+
+async def test_listing_with_delimiter_rolls_up_prefixes(origin: HdfsOrigin) -> None:
+    for key in TREE:
+        origin.put(key, b"x")
+    (origin.base / "empty" / "dir").mkdir(parents=True)
+    (origin.base / "a" / "emptydir").mkdir()
+    combos = [("", "/"), ("a", "/"), ("a/", "/"), ("a/x/", "/"), ("a/b", "/"), ("", "-")]
+    combos += [("a/", "b"), ("", "y/"), ("zz", "/"), ("nothing/", "/")]
+    for prefix, delimiter in combos:
+        for max_keys in (1, 2, 1000):
+            entries, _ = await list_all(origin.store, prefix, delimiter, max_keys=max_keys)
+            assert entries == oracle(TREE, prefix, delimiter, ""), (prefix, delimiter, max_keys)
+
+
+async def test_start_after_skips_everything_up_to_it(origin: HdfsOrigin) -> None:
+    for key in TREE:
+        origin.put(key, b"x")
+    cases = [("", None, "a/b"), ("", "/", "a/b"), ("", "/", "a/"), ("a/", "/", "a/x/y")]
+    cases += [("", None, "zzzz"), ("", "/", "\U0010ffff"), ("", None, "")]
+    for prefix, delimiter, after in cases:
+        entries, _ = await list_all(origin.store, prefix, delimiter, start_after=after)
+        assert entries == oracle(TREE, prefix, delimiter, after), (prefix, delimiter, after)
+
+
+async def test_listing_pages_batches_and_sorts_what_hdfs_sorts_signed(
+    origin: HdfsOrigin, server: WebHdfsServer
+) -> None:
+    names = ["z", "é", "a", "ü-x", "b", "ä", "zz"]
+    for name in names:
+        origin.put(f"d/{name}", b"x")
+    server.reset()
+    page = await origin.store.list_page("d/")
+    batches = [q for (_, _, op, path), q in zip(server.requests, server.queries, strict=True)
+               if op == "LISTSTATUS_BATCH" and path == f"{MOUNT}/d"]  # fmt: skip
+    # 7 entries, 2 a batch, in HDFS's signed-byte order: ä é | ü-x a | b z | zz
+    assert [q.get("startafter") for q in batches] == [None, "é", "a", "z"]
+    assert [o.key for o in page.objects] == sorted((f"d/{n}" for n in names), key=utf8)
+
+
+async def test_missing_mount_folder_is_unavailable(server: WebHdfsServer) -> None:
+    store = open_store(f"{server.url}/no/such/folder", {})
+    try:
+        with pytest.raises(StoreUnavailable):
+            await store.stat("k")
+        with pytest.raises(StoreUnavailable):
+            await read_all(store, "k")
+        with pytest.raises(StoreUnavailable):
+            await store.list_page()
+        with pytest.raises(StoreUnavailable):
+            await store.put("k", body(b"x"), 1, WriteAttrs())
+        assert not (server.root / "no").exists()
+    finally:
+        await store.close()
+
+
+# -- put ---------------------------------------------------------------------------------------
+
+
+async def test_put_round_trips_bytes_attributes_and_metadata(origin: HdfsOrigin) -> None:
+    data = os.urandom(MIB + 17)
+    written = await put(origin, "docs/a b/ü.json", data)
+    assert written.etag == md5_etag(data)  # the gateway wrote it: the MD5, kept in an xattr
+    info = await origin.store.stat("docs/a b/ü.json")
+    assert (info.size, info.etag) == (len(data), md5_etag(data))
+    same_attrs(info, ATTRS)
+    assert await read_all(origin.store, "docs/a b/ü.json") == data
+    (listed,) = (await origin.store.list_page("docs/")).objects
+    assert (listed.key, listed.etag) == ("docs/a b/ü.json", info.etag)
+    assert b'"etag"' in os.getxattr(origin.base / "docs" / "a b" / "ü.json", "user.s3gw.meta")
+
+
+async def test_put_creates_in_two_steps_then_renames_into_place(
+    origin: HdfsOrigin, server: WebHdfsServer
+) -> None:
+    server.reset()
+    await put(origin, "k", b"data")
+    ops = [(port == server.datanode_port, method, op) for port, method, op, _ in server.requests]
+    creates = [r for r in server.requests if r[2] == "CREATE"]
+    assert ops[-3:] == [
+        (False, "PUT", "SETXATTR"),
+        (False, "PUT", "MKDIRS"),
+        (False, "PUT", "RENAME"),
+    ]
+    assert [(r[0], r[3]) for r in creates] == [
+        (server.port, creates[0][3]),
+        (server.datanode_port, creates[0][3]),
+    ]
+    assert creates[0][3].startswith(f"{MOUNT}/.s3gw-tmp/.s3gw-")
+    rename = server.queries[-1]
+    assert (rename["destination"], rename["renameoptions"]) == (f"{MOUNT}/k", "OVERWRITE")
+    assert raw_keys(origin) == ["k"]
+
+
+async def test_zero_length_put(origin: HdfsOrigin) -> None:
+    written = await put(origin, "empty", b"", WriteAttrs(content_type="text/plain"))
+    info = await origin.store.stat("empty")
+    assert (info.size, info.etag, written.etag) == (0, md5_etag(b""), md5_etag(b""))
+    assert await read_all(origin.store, "empty") == b""
+
+
+async def test_overwrite_replaces_bytes_and_attributes(origin: HdfsOrigin) -> None:
+    await put(origin, "k.txt", b"version one", ATTRS)
+    await put(origin, "k.txt", b"version two!", WriteAttrs(content_type="text/plain"))
+    info = await origin.store.stat("k.txt")
+    assert (info.etag, info.content_type, dict(info.metadata)) == (
+        md5_etag(b"version two!"),
+        "text/plain",
+        {},
+    )
+    assert raw_keys(origin) == ["k.txt"]
+
+
+async def test_if_none_match_creates_only_new_keys_and_one_racer_wins(origin: HdfsOrigin) -> None:
+    await put(origin, "new", b"first", if_none_match=True)
+    with pytest.raises(PreconditionFailed):
+        await put(origin, "new", b"second", if_none_match=True)
+    gate = anyio.Event()
+    outcomes: list[str] = []
+
+    async def gated(data: bytes) -> AsyncIterator[bytes]:
+        yield data[:3]
+        await gate.wait()
+        yield data[3:]
+
+    async def create(data: bytes) -> None:
+        try:
+            await origin.store.put("race", gated(data), len(data), ATTRS, if_none_match=True)
+            outcomes.append(data.decode())
+        except PreconditionFailed:
+            outcomes.append("refused")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(create, b"writer-a")
+        tg.start_soon(create, b"writer-b")
+        await anyio.sleep(0.3)
+        gate.set()
+    assert sorted(outcomes)[0] == "refused" and len(outcomes) == 2
+    winner = next(o for o in outcomes if o != "refused")
+    assert await read_all(origin.store, "race") == winner.encode()
+    assert raw_keys(origin) == ["new", "race"]
+
+
+async def test_if_match_guards_the_version_written_over(origin: HdfsOrigin) -> None:
+    first = await put(origin, "obj", b"one")
+    with pytest.raises(PreconditionFailed):
+        await put(origin, "obj", b"two", if_match='"0123456789abcdef0123456789abcdef"')
+    with pytest.raises(PreconditionFailed):
+        await put(origin, "missing", b"two", if_match=first.etag)
+    await put(origin, "obj", b"two", if_match=first.etag)
+    assert await read_all(origin.store, "obj") == b"two"
+    assert raw_keys(origin) == ["obj"]
+
+
+@pytest.mark.parametrize("fail_at", [2 * MIB, 3 * MIB], ids=["midway", "after-last-byte"])
+async def test_body_that_raises_leaves_nothing_and_the_old_version(
+    origin: HdfsOrigin, fail_at: int
+) -> None:
+    data = os.urandom(3 * MIB)
+    with pytest.raises(ClientGone):
+        await origin.store.put("fresh", failing(data, fail_at), len(data), ATTRS)
+    with pytest.raises(ObjectNotFound):
+        await origin.store.stat("fresh")
+    await put(origin, "kept", b"old bytes")
+    with pytest.raises(ClientGone):
+        await origin.store.put("kept", failing(data, fail_at), len(data), ATTRS)
+    assert await read_all(origin.store, "kept") == b"old bytes"
+    assert raw_keys(origin) == ["kept"]  # the temp file is gone too, not just hidden
+
+
+@pytest.mark.parametrize("sent", [0, 10, 12], ids=["empty", "short", "long"])
+async def test_body_of_another_size_is_refused(origin: HdfsOrigin, sent: int) -> None:
+    await put(origin, "k", b"previous")
+    with pytest.raises(IncompleteBody):
+        await origin.store.put("k", body(b"x" * sent, 4), 11, ATTRS)
+    assert await read_all(origin.store, "k") == b"previous"
+    assert raw_keys(origin) == ["k"]
+
+
+async def test_a_put_in_progress_is_invisible_and_a_cancelled_one_leaves_nothing(
+    origin: HdfsOrigin,
+) -> None:
+    await put(origin, "k", b"old")
+    started = anyio.Event()
+
+    async def stalled() -> AsyncIterator[bytes]:
+        yield b"n" * MIB
+        yield b"n" * MIB
+        started.set()
+        await anyio.sleep_forever()
+        yield b""
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(origin.store.put, "k", stalled(), 3 * MIB, ATTRS)
+        await started.wait()
+        await anyio.sleep(0.2)
+        assert (await list_all(origin.store))[0] == ["k"]
+        assert await read_all(origin.store, "k") == b"old"
+        tg.cancel_scope.cancel()
+    await anyio.sleep(0.3)  # the DataNode sees the cut connection and closes the file
+    assert raw_keys(origin) == ["k"]
+
+
+async def test_put_streams_100_mib_in_bounded_memory(origin: HdfsOrigin) -> None:
+    size = 100 * MIB
+    md5 = hashlib.md5()
+
+    async def generated() -> AsyncIterator[bytes]:
+        for i in range(size // MIB):
+            chunk = i.to_bytes(4, "big") * (MIB // 4)
+            md5.update(chunk)
+            yield chunk
+
+    await put(origin, "warm-up", b"x")
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before, _ = tracemalloc.get_traced_memory()
+        info = await origin.store.put("huge.bin", generated(), size, WriteAttrs())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # Measured: ~5 MiB above the start, test server included (it runs in this process).
+    assert peak - before < 16 * MIB, f"peak {(peak - before) / MIB:.1f} MiB for a 100 MiB put"
+    assert info.etag == f'"{md5.hexdigest()}"'
+    assert (origin.base / "huge.bin").stat().st_size == size
+
+
+# -- keys HDFS cannot hold, delete, copy -------------------------------------------------------
+
+
+async def test_keys_hdfs_cannot_hold_are_refused(origin: HdfsOrigin) -> None:
+    await put(origin, "a/b", b"x")
+    for key in ("a", "a/b/c", "dir/", "a//b", "../escape", "x:y", ".s3gw-uploads/x", ""):
+        with pytest.raises(UnsupportedKey):
+            await put(origin, key, b"y")
+    with pytest.raises(UnsupportedKey):
+        await origin.store.create_multipart("a", ATTRS)
+    assert raw_keys(origin) == ["a/b"]
+
+
+async def test_delete_removes_the_key_and_prunes_emptied_folders(origin: HdfsOrigin) -> None:
+    await put(origin, "a/b/c/d.txt", b"x")
+    await put(origin, "a/keep", b"y")
+    await origin.store.delete("a/b/c/d.txt")
+    with pytest.raises(ObjectNotFound):
+        await origin.store.stat("a/b/c/d.txt")
+    for key in ("a/b/c/d.txt", "never/was", "a", "x:y"):
+        await origin.store.delete(key)
+    assert (await list_all(origin.store, "", "/"))[0] == ["a/"]
+    assert not (origin.base / "a" / "b").exists() and (origin.base / "a" / "keep").is_file()
+
+
+async def test_copy_keeps_or_replaces_attributes(origin: HdfsOrigin) -> None:
+    data = os.urandom(100_000)
+    src = await put(origin, "src dir/ünï cöde.json", data, ATTRS)
+    kept = await origin.store.copy("src dir/ünï cöde.json", "dst dir/kopie 1.json", None)
+    info = await origin.store.stat("dst dir/kopie 1.json")
+    same_attrs(info, ATTRS)
+    assert (info.etag, kept.etag, info.size) == (src.etag, src.etag, len(data))
+    new = WriteAttrs(content_type="text/x-new", metadata={"fresh": "yes"})
+    await origin.store.copy("src dir/ünï cöde.json", "dst dir/kopie 2", new)
+    info = await origin.store.stat("dst dir/kopie 2")
+    assert (info.content_type, dict(info.metadata)) == ("text/x-new", {"fresh": "yes"})
+    assert await read_all(origin.store, "dst dir/kopie 2") == data
+    origin.put("foreign", data)  # not written by the gateway: the copy takes its MD5
+    assert (await origin.store.copy("foreign", "copied", None)).etag == md5_etag(data)
+    await origin.store.copy("copied", "copied", WriteAttrs(content_type="text/plain"))
+    assert (await origin.store.stat("copied")).content_type == "text/plain"
+    assert await read_all(origin.store, "copied") == data
+
+
+async def test_copy_if_match_guards_the_source_version(origin: HdfsOrigin) -> None:
+    first = await put(origin, "src", b"one")
+    await put(origin, "src", b"two")
+    with pytest.raises(VersionChanged):
+        await origin.store.copy("src", "dst", None, if_match=first.etag)
+    with pytest.raises(ObjectNotFound):
+        await origin.store.copy("nothing-here", "dst", None)
+    assert raw_keys(origin) == ["src"]
+
+
+# -- multipart ---------------------------------------------------------------------------------
+
+
+async def test_multipart_concats_parts_with_the_s3_etag(
+    origin: HdfsOrigin, server: WebHdfsServer
+) -> None:
+    parts = [os.urandom(5 * MIB), os.urandom(5 * MIB), b"!"]
+    key = "mp/ünï file.bin"
+    upload_id = await origin.store.create_multipart(key, ATTRS)
+    infos = [await upload(origin, key, upload_id, n, d) for n, d in enumerate(parts, 1)]
+    parts[1] = os.urandom(5 * MIB)  # uploading a number again replaces that part
+    infos[1] = await upload(origin, key, upload_id, 2, parts[1])
+    assert infos[1] == PartInfo(2, md5_etag(parts[1]), 5 * MIB)
+    with pytest.raises(ObjectNotFound):
+        await origin.store.stat(key)
+    server.reset()
+    done = await origin.store.complete_multipart(key, upload_id, infos, ATTRS)
+    during = list(zip(server.requests, server.queries, strict=True))
+    # Joined in place by the NameNode: no byte of the parts passes through the gateway.
+    assert all(port == server.port for (port, *_), _ in during)
+    (concat,) = [query for (_, _, op, _), query in during if op == "CONCAT"]
+    assert len(concat["sources"].split(",")) == 2
+    digests = b"".join(hashlib.md5(d).digest() for d in parts)
+    expected = f'"{hashlib.md5(digests).hexdigest()}-3"'
+    info = await origin.store.stat(key)
+    assert (done.etag, info.etag, info.size) == (expected, expected, 10 * MIB + 1)
+    same_attrs(info, ATTRS)
+    assert await read_all(origin.store, key) == b"".join(parts)
+    assert raw_keys(origin) == [key] and open_uploads(origin) == []
+
+
+async def test_multipart_skips_empty_parts_hdfs_cannot_concat(origin: HdfsOrigin) -> None:
+    upload_id = await origin.store.create_multipart("mp", ATTRS)
+    infos = [await upload(origin, "mp", upload_id, n, d) for n, d in enumerate([b"ab", b""], 1)]
+    await origin.store.complete_multipart("mp", upload_id, infos, ATTRS)
+    assert await read_all(origin.store, "mp") == b"ab"
+    upload_id = await origin.store.create_multipart("none", ATTRS)
+    part = await upload(origin, "none", upload_id, 1, b"")
+    await origin.store.complete_multipart("none", upload_id, [part], ATTRS)
+    assert (await origin.store.stat("none")).size == 0
+
+
+async def test_complete_with_a_wrong_part_makes_nothing(origin: HdfsOrigin) -> None:
+    upload_id = await origin.store.create_multipart("mp", ATTRS)
+    one = await upload(origin, "mp", upload_id, 1, os.urandom(5 * MIB))
+    two = await upload(origin, "mp", upload_id, 2, b"tail")
+    for wrong in ([one, PartInfo(2, md5_etag(b"other"), 4)], [one, PartInfo(3, two.etag, 4)],
+                  [two, one], [one, PartInfo(2, '"not-an-md5"', 4)]):  # fmt: skip
+        with pytest.raises(InvalidPart):
+            await origin.store.complete_multipart("mp", upload_id, wrong, ATTRS)
+    assert raw_keys(origin) == []
+    await origin.store.complete_multipart("mp", upload_id, [one, two], ATTRS)
+    assert (await origin.store.stat("mp")).size == 5 * MIB + 4
+
+
+async def test_abort_drops_the_upload_and_unknown_uploads_are_not_found(origin: HdfsOrigin) -> None:
+    upload_id = await origin.store.create_multipart("mp", ATTRS)
+    part = await upload(origin, "mp", upload_id, 1, b"part")
+    assert open_uploads(origin) == [upload_id]
+    with pytest.raises(UploadNotFound):
+        await upload(origin, "other-key", upload_id, 1, b"x")
+    await origin.store.abort_multipart("mp", upload_id)
+    assert open_uploads(origin) == [] and raw_keys(origin) == []
+    with pytest.raises(UploadNotFound):
+        await upload(origin, "mp", upload_id, 2, b"more")
+    with pytest.raises(UploadNotFound):
+        await origin.store.complete_multipart("mp", upload_id, [part], ATTRS)
+    for fake in (upload_id, "A" * 32, "../../etc"):
+        await origin.store.abort_multipart("mp", fake)
+        with pytest.raises(UploadNotFound):
+            await upload(origin, "mp", fake, 1, b"x")
+
+
+async def test_a_part_body_that_raises_keeps_the_previous_part(origin: HdfsOrigin) -> None:
+    upload_id = await origin.store.create_multipart("mp", ATTRS)
+    good = await upload(origin, "mp", upload_id, 1, b"good part")
+    data = os.urandom(2 * MIB)
+    with pytest.raises(ClientGone):
+        await origin.store.upload_part("mp", upload_id, 1, failing(data, MIB), len(data))
+    with pytest.raises(IncompleteBody):
+        await origin.store.upload_part("mp", upload_id, 1, body(b"short"), 9)
+    await origin.store.complete_multipart("mp", upload_id, [good], ATTRS)
+    assert await read_all(origin.store, "mp") == b"good part"
+    assert raw_keys(origin) == ["mp"]
+
+
+# -- buckets, options, auth, errors ------------------------------------------------------------
+
+
+async def test_create_and_delete_buckets(server: WebHdfsServer) -> None:
+    uri, options = f"{server.url}/buckets/fresh", {"user": "tester"}
+    await create_bucket(uri, options)
+    with pytest.raises(ContainerExists):
+        await create_bucket(uri, options)
+    store = open_store(uri, options)
+    try:
+        await store.put("k/in it", body(b"x"), 1, WriteAttrs())
+        with pytest.raises(ContainerNotEmpty):
+            await delete_bucket(uri, options)
+        await store.delete("k/in it")
+        await store.create_multipart("later", WriteAttrs())  # an open upload is no object
+        (server.root / "buckets" / "fresh" / "empty" / "dir").mkdir(parents=True)
+        await delete_bucket(uri, options)
+    finally:
+        await store.close()
+    assert not (server.root / "buckets" / "fresh").exists()
+    with pytest.raises(ContainerNotFound):
+        await delete_bucket(uri, options)
+    with pytest.raises(ValueError):
+        await create_bucket(f"{server.url}/", options)
+
+
+def test_uris_and_options() -> None:
+    store = open_hdfs(urlsplit("webhdfs://nn.example/data/"), {"https": "true"})
+    assert isinstance(store, HdfsStore) and repr(store) == "HdfsStore(https://nn.example:9871/data)"
+    assert repr(open_store("hdfs://nn:50070", {})) == "HdfsStore(http://nn:50070/)"
+    for options in ({"endpoint": "x"}, {"https": "yes"}, {"max_attempts": "many"}):
+        with pytest.raises(ValueError):
+            open_store("hdfs://nn:9870/x", options)
+    for uri in ("hdfs:///path", "hdfs://nn:port/x", "hdfs://nn/a/../b"):
+        with pytest.raises(ValueError):
+            open_store(uri, {})
+
+
+async def test_user_name_or_delegation_token_go_with_every_request(tmp_path: Path) -> None:
+    server = WebHdfsServer(tmp_path / "hdfs", tokens={"tok-123": "alice"})
+    try:
+        for options, expected in (({"user": "bob"}, {"user.name": "bob"}),
+                                  ({"delegation_token": "tok-123", "user": "bob"},
+                                   {"delegation": "tok-123"})):  # fmt: skip
+            o = HdfsOrigin(server, options)
+            server.reset()
+            await put(o, "k", b"data")
+            assert await read_all(o.store, "k") == b"data"
+            assert {r[0] for r in server.requests} == {server.port, server.datanode_port}
+            for query in server.queries:
+                assert {k: v for k, v in query.items() if k in ("user.name", "delegation")} == (
+                    expected
+                )
+            await o.store.close()
+    finally:
+        server.stop()
+
+
+async def test_remote_exceptions_map_to_typed_errors(tmp_path: Path) -> None:
+    server = WebHdfsServer(tmp_path / "hdfs", readers={"alice"}, writers={"alice"},
+                           tokens={"good": "alice"})  # fmt: skip
+    alice = HdfsOrigin(server, {"user": "alice"})
+    try:
+        await put(alice, "k", b"data")
+        for options in ({"user": "bob"}, {"delegation_token": "forged"}):
+            bob = HdfsOrigin(server, options).store
+            with pytest.raises(StoreAccessDenied):  # AccessControlException, InvalidToken
+                await bob.stat("k")
+            with pytest.raises(StoreAccessDenied):
+                await bob.list_page()
+            await bob.close()
+        server.readers = None
+        bob = HdfsOrigin(server, {"user": "bob"}).store
+        with pytest.raises(StoreAccessDenied):  # from the DataNode, after the redirect
+            await bob.put("k2", body(b"x" * 1000), 1000, WriteAttrs())
+        await bob.close()
+        assert raw_keys(alice) == ["k"]
+        server.secure = True  # Kerberos on: 401 without a token
+        with pytest.raises(StoreAccessDenied):
+            await alice.store.stat("k")
+        server.secure = False
+        server.fail_next(1, 400, "IllegalArgumentException")
+        with pytest.raises(Exception) as err:
+            await alice.store.stat("k")
+        assert not isinstance(err.value, (ObjectNotFound, StoreUnavailable))
+    finally:
+        await alice.store.close()
+        server.stop()
+
+
+async def test_without_xattrs_etags_stay_synthetic(tmp_path: Path) -> None:
+    server = WebHdfsServer(tmp_path / "hdfs", xattrs=False)
+    o = HdfsOrigin(server)
+    try:
+        written = await put(o, "plain.txt", b"no xattrs here", ATTRS)
+        info = await o.store.stat("plain.txt")
+        assert written.etag == info.etag and info.etag.count("-") == 2
+        assert (info.content_type, dict(info.metadata)) == ("text/plain", {})
+        upload_id = await o.store.create_multipart("mp", ATTRS)
+        one = await upload(o, "mp", upload_id, 1, b"a" * MIB)
+        await o.store.complete_multipart("mp", upload_id, [one], ATTRS)
+        assert await read_all(o.store, "mp") == b"a" * MIB
+    finally:
+        await o.store.close()
+        server.stop()
+
+
+# -- faults ------------------------------------------------------------------------------------
+
+
+async def test_server_errors_are_retried(origin: HdfsOrigin, server: WebHdfsServer) -> None:
+    origin.put("k", b"data")
+    server.reset()
+    server.fail_next(2)  # 503, e.g. from a gateway in front of the NameNode
+    assert await read_all(origin.store, "k") == b"data"
+    assert server.ops() == ["OPEN"] * 4  # twice refused, then NameNode and DataNode
+    server.fail_next(1, 403, "RetriableException")  # a NameNode still in safe mode
+    await put(origin, "new", b"x")
+    server.fail_next(2)  # not idempotent, but a 503 was never carried out
+    await origin.store.copy("new", "copy", None)
+    assert await read_all(origin.store, "copy") == b"x"
+
+
+async def test_a_failing_server_is_unavailable_within_the_deadline(server: WebHdfsServer) -> None:
+    o = HdfsOrigin(server, {"retry_deadline": "1.5", "max_attempts": "100"})
+    o.put("k", b"data")
+    try:
+        server.fail_next(10_000)
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable):
+            await o.store.stat("k")
+        elapsed = time.monotonic() - started
+        assert 1.4 < elapsed < 2.5, elapsed  # measured: ~1.5 s
+        assert len(server.requests) > 3  # backed off and retried, not given up at once
+    finally:
+        await o.store.close()
+
+
+async def test_stopped_server_is_unavailable_then_restart_works(server: WebHdfsServer) -> None:
+    o = HdfsOrigin(server, {"retry_deadline": "1", "max_attempts": "100"})
+    try:
+        await put(o, "k", b"before")
+        server.stop()
+        for attempt in (lambda: o.store.stat("k"), lambda: read_all(o.store, "k"),
+                        lambda: put(o, "k", b"during")):  # fmt: skip
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                await attempt()
+            assert time.monotonic() - started < 2.0  # measured: ~1.0 s (connection refused)
+        server.restart()
+        assert await read_all(o.store, "k") == b"before"
+        await put(o, "k", b"after")
+        assert await read_all(o.store, "k") == b"after"
+        assert raw_keys(o) == ["k"]
+    finally:
+        await o.store.close()
