@@ -1,0 +1,116 @@
+"""What every scenario shares: its options, a work folder, the cleanup, the origin, and how
+one measured phase of the load client becomes a table row."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from loadtest.httpclient import Job, LoadClient, Tally
+from loadtest.procs import Cleanup, CpuMeter, CpuUse
+from loadtest.report import RESULTS, Report, Row
+from loadtest.wan import Origin, WanSettings, start_origin
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Options:
+    wan: WanSettings
+    processes: int = 2
+    gateway_args: tuple[str, ...] = ()
+    metadata_ttl: str = "-1"
+    phase_timeout: float = 600.0
+    results_dir: Path = RESULTS
+    workdir: Path | None = None
+    keep_workdir: bool = False
+    nginx_workers: int = 1
+
+
+@dataclass
+class Run:
+    """One scenario's lifetime: everything it starts is undone on exit, error or Ctrl-C."""
+
+    name: str
+    options: Options
+    cleanup: Cleanup = field(default_factory=Cleanup)
+    t0: float = field(default_factory=time.monotonic)
+    workdir: Path = Path()
+
+    def __enter__(self) -> Run:
+        base = self.options.workdir
+        if base is not None:
+            base.mkdir(parents=True, exist_ok=True)
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"loadtest-{self.name}-", dir=base))
+        if not self.options.keep_workdir:
+            self.cleanup.push(f"remove {self.workdir}", lambda: shutil.rmtree(self.workdir))
+        self.log(f"work folder {self.workdir}")
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is not None and self.options.keep_workdir:
+            self.log(f"logs kept in {self.workdir}")
+        self.cleanup.run()
+
+    def log(self, message: str) -> None:
+        print(f"[{time.monotonic() - self.t0:6.1f}s] {message}", flush=True)
+
+    def origin(self) -> tuple[Origin, Callable[[], None]]:
+        origin, shape = start_origin(self.cleanup, self.workdir, self.options.wan)
+        self.log(f"origin (moto) at {origin.url}, seeding through {origin.seed_url}")
+        return origin, shape
+
+    def client(self) -> LoadClient:
+        client = LoadClient(self.options.processes)
+        self.cleanup.push("stop load client processes", client.close)
+        return client
+
+
+def measure(
+    client: LoadClient,
+    base_url: str | None,
+    jobs: list[Job],
+    readers: int,
+    timeout: float,
+    server_pid: int | None,
+) -> tuple[Tally, CpuUse]:
+    meters: list[CpuMeter] = []
+    tally = client.run(
+        base_url, jobs, readers, timeout, lambda: meters.append(CpuMeter(server_pid))
+    )
+    return tally, meters[0].stop()
+
+
+def row_of(tally: Tally, cpu: CpuUse, **labels: object) -> Row:
+    """The figures every phase reports, next to the server's CPU meanwhile."""
+    hits = ",".join(f"{k}:{v}" for k, v in sorted(tally.x_cache.items()) if k != "-")
+    return {
+        **labels,
+        "seconds": round(tally.seconds, 3),
+        "req/s": tally.requests / tally.seconds,
+        "MB/s": tally.bytes / tally.seconds / 1e6,
+        "p50 ms": tally.percentile_ms(50),
+        "p99 ms": tally.percentile_ms(99),
+        "server CPU": cpu.server_cores,
+        "machine CPU %": cpu.machine_pct,
+        "errors": tally.errors + tally.unfinished,
+        "x-cache": hits or "-",
+    }
+
+
+def finish(run: Run, report: Report) -> None:
+    from loadtest.report import print_report, save
+
+    print_report(report)
+    json_path, png_path = save(report, run.options.results_dir)
+    print(f"results: {json_path}" + (f"  chart: {png_path}" if png_path else ""))

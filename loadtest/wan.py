@@ -1,0 +1,246 @@
+"""The origin (moto's S3 server) behind an emulated WAN: latency and a bandwidth cap.
+
+Preferred: the origin in a network namespace of its own, reached over a veth pair whose both
+ends carry `tc netem` delay and rate. Kernels without netem (this machine's) still get the
+namespace, a kernel `tbf` rate limit on the veth, and the delay from `wan_proxy` running
+inside the namespace. Without namespaces (not root, no iproute2), `wan_proxy` on loopback
+does both. Traffic never leaves 127.0.0.0/8 and the namespace made here.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import shutil
+import sys
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from loadtest.procs import Cleanup, free_port, run, wait_http
+
+BIN = Path(sys.executable).parent
+_NS_PREFIX = "ltwan"
+# RFC 2544's benchmarking range: never routed anywhere, and it lives only on our veth.
+_BENCH_NET = ipaddress.IPv4Network("198.18.0.0/15")
+_MOTO_PORT, _WAN_PORT, _STATS_PORT = 9000, 9001, 9002
+
+
+@dataclass(frozen=True, slots=True)
+class WanSettings:
+    mode: str  # auto | netns | proxy
+    rtt_ms: float
+    rate: str  # tc notation: 1gbit, 200mbit; "0" for no cap
+
+
+def rate_bps(rate: str) -> float:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmg]?)(bit|bps)?", rate.strip().lower())
+    if not m:
+        raise ValueError(f"rate {rate!r}: use tc notation such as 1gbit or 500mbit")
+    value = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
+    return value * 8 if m.group(3) == "bps" else value
+
+
+@dataclass
+class Origin:
+    """Where the origin answers: `url` behind the WAN, `seed_url` without (for loading data)."""
+
+    url: str
+    seed_url: str
+    pid: int  # moto's, for its CPU use
+    description: str
+    _stats_url: str | None = None
+    _rx_counter: Path | None = None
+
+    def _stats(self) -> dict[str, int]:
+        assert self._stats_url is not None
+        with urllib.request.urlopen(self._stats_url, timeout=5) as resp:
+            return dict(json.load(resp))
+
+    def bytes_sent(self) -> int:
+        """Bytes the origin has sent towards clients so far (compare two readings)."""
+        if self._stats_url:
+            return self._stats()["bytes_from_origin"]
+        assert self._rx_counter is not None
+        return int(self._rx_counter.read_text())
+
+    def connections(self) -> int | None:
+        """TCP connections made to the origin so far, where the delay proxy sees them; moto
+        closes every connection after one response, so this counts its requests too."""
+        return self._stats()["connections"] if self._stats_url else None
+
+
+def _netem_available(dev: str) -> bool:
+    out = run(["tc", "qdisc", "add", "dev", dev, "root", "netem", "delay", "1ms"], check=False)
+    if out.returncode == 0:
+        run(["tc", "qdisc", "del", "dev", dev, "root"], check=False)
+    return out.returncode == 0
+
+
+def _remove_stale_namespaces() -> None:
+    """Namespaces left by a harness killed with SIGKILL: ours by name, their owner PID gone."""
+    out = run(["ip", "netns", "list"], check=False).stdout
+    for name in re.findall(rf"^({_NS_PREFIX}(\d+))\b", out, re.M):
+        if not Path(f"/proc/{name[1]}").exists():
+            run(["ip", "netns", "del", name[0]], check=False)
+
+
+def _pick_subnet() -> ipaddress.IPv4Network:
+    used = run(["ip", "-o", "-4", "addr", "show"]).stdout
+    base = int(_BENCH_NET.network_address) + (os.getpid() % 32768) * 4
+    for i in range(64):
+        net = ipaddress.IPv4Network((base + 4 * i, 30))
+        if net.subnet_of(_BENCH_NET) and str(net.network_address + 1) not in used:
+            return net
+    raise RuntimeError("no free /30 in 198.18.0.0/15 for the WAN veth")
+
+
+def _start_moto(cleanup: Cleanup, workdir: Path, prefix: list[str], host: str, port: int) -> int:
+    cmd = [*prefix, str(BIN / "moto_server"), "-H", host, "-p", str(port)]
+    proc = cleanup.spawn("moto", cmd, workdir / "moto.log")
+    wait_http(f"http://{host}:{port}/moto-api/", proc, timeout=60)
+    return proc.pid
+
+
+def _start_proxy(
+    cleanup: Cleanup,
+    workdir: Path,
+    prefix: list[str],
+    listen: str,
+    upstream: str,
+    stats: str,
+    settings: WanSettings,
+    rate: float | None,
+) -> None:
+    cmd = [
+        *prefix, sys.executable, "-m", "loadtest.wan_proxy", "--listen", listen,
+        "--upstream", upstream, "--rtt-ms", str(settings.rtt_ms),
+        "--rate-bps", str(rate or 0), "--stats", stats,
+    ]  # fmt: skip
+    proc = cleanup.spawn("wan proxy", cmd, workdir / "wan_proxy.log")
+    wait_http(f"http://{stats}/", proc, timeout=30)
+
+
+def _tc_shape(ns: str | None, dev: str, settings: WanSettings, netem: bool) -> str:
+    """Shape the egress of one veth end: half the RTT each way, and the rate cap."""
+    where = ["-n", ns] if ns else []
+    rate = rate_bps(settings.rate)
+    if netem:
+        spec = ["netem", "delay", f"{settings.rtt_ms / 2}ms", "limit", "100000"]
+        if rate:
+            spec += ["rate", f"{int(rate)}bit"]
+    elif rate:
+        # burst: 10 ms of traffic (at least 256 KiB, so GSO segments pass whole).
+        burst = max(256 * 1024, int(rate / 8 / 100))
+        spec = ["tbf", "rate", f"{int(rate)}bit", "burst", str(burst), "latency", "50ms"]
+    else:
+        return "none"
+    run(["tc", *where, "qdisc", "replace", "dev", dev, "root", *spec])
+    return " ".join(spec)
+
+
+class NetnsWan:
+    """The namespace, its veth pair and addresses; `shape()` is applied after seeding data."""
+
+    def __init__(self, cleanup: Cleanup, workdir: Path, settings: WanSettings) -> None:
+        _remove_stale_namespaces()
+        self.settings = settings
+        self.ns = f"{_NS_PREFIX}{os.getpid()}"
+        self.host_dev, self.ns_dev = f"ltw{os.getpid()}h", f"ltw{os.getpid()}n"
+        net = _pick_subnet()
+        self.host_ip, self.ns_ip = str(net.network_address + 1), str(net.network_address + 2)
+        run(["ip", "netns", "add", self.ns])
+        cleanup.push(f"delete namespace {self.ns}", self._del_ns)
+        run(["ip", "link", "add", self.host_dev, "type", "veth", "peer", "name", self.ns_dev])
+        cleanup.push(f"delete veth {self.host_dev}", self._del_link)
+        run(["ip", "link", "set", self.ns_dev, "netns", self.ns])
+        run(["ip", "addr", "add", f"{self.host_ip}/30", "dev", self.host_dev])
+        run(["ip", "link", "set", self.host_dev, "up"])
+        run(["ip", "-n", self.ns, "addr", "add", f"{self.ns_ip}/30", "dev", self.ns_dev])
+        run(["ip", "-n", self.ns, "link", "set", self.ns_dev, "up"])
+        run(["ip", "-n", self.ns, "link", "set", "lo", "up"])
+        route = run(["ip", "-o", "route", "get", self.ns_ip]).stdout
+        if f"dev {self.host_dev}" not in route:  # never let load leak to a real interface
+            raise RuntimeError(f"{self.ns_ip} does not route over {self.host_dev}: {route}")
+        self.netem = _netem_available(self.host_dev)
+        self.exec = ["ip", "netns", "exec", self.ns]
+
+    def _del_ns(self) -> None:
+        run(["ip", "netns", "del", self.ns])
+
+    def _del_link(self) -> None:
+        if Path(f"/sys/class/net/{self.host_dev}").exists():
+            run(["ip", "link", "del", self.host_dev])
+
+    def shape(self) -> str:
+        out = _tc_shape(None, self.host_dev, self.settings, self.netem)
+        _tc_shape(self.ns, self.ns_dev, self.settings, self.netem)
+        return out
+
+
+def can_make_namespaces() -> bool:
+    return os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
+
+
+def start_origin(
+    cleanup: Cleanup, workdir: Path, settings: WanSettings
+) -> tuple[Origin, Callable[[], None]]:
+    """Start moto behind the WAN; returns the origin and a `shape` callable for after seeding.
+
+    Shaping waits until the data is in: seeding thousands of objects through a 20 ms RTT
+    would only make the harness slow, not the measurement truer.
+    """
+    mode = settings.mode
+    if mode == "auto":
+        mode = "netns" if can_make_namespaces() else "proxy"
+    rate = rate_bps(settings.rate) or None
+    if mode == "netns":
+        wan = NetnsWan(cleanup, workdir, settings)
+        moto_pid = _start_moto(cleanup, workdir, wan.exec, wan.ns_ip, _MOTO_PORT)
+        seed = f"http://{wan.ns_ip}:{_MOTO_PORT}"
+        if wan.netem:
+            origin = Origin(seed, seed, moto_pid, "", None, None)
+            origin._rx_counter = Path(f"/sys/class/net/{wan.host_dev}/statistics/rx_bytes")
+        else:
+            listen, stats = f"{wan.ns_ip}:{_WAN_PORT}", f"{wan.ns_ip}:{_STATS_PORT}"
+            _start_proxy(
+                cleanup,
+                workdir,
+                wan.exec,
+                listen,
+                f"{wan.ns_ip}:{_MOTO_PORT}",
+                stats,
+                settings,
+                None,
+            )
+            origin = Origin(f"http://{listen}", seed, moto_pid, "", f"http://{stats}/")
+
+        def shape() -> None:
+            spec = wan.shape()
+            how = (
+                f"tc netem on both veth ends: {spec}"
+                if wan.netem
+                else f"kernel has no netem: tc {spec} on both veth ends for the rate, "
+                f"{settings.rtt_ms:g} ms RTT added by loadtest.wan_proxy inside the namespace"
+            )
+            origin.description = (
+                f"netns {wan.ns}, veth {wan.host_dev} {wan.host_ip} <-> {wan.ns_ip}; {how}"
+            )
+
+        return origin, shape
+    moto_port, wan_port, stats_port = free_port(), free_port(), free_port()
+    moto_pid = _start_moto(cleanup, workdir, [], "127.0.0.1", moto_port)
+    listen, stats = f"127.0.0.1:{wan_port}", f"127.0.0.1:{stats_port}"
+    _start_proxy(cleanup, workdir, [], listen, f"127.0.0.1:{moto_port}", stats, settings, rate)
+    origin = Origin(
+        f"http://{listen}",
+        f"http://127.0.0.1:{moto_port}",
+        moto_pid,
+        f"loopback delay proxy (loadtest.wan_proxy): {settings.rtt_ms:g} ms RTT, "
+        f"rate {settings.rate} paced in user space",
+        f"http://{stats}/",
+    )
+    return origin, lambda: None
