@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Mapping
 from datetime import UTC, datetime
-from email.utils import format_datetime
+from email.utils import format_datetime, parsedate_to_datetime
 from typing import Any
 from urllib.parse import SplitResult, unquote
 
@@ -15,6 +15,7 @@ from aiobotocore.session import get_session
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 from botocore.handlers import add_expect_header
+from botocore.utils import parse_timestamp as botocore_parse_timestamp
 
 from gateway.stores.base import (
     ContainerExists,
@@ -125,7 +126,13 @@ class S3Store(S3Writes):
             async with self._lock:
                 if self._client is None:
                     o = self._options
-                    creator = get_session().create_client(
+                    session = get_session()
+                    # botocore parses every LastModified with dateutil, ~60% of the CPU of a
+                    # 1000-key listing page; ISO-8601 from the standard library is far cheaper.
+                    session.get_component("response_parser_factory").set_parser_defaults(
+                        timestamp_parser=parse_timestamp
+                    )
+                    creator = session.create_client(
                         "s3",
                         endpoint_url=o.get("endpoint_url") or None,
                         aws_access_key_id=o.get("access_key") or None,
@@ -337,3 +344,16 @@ def open_s3(parts: SplitResult, options: Mapping[str, str]) -> S3Store:
     if not bucket or ":" in bucket:
         raise ValueError(f"s3 URI {parts.geturl()!r} needs a bucket name: s3://bucket[/prefix]")
     return S3Store(bucket, unquote(parts.path), options)
+
+
+def parse_timestamp(value: str) -> datetime:
+    """S3's timestamps: ISO 8601 in bodies, RFC 7231 in headers; anything else as botocore does."""
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        try:
+            parsed = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            result: datetime = botocore_parse_timestamp(value)
+            return result
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
