@@ -71,6 +71,8 @@ class Node:
         self.s3 = S3App(gateway, s.region, s.base_domain, s.access_log)
 
     async def stop(self) -> None:
+        if self.s3 is not None and self.s3.access_log is not None:
+            self.s3.access_log.flush()
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

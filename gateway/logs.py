@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
 import time
+from typing import Any, TextIO
 
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "color_message"}
 
@@ -35,3 +37,46 @@ def setup_logging(level: str = "info") -> None:
     root.setLevel(level.upper())
     # uvicorn's own access log would repeat ours without the request id.
     logging.getLogger("uvicorn.access").disabled = True
+
+
+class AccessLog:
+    """One JSON line per request, in the same shape as the other logs, written in batches.
+
+    The logging module's per-record machinery (LogRecord, handler lock, formatter walking the
+    record) cost about a fifth of a small cache hit; this builds the line directly and writes
+    what gathered every `interval` seconds or `max_buffer` characters (and on close).
+    """
+
+    def __init__(self, stream: TextIO | None = None, interval: float = 0.25) -> None:
+        self._stream = stream or sys.stderr
+        self._interval = interval
+        self._lines: list[str] = []
+        self._size = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._second = -1
+        self._stamp = ""
+
+    def write(self, fields: dict[str, Any]) -> None:
+        now = time.time()
+        second = int(now)
+        if second != self._second:  # strftime once a second, milliseconds appended
+            self._second = second
+            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        ts = f"{self._stamp}.{int((now - second) * 1000):03d}Z"
+        head = {"ts": ts, "level": "info", "logger": "gateway.access", "msg": "request"}
+        line = json.dumps(head | fields, ensure_ascii=False, default=str)
+        self._lines.append(line)
+        self._size += len(line)
+        if self._size >= 64 << 10:
+            self.flush()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self._interval, self.flush)
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._lines:
+            lines, self._lines, self._size = self._lines, [], 0
+            self._stream.write("\n".join(lines) + "\n")
+            self._stream.flush()

@@ -545,3 +545,20 @@ def test_object_changed_under_trusted_metadata_is_served_new(
     got = s3.get_object(Bucket="nocache", Key="shifting.txt")
     assert got["Body"].read() == b"new bytes!!"
     assert got["ContentLength"] == len(b"new bytes!!")
+
+
+def test_access_log_line_carries_the_request_id_the_client_got(node: GatewayNode) -> None:
+    import json
+
+    got = node.client().get_object(Bucket="files", Key="top.txt")
+    request_id = got["ResponseMetadata"]["HTTPHeaders"]["x-amz-request-id"]
+    deadline = time.monotonic() + 5
+    while True:
+        lines = [json.loads(x) for x in node.log().splitlines() if request_id in x]
+        if lines or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert len(lines) == 1
+    line = lines[0]
+    assert (line["logger"], line["op"], line["status"]) == ("gateway.access", "GetObject", 200)
+    assert (line["bucket"], line["key"], line["bytes"]) == ("files", "top.txt", 4)

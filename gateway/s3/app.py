@@ -12,6 +12,7 @@ import re
 import time
 
 from gateway import errors, metrics
+from gateway.logs import AccessLog
 from gateway.s3.handlers import Context
 from gateway.s3.http import (
     Message,
@@ -29,7 +30,6 @@ from gateway.s3.sigv4 import AuthResult, SigV4Verifier
 from gateway.service.gateway import Gateway
 
 log = logging.getLogger("gateway.s3")
-access_log = logging.getLogger("gateway.access")
 
 _CREDENTIAL = re.compile(r"Credential=([^/,\s]+)/")
 
@@ -84,7 +84,7 @@ class S3App:
         self.gateway = gateway
         self.ctx = Context(gateway, region)
         self.base_domain = base_domain
-        self.log_access = log_access
+        self.access_log = AccessLog() if log_access else None
         self.verifier = SigV4Verifier(gateway.namespace.secret_for)
         self.verifier_v2 = SigV2Verifier(gateway.namespace.secret_for)
 
@@ -125,10 +125,9 @@ class S3App:
         elapsed = time.perf_counter() - started
         cache = reply.cache or "none"
         metrics.observe(name, reply.status, cache, sent, elapsed)
-        if self.log_access:
-            access_log.info(
-                "request",
-                extra={
+        if self.access_log is not None:
+            self.access_log.write(
+                {
                     "request_id": req.request_id,
                     "op": name,
                     "method": req.method,
@@ -139,7 +138,7 @@ class S3App:
                     "ms": round(elapsed * 1000, 3),
                     "cache": reply.cache,
                     "access_key": req.access_key,
-                },
+                }
             )
 
     def _verify(self, req: S3Request) -> AuthResult | None:
