@@ -211,6 +211,10 @@ class Gateway:
         entry = self.cache.lookup(ckey)
         if entry is None:
             fill = self.cache.begin_fill(ckey, info.size)
+            if fill is None and (start, end) != (0, info.size):
+                # Another reader is filling the whole object: a range does not wait for all
+                # of it, it reads its own bytes from the store.
+                return self._from_store(handle, info, start, end), "miss"
             if fill is None:
                 entry = await self.cache.wait(ckey)
             elif start == 0 and end == info.size:
