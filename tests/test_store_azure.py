@@ -5,7 +5,6 @@ SAS, block ids, metadata names) and the faults: a killed server, a throttling on
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import os
 import time
@@ -15,14 +14,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-import anyio
 import pytest
 
 from gateway.stores import (
-    ContainerExists,
-    ContainerNotEmpty,
-    ContainerNotFound,
-    IncompleteBody,
     InvalidPart,
     ObjectInfo,
     ObjectNotFound,
@@ -31,11 +25,8 @@ from gateway.stores import (
     StoreAccessDenied,
     StoreUnavailable,
     UnsupportedKey,
-    UploadNotFound,
     VersionChanged,
     WriteAttrs,
-    create_bucket,
-    delete_bucket,
     open_store,
 )
 from gateway.stores.azure import CHUNK_SIZE, AzureStore, open_azure
@@ -45,12 +36,11 @@ from tests.support.azurite import (
     AzureOrigin,
     AzuriteServer,
     FlakyFront,
-    sdk_client,
     store_options,
 )
 from tests.support.net import free_port
 from tests.support.origin import CountingProxy
-from tests.test_store_contract import MOUNT_PREFIX, TREE, list_all, oracle, read_all, utf8
+from tests.test_store_contract import MOUNT_PREFIX, TREE, list_all, oracle, read_all
 
 pytestmark = pytest.mark.anyio
 
@@ -73,13 +63,6 @@ class ClientGone(Exception):
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture(scope="module")
-def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzuriteServer]:
-    server = AzuriteServer(tmp_path_factory.mktemp("azurite"))
-    yield server
-    server.stop()
 
 
 @pytest.fixture
@@ -216,13 +199,6 @@ async def test_reads_arrive_in_bounded_chunks_and_stop_early(az: AzureOrigin) ->
     assert await read_all(az.store, "big.bin", 10, 20) == data[10:20]
 
 
-async def test_zero_length_object(az: AzureOrigin) -> None:
-    az.put("empty", b"")
-    assert (await az.store.stat("empty")).size == 0
-    for args in ((), (0, 10), (5,)):
-        assert await read_all(az.store, "empty", *args) == b""
-
-
 async def test_if_match_takes_our_etag_in_one_request(
     proxied: tuple[AzureOrigin, CountingProxy],
 ) -> None:
@@ -242,42 +218,11 @@ async def test_if_match_takes_our_etag_in_one_request(
         await read_all(az.store, "obj", 100, 104, if_match=old)  # past the end, still checked
 
 
-async def test_odd_keys_round_trip(az: AzureOrigin) -> None:
-    for i, key in enumerate(TREE):
-        az.put(key, f"body {i}".encode())
-    for i, key in enumerate(TREE):
-        assert (await az.store.stat(key)).size == len(f"body {i}")
-        assert await read_all(az.store, key) == f"body {i}".encode()
-
-
 @pytest.fixture
 async def tree(az: AzureOrigin) -> AzureOrigin:
     for key in TREE:
         az.put(key, b"x")
     return az
-
-
-async def test_listing_without_delimiter_matches_sorted_keys(tree: AzureOrigin) -> None:
-    for prefix in ("", "a", "a/", "a/b", "café/", "nothing"):
-        entries, _ = await list_all(tree.store, prefix)
-        assert entries == oracle(TREE, prefix, None, ""), prefix
-    entries, pages = await list_all(tree.store, max_keys=4)
-    assert entries == sorted(TREE, key=utf8) and pages > 2
-    for listed in (await tree.store.list_page("a/")).objects:
-        stat = await tree.store.stat(listed.key)
-        assert (listed.etag, listed.size) == (stat.etag, stat.size)  # one version, one ETag
-
-
-async def test_listing_with_delimiter_rolls_up_prefixes(tree: AzureOrigin) -> None:
-    combos = [("", "/"), ("a", "/"), ("a/", "/"), ("a/x/", "/"), ("a/b", "/"), ("", "-")]
-    combos += [("a/", "b"), ("", "y/"), ("zz", "/"), ("nothing/", "/")]
-    for prefix, delimiter in combos:
-        for max_keys in (1, 2, 1000):
-            entries, _ = await list_all(tree.store, prefix, delimiter, max_keys=max_keys)
-            assert entries == oracle(TREE, prefix, delimiter, ""), (prefix, delimiter, max_keys)
-    page = await tree.store.list_page("", "/")
-    assert "a/" in page.common_prefixes and "a0" in [o.key for o in page.objects]
-    assert page.next_token is None
 
 
 async def test_start_after_skips_everything_up_to_it(tree: AzureOrigin) -> None:
@@ -304,21 +249,11 @@ async def test_missing_container_is_unavailable(azurite: AzuriteServer) -> None:
         await store.close()
 
 
-# -- write half: the contract of test_store_writes ---------------------------------------------
+# -- writes: what test_store_writes does not show ---------------------------------------------
 
 
-async def test_put_round_trips_bytes_attributes_metadata_and_checksum(az: AzureOrigin) -> None:
-    data = os.urandom(MIB + 17)
-    sha = base64.b64encode(hashlib.sha256(data).digest()).decode()
-    attrs = WriteAttrs(**{**_fields(ATTRS), "checksums": {"sha256": sha}})
-    written = await put(az, "docs/a b/ü.json", data, attrs)
-    assert written.etag == md5_etag(data)
-    info = await az.store.stat("docs/a b/ü.json")
-    assert (info.size, info.etag, info.checksums) == (len(data), md5_etag(data), {"sha256": sha})
-    same_attrs(info, attrs)
-    assert await read_all(az.store, "docs/a b/ü.json") == data
-    (listed,) = (await az.store.list_page("docs/")).objects
-    assert (listed.key, listed.etag, listed.size) == ("docs/a b/ü.json", info.etag, len(data))
+async def test_content_type_is_the_blobs_own_property(az: AzureOrigin) -> None:
+    await put(az, "docs/a b/ü.json", os.urandom(MIB + 17), ATTRS)
     props = az.blobs.get_blob_client(f"{MOUNT_PREFIX}/docs/a b/ü.json").get_blob_properties()
     assert props.content_settings.content_type == "application/json"  # a real Azure property
 
@@ -336,128 +271,6 @@ async def test_metadata_names_azure_refuses_are_kept_encoded(az: AzureOrigin) ->
     assert dict((await az.store.stat("meta")).metadata) == expected
     raw = az.blobs.get_blob_client(f"{MOUNT_PREFIX}/meta").get_blob_properties().metadata
     assert {"build_1", "a1", "a_b"} <= set(raw) and "x-team" not in raw
-
-
-async def test_checksums_known_only_after_the_body_are_reported(az: AzureOrigin) -> None:
-    data = os.urandom(300_000)
-    sums: dict[str, str] = {}
-
-    async def trailed() -> AsyncIterator[bytes]:
-        async for chunk in body(data):
-            yield chunk
-        sums["sha256"] = base64.b64encode(hashlib.sha256(data).digest()).decode()
-
-    written = await az.store.put("trailed", trailed(), len(data), WriteAttrs(checksums=sums))
-    assert written.checksums == sums and sums
-
-
-async def test_zero_length_put_and_overwrite(az: AzureOrigin) -> None:
-    written = await put(az, "k.txt", b"", WriteAttrs(content_type="text/plain"))
-    info = await az.store.stat("k.txt")
-    assert (info.size, info.etag, written.etag, info.content_type) == (
-        0, md5_etag(b""), md5_etag(b""), "text/plain",
-    )  # fmt: skip
-    await put(az, "k.txt", b"version two!", WriteAttrs(content_type="text/x"))
-    info = await az.store.stat("k.txt")
-    assert (info.etag, info.content_type, dict(info.metadata)) == (
-        md5_etag(b"version two!"), "text/x", {},
-    )  # fmt: skip
-    assert az.raw_keys() == ["k.txt"]
-
-
-async def test_conditional_writes(az: AzureOrigin) -> None:
-    first = await put(az, "obj", b"one", if_none_match=True)
-    with pytest.raises(PreconditionFailed):
-        await put(az, "obj", b"two", if_none_match=True)
-    with pytest.raises(PreconditionFailed):
-        await put(az, "obj", b"two", if_match='"0123456789abcdef0123456789abcdef"')
-    with pytest.raises(PreconditionFailed):
-        await put(az, "missing", b"two", if_match=first.etag)
-    with pytest.raises(PreconditionFailed):  # the block path checks before sending blocks
-        await put(az, "obj", os.urandom(17 * MIB), if_none_match=True)
-    assert await read_all(az.store, "obj") == b"one"
-    second = await put(az, "obj", b"two", if_match=first.etag)
-    big = await put(az, "obj", os.urandom(17 * MIB), if_match=second.etag)
-    assert (await az.store.stat("obj")).etag == big.etag
-    assert az.raw_keys() == ["obj"]
-
-
-async def test_if_none_match_lets_one_of_two_racing_creators_win(az: AzureOrigin) -> None:
-    gate = anyio.Event()
-    outcomes: list[str] = []
-
-    async def gated(data: bytes) -> AsyncIterator[bytes]:
-        yield data[:3]
-        await gate.wait()
-        yield data[3:]
-
-    async def create(data: bytes) -> None:
-        try:
-            await az.store.put("race", gated(data), len(data), ATTRS, if_none_match=True)
-            outcomes.append(data.decode())
-        except PreconditionFailed:
-            outcomes.append("refused")
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(create, b"writer-a")
-        tg.start_soon(create, b"writer-b")
-        await anyio.sleep(0.3)
-        gate.set()
-    assert sorted(outcomes)[0] == "refused" and len(outcomes) == 2
-    winner = next(o for o in outcomes if o != "refused")
-    assert await read_all(az.store, "race") == winner.encode()
-
-
-@pytest.mark.parametrize("size", [3 * MIB, 20 * MIB], ids=["one-put", "blocks"])
-@pytest.mark.parametrize("where", ["midway", "after-last-byte"])
-async def test_body_that_raises_leaves_nothing_and_the_old_version(
-    az: AzureOrigin, size: int, where: str
-) -> None:
-    data = os.urandom(size)
-    fail_at = size if where == "after-last-byte" else size // 2
-    with pytest.raises(ClientGone):
-        await az.store.put("fresh", failing(data, fail_at), len(data), ATTRS)
-    with pytest.raises(ObjectNotFound):
-        await az.store.stat("fresh")
-    await put(az, "kept", b"old bytes")
-    with pytest.raises(ClientGone):
-        await az.store.put("kept", failing(data, fail_at), len(data), ATTRS)
-    assert await read_all(az.store, "kept") == b"old bytes"
-    assert az.raw_keys() == ["kept"]
-
-
-@pytest.mark.parametrize("sent", [0, 10, 12], ids=["empty", "short", "long"])
-async def test_body_of_another_size_is_refused(az: AzureOrigin, sent: int) -> None:
-    await put(az, "k", b"previous")
-    for key in ("k", "other"):
-        with pytest.raises(IncompleteBody):
-            await az.store.put(key, body(b"x" * sent, 4), 11, ATTRS)
-    assert await read_all(az.store, "k") == b"previous" and az.raw_keys() == ["k"]
-
-
-async def test_a_put_in_progress_is_invisible_and_a_cancelled_one_leaves_nothing(
-    az: AzureOrigin,
-) -> None:
-    await put(az, "k", b"old")
-    started = anyio.Event()
-
-    async def stalled() -> AsyncIterator[bytes]:
-        yield b"n" * MIB
-        started.set()
-        await anyio.sleep_forever()
-        yield b""
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(az.store.put, "k", stalled(), 2 * MIB, ATTRS)
-        tg.start_soon(az.store.put, "new", stalled(), 2 * MIB, ATTRS)
-        await started.wait()
-        await anyio.sleep(0.2)
-        assert (await list_all(az.store))[0] == ["k"]
-        with pytest.raises(ObjectNotFound):
-            await az.store.stat("new")
-        tg.cancel_scope.cancel()
-    await anyio.sleep(0.2)
-    assert az.raw_keys() == ["k"] and await read_all(az.store, "k") == b"old"
 
 
 async def test_a_100_mib_put_streams_blocks_in_bounded_memory(
@@ -493,25 +306,25 @@ async def test_a_100_mib_put_streams_blocks_in_bounded_memory(
     assert tail == (size // MIB - 1).to_bytes(4, "big")
 
 
-async def test_delete_removes_the_key_and_a_missing_key_is_fine(az: AzureOrigin) -> None:
-    await put(az, "a/b/c/d.txt", b"x")
-    await put(az, "a/keep", b"y")
-    await az.store.delete("a/b/c/d.txt")
-    with pytest.raises(ObjectNotFound):
-        await az.store.stat("a/b/c/d.txt")
-    for key in ("a/b/c/d.txt", "never/was", "a/../escape"):
-        await az.store.delete(key)
-    assert (await list_all(az.store, "", "/"))[0] == ["a/"] and az.raw_keys() == ["a/keep"]
+async def test_conditional_writes_on_the_block_path(az: AzureOrigin) -> None:
+    first = await put(az, "obj", b"one")
+    with pytest.raises(PreconditionFailed):  # the block path checks before sending blocks
+        await put(az, "obj", os.urandom(17 * MIB), if_none_match=True)
+    assert await read_all(az.store, "obj") == b"one"
+    big = await put(az, "obj", os.urandom(17 * MIB), if_match=first.etag)
+    assert (await az.store.stat("obj")).etag == big.etag
+    assert az.raw_keys() == ["obj"]
 
 
 async def test_keys_that_could_leave_the_prefix_are_refused(az: AzureOrigin) -> None:
     for key in ("../escape", "a/./b", "a/..", "a\\b", ""):
         with pytest.raises(UnsupportedKey):
             await put(az, key, b"x")
+    await az.store.delete("a/../escape")  # a key that cannot be is not there: no error
     assert az.raw_keys() == []
 
 
-async def test_copy_keeps_or_replaces_attributes(
+async def test_copy_stays_in_azure_and_can_relabel_metadata_only(
     proxied: tuple[AzureOrigin, CountingProxy],
 ) -> None:
     az, proxy = proxied
@@ -520,41 +333,11 @@ async def test_copy_keeps_or_replaces_attributes(
     proxy.reset()
     kept = await az.store.copy("src dir/ünï cöde.json", "dst dir/kopie 1.json", None)
     assert proxy.count("GET") == 0  # Copy Blob: the bytes stay in Azure
-    info = await az.store.stat("dst dir/kopie 1.json")
-    same_attrs(info, ATTRS)
-    assert (info.etag, kept.etag, info.size) == (src.etag, src.etag, len(data))
+    assert kept.etag == src.etag
     relabelled = WriteAttrs(**{**_fields(ATTRS), "metadata": {"fresh": "yes"}})
     await az.store.copy("src dir/ünï cöde.json", "dst dir/kopie 2", relabelled)
     same_attrs(await az.store.stat("dst dir/kopie 2"), relabelled)
-    new = WriteAttrs(content_type="text/x-new", metadata={"fresh": "yes"})
-    await az.store.copy("src dir/ünï cöde.json", "dst dir/kopie 3", new)
-    info = await az.store.stat("dst dir/kopie 3")
-    assert (info.content_type, dict(info.metadata), info.cache_control) == (
-        "text/x-new", {"fresh": "yes"}, None,
-    )  # fmt: skip
-    for key in ("dst dir/kopie 1.json", "dst dir/kopie 2", "dst dir/kopie 3"):
-        assert await read_all(az.store, key) == data
-    same_attrs(await az.store.stat("src dir/ünï cöde.json"), ATTRS)
-
-
-async def test_copy_onto_itself_replaces_attributes_only(az: AzureOrigin) -> None:
-    await put(az, "self", b"bytes stay")
-    await az.store.copy("self", "self", WriteAttrs(content_type="text/plain"))
-    info = await az.store.stat("self")
-    assert (info.content_type, dict(info.metadata)) == ("text/plain", {})
-    assert await read_all(az.store, "self") == b"bytes stay"
-
-
-async def test_copy_if_match_guards_the_source_version(az: AzureOrigin) -> None:
-    first = await put(az, "src", b"one")
-    await put(az, "src", b"two")
-    with pytest.raises(VersionChanged):
-        await az.store.copy("src", "dst", None, if_match=first.etag)
-    with pytest.raises(ObjectNotFound):
-        await az.store.copy("nothing-here", "dst", None)
-    assert az.raw_keys() == ["src"]
-    await az.store.copy("src", "dst", None, if_match=(await az.store.stat("src")).etag)
-    assert await read_all(az.store, "dst") == b"two"
+    assert await read_all(az.store, "dst dir/kopie 2") == data
 
 
 # -- multipart as uncommitted blocks -----------------------------------------------------------
@@ -564,114 +347,15 @@ async def upload(o: AzureOrigin, key: str, upload_id: str, number: int, data: by
     return await o.store.upload_part(key, upload_id, number, body(data, MIB), len(data))
 
 
-async def test_multipart_joins_parts_with_the_s3_etag(az: AzureOrigin) -> None:
-    parts = [os.urandom(5 * MIB), os.urandom(5 * MIB), b"!"]
-    key = "mp/ünï file.bin"
-    upload_id = await az.store.create_multipart(key, ATTRS)
-    infos = [await upload(az, key, upload_id, n, d) for n, d in enumerate(parts, 1)]
-    assert [i.etag for i in infos] == [md5_etag(d) for d in parts]
-    parts[1] = os.urandom(5 * MIB)  # uploading a number again replaces that part
-    infos[1] = await upload(az, key, upload_id, 2, parts[1])
-    assert infos[1] == PartInfo(2, md5_etag(parts[1]), 5 * MIB)
-    with pytest.raises(ObjectNotFound):
-        await az.store.stat(key)  # uncommitted blocks are no blob
-    assert await list_all(az.store) == ([], 1)
-
-    done = await az.store.complete_multipart(key, upload_id, infos, ATTRS)
-    digests = b"".join(hashlib.md5(d).digest() for d in parts)
-    expected = f'"{hashlib.md5(digests).hexdigest()}-3"'
-    info = await az.store.stat(key)
-    assert (done.etag, info.etag, info.size) == (expected, expected, 10 * MIB + 1)
-    same_attrs(info, ATTRS)
-    assert (await az.store.list_page("mp/")).objects[0].etag == expected
-    assert await read_all(az.store, key) == b"".join(parts)
-    assert az.raw_keys() == [key] and open_uploads(az, key) == []  # the commit dropped the rest
-    with pytest.raises(UploadNotFound):
-        await upload(az, key, upload_id, 4, b"late")
-
-
-async def test_complete_with_a_wrong_part_makes_nothing(az: AzureOrigin) -> None:
+async def test_an_upload_is_uncommitted_blocks_checked_by_size_too(az: AzureOrigin) -> None:
     upload_id = await az.store.create_multipart("mp", ATTRS)
     one = await upload(az, "mp", upload_id, 1, os.urandom(5 * MIB))
     two = await upload(az, "mp", upload_id, 2, b"tail")
-    for wrong in (
-        [one, PartInfo(2, md5_etag(b"something else"), 4)],
-        [one, PartInfo(3, two.etag, 4)],
-        [one, PartInfo(2, two.etag, 5)],
-        [two, one],
-        [],
-    ):
-        with pytest.raises(InvalidPart):
-            await az.store.complete_multipart("mp", upload_id, wrong, ATTRS)
-    with pytest.raises(ObjectNotFound):
-        await az.store.stat("mp")
+    assert len(open_uploads(az, "mp")) == 5  # marker, and per part its bytes and its record
+    with pytest.raises(InvalidPart):
+        await az.store.complete_multipart("mp", upload_id, [one, PartInfo(2, two.etag, 5)], ATTRS)
     await az.store.complete_multipart("mp", upload_id, [one, two], ATTRS)
-    assert (await az.store.stat("mp")).size == 5 * MIB + 4
-
-
-async def test_abort_leaves_nothing_committed_and_the_upload_gone(az: AzureOrigin) -> None:
-    upload_id = await az.store.create_multipart("mp", ATTRS)
-    part = await upload(az, "mp", upload_id, 1, b"part")
-    assert len(open_uploads(az, "mp")) == 3  # marker, part bytes, part record
-    await az.store.abort_multipart("mp", upload_id)
-    assert az.raw_keys() == []
-    with pytest.raises(UploadNotFound):
-        await upload(az, "mp", upload_id, 2, b"more")
-    with pytest.raises(UploadNotFound):
-        await az.store.complete_multipart("mp", upload_id, [part], ATTRS)
-    await az.store.abort_multipart("mp", upload_id)  # again: not an error
-    with pytest.raises(ObjectNotFound):
-        await az.store.stat("mp")
-
-
-async def test_unknown_uploads_are_not_found(az: AzureOrigin) -> None:
-    real = await az.store.create_multipart("mp", ATTRS)
-    for fake in ("A" * 32, "not-hex", real[:-2]):
-        with pytest.raises(UploadNotFound):
-            await upload(az, "mp", fake, 1, b"x")
-        with pytest.raises(UploadNotFound):
-            await az.store.complete_multipart("mp", fake, [PartInfo(1, md5_etag(b"x"), 1)], ATTRS)
-        await az.store.abort_multipart("mp", fake)
-    with pytest.raises(UploadNotFound):  # an upload belongs to the blob it was made for
-        await upload(az, "other-key", real, 1, b"x")
-    await az.store.abort_multipart("mp", real)
-
-
-async def test_a_part_body_that_raises_keeps_the_previous_part(az: AzureOrigin) -> None:
-    upload_id = await az.store.create_multipart("mp", ATTRS)
-    good = await upload(az, "mp", upload_id, 1, b"good part")
-    data = os.urandom(2 * MIB)
-    with pytest.raises(ClientGone):
-        await az.store.upload_part("mp", upload_id, 1, failing(data, MIB), len(data))
-    with pytest.raises(IncompleteBody):
-        await az.store.upload_part("mp", upload_id, 1, body(b"short"), 9)
-    await az.store.complete_multipart("mp", upload_id, [good], ATTRS)
-    assert await read_all(az.store, "mp") == b"good part"
-
-
-# -- containers --------------------------------------------------------------------------------
-
-
-async def test_create_and_delete_containers(azurite: AzuriteServer) -> None:
-    uri, options = f"az://{ACCOUNT}/fresh-container", store_options(azurite)
-    await create_bucket(uri, options)
-    with pytest.raises(ContainerExists):
-        await create_bucket(uri, options)
-    store = open_store(uri, options)
-    try:
-        await store.put("k/in it", body(b"x"), 1, WriteAttrs())
-        with pytest.raises(ContainerNotEmpty):
-            await delete_bucket(uri, options)
-        await store.delete("k/in it")
-        await store.create_multipart("later", WriteAttrs())  # an open upload is no object
-        await delete_bucket(uri, options)
-    finally:
-        await store.close()
-    assert not sdk_client(azurite).get_container_client("fresh-container").exists()
-    with pytest.raises(ContainerNotFound):
-        await delete_bucket(uri, options)
-    with pytest.raises(ValueError):
-        await create_bucket(f"{uri}/with-prefix", options)
+    assert open_uploads(az, "mp") == [] and az.raw_keys() == ["mp"]
 
 
 # -- URLs, options, authorization ---------------------------------------------------------------
