@@ -89,7 +89,7 @@ class WebHdfsServer:
         self.requests: list[tuple[int, str, str, str]] = []
         self.queries: list[dict[str, str]] = []
         self._lock = threading.Lock()
-        self._faults: list[tuple[int, str | None]] = []
+        self._faults: list[tuple[int, str | None, str | None]] = []
         self._connections: set[socket.socket] = set()
         self._servers: list[_Http] = []
         self.port = self.datanode_port = 0
@@ -128,11 +128,14 @@ class WebHdfsServer:
         self.stop()
         self.start()
 
-    def fail_next(self, count: int, status: int = 503, exception: str | None = None) -> None:
-        """Answer the next `count` requests (either port) with `status`; with `exception`, as
-        that RemoteException (e.g. 403 RetriableException, as a NameNode in safe mode)."""
+    def fail_next(
+        self, count: int, status: int = 503, exception: str | None = None, op: str | None = None
+    ) -> None:
+        """Answer the next `count` requests (either port; with `op`, only requests of that op)
+        with `status`; with `exception`, as that RemoteException (e.g. 403 RetriableException,
+        as a NameNode in safe mode)."""
         with self._lock:
-            self._faults += [(status, exception)] * count
+            self._faults += [(status, exception, op)] * count
 
     def reset(self) -> None:
         with self._lock:
@@ -143,9 +146,13 @@ class WebHdfsServer:
         with self._lock:
             return [op for p, _, op, _ in self.requests if port is None or p == port]
 
-    def _take_fault(self) -> tuple[int, str | None] | None:
+    def _take_fault(self, op: str) -> tuple[int, str | None] | None:
         with self._lock:
-            return self._faults.pop(0) if self._faults else None
+            for i, (status, exception, only) in enumerate(self._faults):
+                if only is None or only == op:
+                    del self._faults[i]
+                    return status, exception
+            return None
 
     def _log(self, port: int, method: str, op: str, path: str, params: dict[str, str]) -> None:
         with self._lock:
@@ -203,7 +210,7 @@ class _Handler(BaseHTTPRequestHandler):
         op = params.get("op", "").upper()
         owner._log(self.server.server_port, method, op, path, params)
         self._body_started = False
-        fault = owner._take_fault()
+        fault = owner._take_fault(op)
         try:
             if fault is not None:
                 self._drain()
