@@ -562,3 +562,17 @@ def test_access_log_line_carries_the_request_id_the_client_got(node: GatewayNode
     line = lines[0]
     assert (line["logger"], line["op"], line["status"]) == ("gateway.access", "GetObject", 200)
     assert (line["bucket"], line["key"], line["bytes"]) == ("files", "top.txt", 4)
+
+
+def test_cold_read_is_one_origin_request(
+    node: GatewayNode, origin: CountingProxy, origin_s3: Any, origin_bucket: str
+) -> None:
+    origin_s3.put_object(Bucket=origin_bucket, Key="ds/cold-once.bin", Body=b"c" * 3000)
+    origin.reset()
+    got = node.client().get_object(Bucket="data", Key="cold-once.bin")
+    assert got["Body"].read() == b"c" * 3000
+    assert got["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "miss"
+    assert [r.method for r in origin.requests] == ["GET"]  # no HEAD before it
+    again = node.client().get_object(Bucket="data", Key="cold-once.bin")
+    assert again["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit"
+    assert len(origin.requests) == 1

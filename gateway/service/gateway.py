@@ -172,6 +172,8 @@ class Gateway:
         self, bucket: str, key: str, rng: ByteRange | None, cond: Conditions
     ) -> ObjectResult:
         handle = self.mount(bucket)
+        if rng is None and handle.ttl >= 0 and self.metadata.peek(handle.id, key) is None:
+            return await self._get_cold(handle, key, cond)
         for attempt in range(2):
             info = await self.stat(handle, key)
             check_conditions(cond, info)
@@ -188,6 +190,26 @@ class Gateway:
                 continue
             return ObjectResult(info, start, end, rng is not None, body, how)
         raise AssertionError("unreachable")
+
+    async def _get_cold(self, handle: MountHandle, key: str, cond: Conditions) -> ObjectResult:
+        """A whole object never seen: metadata and bytes from one store request (not a HEAD
+        and then a GET), cached on the way when it fits."""
+        with store_errors(key):
+            info, stream = await handle.store.open(key)
+        self.metadata.put(handle.id, key, info, time.monotonic())
+        try:
+            check_conditions(cond, info)
+        except BaseException:
+            await stream.aclose()
+            raise
+        source = _mapped(stream, key)
+        how = "bypass"
+        if handle.cache_enabled and self.cache.admits(info.size):
+            how = "miss"
+            fill = self.cache.begin_fill(self._ckey(handle, info), info.size)
+            if fill is not None:
+                source = self._fill_and_stream(source, fill)
+        return ObjectResult(info, 0, info.size, False, await _primed(source), how)
 
     async def _body(
         self, handle: MountHandle, info: ObjectInfo, start: int, end: int
@@ -218,7 +240,8 @@ class Gateway:
             if fill is None:
                 entry = await self.cache.wait(ckey)
             elif start == 0 and end == info.size:
-                return self._fill_and_stream(handle, info, fill), "miss"
+                source = self._from_store(handle, info, 0, info.size)
+                return self._fill_and_stream(source, fill), "miss"
             else:
                 # A part of the object: serve it straight from the store while the whole
                 # object is cached in the background for the next reader.
@@ -269,11 +292,11 @@ class Gateway:
                     yield chunk
 
     async def _fill_and_stream(
-        self, handle: MountHandle, info: ObjectInfo, fill: Fill
+        self, source: AsyncGenerator[bytes, None], fill: Fill
     ) -> AsyncGenerator[bytes, None]:
         committed = False
         try:
-            async with aclosing(self._from_store(handle, info, 0, info.size)) as chunks:
+            async with aclosing(source) as chunks:
                 async for chunk in chunks:
                     await fill.write(chunk)
                     yield chunk
@@ -333,3 +356,11 @@ async def _chained(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncGene
             yield chunk
     finally:
         await rest.aclose()
+
+
+async def _mapped(stream: AsyncGenerator[bytes, None], key: str) -> AsyncGenerator[bytes, None]:
+    """A store's byte stream with its errors mapped to S3's."""
+    async with aclosing(stream) as chunks:
+        with store_errors(key):
+            async for chunk in chunks:
+                yield chunk

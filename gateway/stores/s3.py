@@ -282,7 +282,22 @@ class S3Store(S3Writes):
             raise self._error(exc, key) from None
         except _TRANSPORT_ERRORS as exc:
             raise self._error(exc, key) from None
-        body = response["Body"]
+        async with contextlib.aclosing(self._chunks(response["Body"], key)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    async def open(self, key: str) -> tuple[ObjectInfo, AsyncGenerator[bytes, None]]:
+        if not key:
+            raise ObjectNotFound(key)
+        try:
+            response = await (await self._s3()).get_object(
+                Bucket=self.bucket, Key=self.prefix + key
+            )
+        except (ClientError, *_TRANSPORT_ERRORS) as exc:
+            raise self._error(exc, key) from None
+        return self._info(key, response), self._chunks(response["Body"], key)
+
+    async def _chunks(self, body: Any, key: str) -> AsyncGenerator[bytes, None]:
         try:
             async with contextlib.aclosing(body.iter_chunks(CHUNK_SIZE)) as chunks:
                 while True:
