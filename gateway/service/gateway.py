@@ -131,13 +131,10 @@ class Gateway:
         if info is not None:
             return info
         previous = self.metadata.peek(handle.id, key)
-        if previous is None and handle.ttl < 0:
-            # Immutable mounts remember metadata across restarts in the database.
-            with contextlib.suppress(MetaUnavailable):
-                found = await self.meta.get_object_meta(handle.id, key)
-                if found is not None:
-                    self.metadata.put(handle.id, key, found[0], now)
-                    return found[0]
+        if previous is None and await self._remembered(handle, key):
+            found = self.metadata.peek(handle.id, key)
+            assert found is not None
+            return found
         try:
             with store_errors(key):
                 info = await handle.store.stat(key)
@@ -158,6 +155,18 @@ class Gateway:
             self._spawn(self._remember(handle.id, info))
         return info
 
+    async def _remembered(self, handle: MountHandle, key: str) -> bool:
+        """Immutable mounts (TTL -1) remember metadata across restarts in the database: load
+        it into the in-process cache if it is there."""
+        if handle.ttl >= 0:
+            return False
+        with contextlib.suppress(MetaUnavailable):
+            found = await self.meta.get_object_meta(handle.id, key)
+            if found is not None:
+                self.metadata.put(handle.id, key, found[0], time.monotonic())
+                return True
+        return False
+
     async def head_object(
         self, bucket: str, key: str, rng: ByteRange | None, cond: Conditions
     ) -> ObjectResult:
@@ -172,7 +181,11 @@ class Gateway:
         self, bucket: str, key: str, rng: ByteRange | None, cond: Conditions
     ) -> ObjectResult:
         handle = self.mount(bucket)
-        if rng is None and handle.ttl >= 0 and self.metadata.peek(handle.id, key) is None:
+        if (
+            rng is None
+            and self.metadata.peek(handle.id, key) is None
+            and not await self._remembered(handle, key)
+        ):
             return await self._get_cold(handle, key, cond)
         for attempt in range(2):
             info = await self.stat(handle, key)
@@ -197,6 +210,8 @@ class Gateway:
         with store_errors(key):
             info, stream = await handle.store.open(key)
         self.metadata.put(handle.id, key, info, time.monotonic())
+        if handle.ttl < 0:
+            self._spawn(self._remember(handle.id, info))
         try:
             check_conditions(cond, info)
         except BaseException:
