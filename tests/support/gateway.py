@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import subprocess
@@ -22,7 +23,18 @@ SECRET_KEY = "test-secret-key-0123456789abcdefghijklmn"
 ENCRYPTION_KEY = "1wDQwpdCma37OnLa2U7kZwPGbp7KgCGXbcz5nb-BPIA="
 
 
-@dataclass
+# Nodes still running: stopped at exit too, so that a fixture failing between start and yield
+# (a mount that cannot be added, say) leaves no gateway process behind.
+_LIVE: set[GatewayNode] = set()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    for node in list(_LIVE):
+        node.stop()
+
+
+@dataclass(eq=False)
 class GatewayNode:
     url: str
     port: int
@@ -57,6 +69,7 @@ class GatewayNode:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
+        _LIVE.discard(self)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -117,6 +130,7 @@ def start_gateway(
     url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     cert = tls[0] if tls else None
     node = GatewayNode(url, port, data_dir, database_url, proc, log_path, env or {}, cert)
+    _LIVE.add(node)
     try:
         wait_http(url + "/healthz", timeout=60, proc=proc, cafile=str(cert) if cert else None)
     except RuntimeError as exc:
