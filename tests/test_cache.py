@@ -24,11 +24,6 @@ pytestmark = pytest.mark.anyio
 MiB = 1 << 20
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def make_cache(
     root: Path,
     *,

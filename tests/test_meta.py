@@ -41,11 +41,6 @@ TABLES = {"mounts", "access_keys", "objects", "alembic_version"}
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def secret_key() -> str:
     return SecretBox.generate_key()
 

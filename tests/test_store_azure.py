@@ -18,7 +18,6 @@ import pytest
 
 from gateway.stores import (
     InvalidPart,
-    ObjectInfo,
     ObjectNotFound,
     PartInfo,
     PreconditionFailed,
@@ -40,29 +39,10 @@ from tests.support.azurite import (
 )
 from tests.support.net import free_port
 from tests.support.origin import CountingProxy
+from tests.support.writes import ATTRS, MIB, body, md5_etag, put, same_attrs
 from tests.test_store_contract import MOUNT_PREFIX, TREE, list_all, oracle, read_all
 
 pytestmark = pytest.mark.anyio
-
-MIB = 1 << 20
-ATTRS = WriteAttrs(
-    content_type="application/json",
-    content_encoding="identity",
-    content_disposition='attachment; filename="a.json"',
-    content_language="de",
-    cache_control="max-age=60",
-    expires="Wed, 21 Oct 2037 07:28:00 GMT",
-    metadata={"owner": "team-a", "build": "42"},
-)
-
-
-class ClientGone(Exception):
-    """What a body iterator raises when the client's upload fails (disconnect, bad checksum)."""
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture
@@ -85,35 +65,6 @@ async def proxied(azurite: AzuriteServer) -> AsyncIterator[tuple[AzureOrigin, Co
     yield o, proxy
     await o.store.close()
     proxy.stop()
-
-
-async def body(data: bytes, step: int = 256 * 1024) -> AsyncIterator[bytes]:
-    for at in range(0, len(data), step):
-        yield data[at : at + step]
-
-
-async def failing(data: bytes, fail_at: int, step: int = 256 * 1024) -> AsyncIterator[bytes]:
-    async for chunk in body(data[:fail_at], step):
-        yield chunk
-    raise ClientGone("the client went away")
-
-
-async def put(
-    o: AzureOrigin, key: str, data: bytes, attrs: WriteAttrs = ATTRS, **kw: Any
-) -> ObjectInfo:
-    return await o.store.put(key, body(data), len(data), attrs, **kw)
-
-
-def md5_etag(data: bytes) -> str:
-    return f'"{hashlib.md5(data).hexdigest()}"'
-
-
-def same_attrs(info: ObjectInfo, attrs: WriteAttrs) -> None:
-    got = WriteAttrs.of(info)
-    for name in ("content_type", "content_encoding", "content_disposition", "content_language",
-                 "cache_control", "expires"):  # fmt: skip
-        assert getattr(got, name) == getattr(attrs, name), name
-    assert dict(got.metadata) == dict(attrs.metadata)
 
 
 def open_uploads(o: AzureOrigin, key: str) -> list[str]:

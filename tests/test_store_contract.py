@@ -61,11 +61,6 @@ TREE = [
 ]
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def moto(moto_server: MotoServer) -> MotoServer:
     """The session's moto (tests/conftest.py); every test makes its own bucket."""

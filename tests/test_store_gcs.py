@@ -39,29 +39,10 @@ from tests.support.gcs_server import (
     TokenServer,
 )
 from tests.support.net import free_port
+from tests.support.writes import ATTRS, MIB, body, md5_etag, put
 from tests.test_store_contract import MOUNT_PREFIX, list_all, read_all
 
 pytestmark = pytest.mark.anyio
-
-MIB = 1 << 20
-ATTRS = WriteAttrs(
-    content_type="application/json",
-    content_encoding="identity",
-    content_disposition='attachment; filename="a.json"',
-    content_language="de",
-    cache_control="max-age=60",
-    expires="Wed, 21 Oct 2037 07:28:00 GMT",
-    metadata={"owner": "team-a", "build": "42"},
-)
-
-
-class ClientGone(Exception):
-    """What a body iterator raises when the client's upload fails."""
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture(scope="module")
@@ -88,27 +69,8 @@ async def gcs(gcs_server: GcsServer, proxy: FaultProxy) -> AsyncIterator[GcsOrig
     o.close()
 
 
-async def body(data: bytes, step: int = 256 * 1024) -> AsyncIterator[bytes]:
-    for at in range(0, len(data), step):
-        yield data[at : at + step]
-
-
-async def failing(data: bytes, fail_at: int, step: int = 256 * 1024) -> AsyncIterator[bytes]:
-    async for chunk in body(data[:fail_at], step):
-        yield chunk
-    raise ClientGone("the client went away")
-
-
-def md5_etag(data: bytes) -> str:
-    return f'"{hashlib.md5(data).hexdigest()}"'
-
-
 def b64(digest: bytes) -> str:
     return base64.b64encode(digest).decode()
-
-
-async def put(o: GcsOrigin, key: str, data: bytes, attrs: WriteAttrs = ATTRS, **kw: Any) -> Any:
-    return await o.store.put(key, body(data), len(data), attrs, **kw)
 
 
 def same_attrs(info: ObjectInfo, attrs: WriteAttrs) -> None:

@@ -17,7 +17,6 @@ from urllib.parse import urlsplit
 import pytest
 
 from gateway.stores import (
-    ObjectInfo,
     ObjectNotFound,
     PartInfo,
     StoreAccessDenied,
@@ -30,30 +29,12 @@ from gateway.stores import (
 from gateway.stores.hdfs import CHUNK_SIZE, open_hdfs
 from gateway.stores.hdfs_write import HdfsStore
 from tests.support.webhdfs_server import HdfsOrigin, WebHdfsServer
+from tests.support.writes import ATTRS, MIB, body, md5_etag, put, same_attrs
 from tests.test_store_contract import MOUNT_PREFIX, TREE, list_all, oracle, read_all, utf8
 
 pytestmark = pytest.mark.anyio
 
-MIB = 1 << 20
 MOUNT = f"/{MOUNT_PREFIX}"
-ATTRS = WriteAttrs(
-    content_type="application/json",
-    content_encoding="identity",
-    content_disposition='attachment; filename="a.json"',
-    content_language="de",
-    cache_control="max-age=60",
-    expires="Wed, 21 Oct 2037 07:28:00 GMT",
-    metadata={"owner": "team-a", "build": "42"},
-)
-
-
-class ClientGone(Exception):
-    """What a body iterator raises when the client's upload fails."""
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture
@@ -71,27 +52,8 @@ async def origin(server: WebHdfsServer) -> AsyncIterator[HdfsOrigin]:
     await o.store.close()
 
 
-async def body(data: bytes, step: int = 256 * 1024) -> AsyncIterator[bytes]:
-    for at in range(0, len(data), step):
-        yield data[at : at + step]
-
-
-async def failing(data: bytes, fail_at: int, step: int = 256 * 1024) -> AsyncIterator[bytes]:
-    async for chunk in body(data[:fail_at], step):
-        yield chunk
-    raise ClientGone("the client went away")
-
-
-async def put(o: HdfsOrigin, key: str, data: bytes, attrs: WriteAttrs = ATTRS, **kw: Any) -> Any:
-    return await o.store.put(key, body(data), len(data), attrs, **kw)
-
-
 async def upload(o: HdfsOrigin, key: str, upload_id: str, number: int, data: bytes) -> PartInfo:
     return await o.store.upload_part(key, upload_id, number, body(data, MIB), len(data))
-
-
-def md5_etag(data: bytes) -> str:
-    return f'"{hashlib.md5(data).hexdigest()}"'
 
 
 def raw_keys(o: HdfsOrigin) -> list[str]:
@@ -103,14 +65,6 @@ def raw_keys(o: HdfsOrigin) -> list[str]:
 def open_uploads(o: HdfsOrigin) -> list[str]:
     uploads = o.base / ".s3gw-uploads"
     return sorted(p.name for p in uploads.iterdir()) if uploads.exists() else []
-
-
-def same_attrs(info: ObjectInfo, attrs: WriteAttrs) -> None:
-    got = WriteAttrs.of(info)
-    for name in ("content_type", "content_encoding", "content_disposition", "content_language"):
-        assert getattr(got, name) == getattr(attrs, name), name
-    assert (got.cache_control, got.expires) == (attrs.cache_control, attrs.expires)
-    assert dict(got.metadata) == dict(attrs.metadata)
 
 
 # -- reads -------------------------------------------------------------------------------------

@@ -27,7 +27,6 @@ from gateway.stores import (
     ContainerNotFound,
     IncompleteBody,
     InvalidPart,
-    ObjectInfo,
     ObjectNotFound,
     PartInfo,
     PreconditionFailed,
@@ -41,6 +40,7 @@ from gateway.stores import (
     s3_write,
 )
 from tests.support.origin import CountingProxy, MotoServer
+from tests.support.writes import ATTRS, MIB, ClientGone, body, failing, md5_etag, put, same_attrs
 from tests.test_store_contract import (
     MOUNT_PREFIX,
     FileOrigin,
@@ -57,21 +57,6 @@ if TYPE_CHECKING:
     from tests.support.webhdfs_server import HdfsOrigin
 
 pytestmark = pytest.mark.anyio
-
-MIB = 1 << 20
-ATTRS = WriteAttrs(
-    content_type="application/json",
-    content_encoding="identity",
-    content_disposition='attachment; filename="a.json"',
-    content_language="de",
-    cache_control="max-age=60",
-    expires="Wed, 21 Oct 2037 07:28:00 GMT",
-    metadata={"owner": "team-a", "build": "42"},
-)
-
-
-class ClientGone(Exception):
-    """What a body iterator raises when the client's upload fails (disconnect, bad checksum)."""
 
 
 @pytest.fixture(scope="module")
@@ -122,22 +107,6 @@ async def s3_target(moto_server: MotoServer, proxy: CountingProxy) -> AsyncItera
     await o.store.close()
 
 
-async def body(data: bytes, step: int = 256 * 1024) -> AsyncIterator[bytes]:
-    for at in range(0, len(data), step):
-        yield data[at : at + step]
-
-
-async def failing(data: bytes, fail_at: int, step: int = 256 * 1024) -> AsyncIterator[bytes]:
-    """`data` up to fail_at (all of it if fail_at >= len), then the client is gone."""
-    async for chunk in body(data[:fail_at], step):
-        yield chunk
-    raise ClientGone("the client went away")
-
-
-def md5_etag(data: bytes) -> str:
-    return f'"{hashlib.md5(data).hexdigest()}"'
-
-
 def sha256_b64(data: bytes) -> str:
     return base64.b64encode(hashlib.sha256(data).digest()).decode()
 
@@ -182,21 +151,6 @@ def open_uploads(o: Origin) -> list[str]:
         _, uncommitted = blobs.get_blob_client(blob.name).get_block_list("uncommitted")
         blocks += [b.id for b in uncommitted]
     return blocks
-
-
-async def put(o: Origin, key: str, data: bytes, attrs: WriteAttrs = ATTRS, **kw: Any) -> ObjectInfo:
-    return await o.store.put(key, body(data), len(data), attrs, **kw)
-
-
-def same_attrs(info: ObjectInfo, attrs: WriteAttrs) -> None:
-    got = WriteAttrs.of(info)
-    assert got.content_type == attrs.content_type
-    assert got.content_encoding == attrs.content_encoding
-    assert got.content_disposition == attrs.content_disposition
-    assert got.content_language == attrs.content_language
-    assert got.cache_control == attrs.cache_control
-    assert got.expires == attrs.expires
-    assert dict(got.metadata) == dict(attrs.metadata)
 
 
 # -- put -------------------------------------------------------------------------------------
