@@ -7,6 +7,8 @@ root or prefix. Nothing here knows about HTTP requests from clients.
 from __future__ import annotations
 
 import abc
+import base64
+import binascii
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -72,6 +74,18 @@ class ListPage:
     objects: list[ObjectInfo]
     common_prefixes: list[str]
     next_token: str | None  # None: the listing is complete
+
+
+def encode_token(last: str) -> str:
+    """A continuation token that resumes a listing after `last` (stores that list by walking)."""
+    return base64.urlsafe_b64encode(last.encode("utf-8")).decode("ascii")
+
+
+def decode_token(token: str) -> str:
+    try:
+        return base64.urlsafe_b64decode(token.encode("ascii")).decode("utf-8")
+    except (ValueError, binascii.Error) as exc:
+        raise ValueError("malformed continuation token") from exc
 
 
 class StoreError(Exception):

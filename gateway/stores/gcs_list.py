@@ -4,13 +4,11 @@ page differently) merged into pages of exactly max_keys entries, uploads kept ou
 from __future__ import annotations
 
 import abc
-import base64
-import binascii
 import contextlib
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
-from gateway.stores.base import ListPage, ObjectInfo, Store
+from gateway.stores.base import ListPage, ObjectInfo, Store, decode_token, encode_token
 from gateway.stores.gcs_wire import HIDDEN, object_info
 
 
@@ -32,7 +30,7 @@ class GcsListing(Store):
     ) -> ListPage:
         if max_keys <= 0:
             return ListPage([], [], None)
-        after = max(start_after or "", _decode_token(token) if token else "")
+        after = max(start_after or "", decode_token(token) if token else "")
         objects: list[ObjectInfo] = []
         prefixes: list[str] = []
         last = ""
@@ -40,7 +38,7 @@ class GcsListing(Store):
         async with contextlib.aclosing(walk) as entries:
             async for name, info in entries:
                 if len(objects) + len(prefixes) == max_keys:
-                    return ListPage(objects, prefixes, _encode_token(last))
+                    return ListPage(objects, prefixes, encode_token(last))
                 last = name
                 if info is None:
                     prefixes.append(name)
@@ -137,14 +135,3 @@ def _start_offset(prefix: str, delimiter: str | None, after: str) -> str | None:
         if at >= 0:
             return _successor(after[: at + len(delimiter)])
     return after
-
-
-def _encode_token(last: str) -> str:
-    return base64.urlsafe_b64encode(last.encode("utf-8")).decode("ascii")
-
-
-def _decode_token(token: str) -> str:
-    try:
-        return base64.urlsafe_b64decode(token.encode("ascii")).decode("utf-8")
-    except (ValueError, binascii.Error) as exc:
-        raise ValueError("malformed continuation token") from exc

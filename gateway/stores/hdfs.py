@@ -24,9 +24,10 @@ from gateway.stores.base import (
     StoreError,
     StoreUnavailable,
     VersionChanged,
+    decode_token,
+    encode_token,
 )
 from gateway.stores.hdfs_client import BACKOFF_BASE, BACKOFF_CAP, RemoteFailure, Status, WebHdfs
-from gateway.stores.local import decode_token, encode_token
 from gateway.stores.local_meta import XATTR, StoredMeta, bare, decode, guess_type, is_internal
 
 # The client's names, importable from here as before it had a module of its own.

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import errno
 import os
 import stat as st
@@ -20,6 +18,8 @@ from gateway.stores.base import (
     StoreError,
     StoreUnavailable,
     VersionChanged,
+    decode_token,
+    encode_token,
 )
 from gateway.stores.local_files import create_folder, delete_folder
 from gateway.stores.local_meta import bare, info_of, is_internal, synthetic_etag
@@ -31,17 +31,6 @@ CHUNK_SIZE = 1 << 20
 # An item of a walk: ("file", key, entry, ()) or ("dir", common prefix, entry, real paths from
 # the root down to that directory, to follow symlinked directories without looping).
 _Item = tuple[str, str, os.DirEntry[str], tuple[str, ...]]
-
-
-def encode_token(last: str) -> str:
-    return base64.urlsafe_b64encode(last.encode("utf-8")).decode("ascii")
-
-
-def decode_token(token: str) -> str:
-    try:
-        return base64.urlsafe_b64decode(token.encode("ascii")).decode("utf-8")
-    except (ValueError, binascii.Error) as exc:
-        raise ValueError("malformed continuation token") from exc
 
 
 def _utf8(name: str) -> bool:
