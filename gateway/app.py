@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import logging
+import os
 
 from gateway.admin.routes import ADMIN_PATHS, admin_app
-from gateway.cache import ObjectCache
-from gateway.config import Settings
+from gateway.cache import PageStore
+from gateway.config import Settings, build_settings
 from gateway.meta import MetaStore, SecretBox
 from gateway.metrics import watch_cache
 from gateway.s3.app import S3App
@@ -17,6 +20,25 @@ from gateway.s3.http import Receive, Scope, Send
 from gateway.service.gateway import Gateway
 
 log = logging.getLogger("gateway.app")
+
+SETTINGS_ENV = "GATEWAY_RESOLVED_SETTINGS"
+
+
+def settings_to_json(settings: Settings) -> str:
+    """The resolved settings, for worker processes that must build the same Node."""
+    fields = {
+        f.name: getattr(settings, f.name) for f in dataclasses.fields(settings) if f.name != "extra"
+    }
+    return json.dumps({k: (str(v) if isinstance(v, os.PathLike) else v) for k, v in fields.items()})
+
+
+def node_from_environment() -> Node:
+    """uvicorn's app factory in each worker process (`gateway serve --workers N`)."""
+    from gateway.logs import setup_logging
+
+    settings = build_settings(json.loads(os.environ[SETTINGS_ENV]))
+    setup_logging(settings.log_level)
+    return Node(settings)
 
 
 def open_meta(settings: Settings) -> MetaStore:
@@ -26,14 +48,15 @@ def open_meta(settings: Settings) -> MetaStore:
     return MetaStore(settings.effective_database_url, box)
 
 
-def open_cache(settings: Settings) -> ObjectCache:
-    return ObjectCache(
+def open_pages(settings: Settings) -> PageStore:
+    return PageStore(
         settings.effective_cache_dir,
         capacity_bytes=settings.cache_capacity,
-        max_object_bytes=settings.cache_max_object,
         min_free_bytes=settings.cache_min_free,
         memory_bytes=settings.cache_memory,
         memory_object_max=settings.cache_memory_object_max,
+        fill_concurrency=settings.fill_concurrency,
+        verify_sample=settings.verify_sample,
     )
 
 
@@ -51,16 +74,18 @@ class Node:
         s = self.settings
         meta = open_meta(s)
         await meta.migrate()
-        cache = open_cache(s)
-        await cache.open()
-        watch_cache(lambda: cache.stats)
+        pages = open_pages(s)
+        await pages.open()
+        watch_cache(pages)
         gateway = Gateway(
             meta,
-            cache,
+            pages,
             s.metadata_ttl,
             bucket_store=s.bucket_store,
             bucket_store_options=s.bucket_store_option_map,
             multipart_max_age=s.multipart_max_age,
+            block_size=s.cache_block_size,
+            readahead=s.readahead_blocks,
         )
         await gateway.namespace.refresh()
         self._tasks = [
@@ -79,7 +104,7 @@ class Node:
                 await task
         if self.gateway is not None:
             await self.gateway.close()
-            await self.gateway.cache.close()
+            await self.gateway.pages.close()
             await self.gateway.meta.close()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

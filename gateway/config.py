@@ -41,10 +41,24 @@ class Settings:
     base_domain: str | None = None  # enables virtual-host style: BUCKET.<base_domain>
     cache_dir: Path | None = None  # None: <data_dir>/cache
     cache_capacity: int = 10 << 30
-    cache_max_object: int = 64 << 20
     cache_min_free: int = 1 << 30
     cache_memory: int = 64 << 20
     cache_memory_object_max: int = 256 << 10
+    cache_block_size: int = 4 << 20  # objects are cached in blocks of this size (per mount too)
+    readahead_blocks: int = 4  # blocks fetched ahead of a sequential reader
+    fill_concurrency: int = 16  # store fetches for the cache in flight per process
+    verify_sample: float = 0.01  # share of cache reads that re-verify a block's checksum
+    workers: int = 1  # uvicorn worker processes sharing the node's cache
+    # -- the fleet (docs/fleet.md); without a PostgreSQL database_url a node runs alone
+    node_id: str | None = None  # default: kept in <data_dir>/node-id
+    internal_port: int = 0  # port of the fleet's internal API; 0: port + 1
+    advertise_host: str | None = None  # how peers reach this node; default: host
+    fleet_secret: str | None = None  # shared by the fleet; authenticates internal requests
+    node_weight: float = 0.0  # share of placement; 0: the cache capacity in GiB
+    zone: str = ""
+    heartbeat_interval: float = 2.0
+    heartbeat_timeout: float = 10.0  # a node silent this long leaves the placement
+    forward_timeout: float = 1.0  # seconds to wait for a peer to start answering
     metadata_ttl: float = 5.0  # seconds; 0 revalidates every request, -1 never
     refresh_interval: float = 2.0  # how often mounts and keys are re-read from the database
     bucket_store: str | None = None  # where CreateBucket makes buckets: file:///dir or s3://
@@ -81,6 +95,7 @@ class Settings:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name != "extra"}
 _SIZES = {n for n in _FIELDS if n.startswith("cache_") and n != "cache_dir"}
+_NUMBERS = {"node_weight", "verify_sample"}
 
 
 def _coerce(name: str, value: Any) -> Any:
@@ -95,7 +110,7 @@ def _coerce(name: str, value: Any) -> Any:
         return bool(value)
     if isinstance(default, int):
         return int(value)
-    if isinstance(default, float):
+    if isinstance(default, float) or name in _NUMBERS:
         return float(value)
     if name in {"data_dir", "cache_dir", "encryption_key_file", "tls_cert", "tls_key"}:
         return Path(value)

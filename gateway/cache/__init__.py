@@ -1,29 +1,7 @@
-"""The local cache of whole objects on SSD, with a memory tier for small hot ones.
+"""The local page store on SSD: objects cached as fixed-size blocks per version, shared by the
+worker processes of one node, evicted by one janitor. Imports nothing from the rest of the
+gateway."""
 
-Imports nothing from the rest of the gateway. A block page store replaces it later behind the
-same seams: CacheKey names a version, a Fill writes one, ObjectCache finds and reads them.
-"""
+from gateway.cache.pages import BlockKey, BlockWriter, FillFailed, PageStats, PageStore
 
-from gateway.cache.disk import ObjectCache
-from gateway.cache.fill import Fill
-from gateway.cache.keys import (
-    CacheEntry,
-    CacheError,
-    CacheKey,
-    CacheMiss,
-    CacheStats,
-    FillAborted,
-    FillSizeError,
-)
-
-__all__ = [
-    "CacheEntry",
-    "CacheError",
-    "CacheKey",
-    "CacheMiss",
-    "CacheStats",
-    "Fill",
-    "FillAborted",
-    "FillSizeError",
-    "ObjectCache",
-]
+__all__ = ["BlockKey", "BlockWriter", "FillFailed", "PageStats", "PageStore"]

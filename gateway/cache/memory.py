@@ -17,6 +17,9 @@ class MemoryTier:
     def __len__(self) -> int:
         return len(self._items)
 
+    def __contains__(self, name: str) -> bool:
+        return name in self._items
+
     @property
     def object_max(self) -> int:
         return self._object_max

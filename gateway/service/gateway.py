@@ -12,13 +12,14 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncGenerator, Coroutine, Mapping
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from gateway import errors
-from gateway.cache import CacheEntry, CacheKey, CacheMiss, Fill, ObjectCache
+from gateway import errors, metrics
+from gateway.cache import BlockKey, PageStore
 from gateway.meta import MetaStore, MetaUnavailable
 from gateway.service.buckets import Buckets
 from gateway.service.conditions import ByteRange, Conditions, check_conditions
@@ -30,15 +31,12 @@ from gateway.service.writes import ObjectWriter
 from gateway.stores import (
     ListPage,
     ObjectInfo,
-    StoreError,
     VersionChanged,
 )
 
 log = logging.getLogger("gateway.service")
 
-# Ranges up to this size are answered as one body from one read; larger ones stream.
-SMALL_READ = 1 << 20
-MAX_BACKGROUND_FILLS = 8
+_WALKS_MAX = 4096  # versions whose last read block is remembered, to spot sequential readers
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +52,9 @@ class ObjectResult:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def cache_key(mount_id: int, key: str, etag: str) -> CacheKey:
-    """The cache's name for a version: hashed once per hot object, not once per request."""
-    return CacheKey(mount_id, key, etag)
+def block_key(mount_id: int, key: str, etag: str, block_size: int, index: int) -> BlockKey:
+    """The cache's name for a block: hashed once per hot block, not once per request."""
+    return BlockKey(mount_id, key, etag, block_size, index)
 
 
 class Gateway:
@@ -65,21 +63,25 @@ class Gateway:
     def __init__(
         self,
         meta: MetaStore,
-        cache: ObjectCache,
+        pages: PageStore,
         default_ttl: float,
         *,
         bucket_store: str | None = None,
         bucket_store_options: Mapping[str, str] | None = None,
         multipart_max_age: float = 7 * 86400,
+        block_size: int = 4 << 20,
+        readahead: int = 4,
     ) -> None:
         self.meta = meta
-        self.cache = cache
-        self.namespace = Namespace(meta, default_ttl)
+        self.pages = pages
+        self.readahead = readahead
+        self.namespace = Namespace(meta, default_ttl, block_size, self._mounts_changed)
         self.metadata = MetadataCache()
         self.writer = ObjectWriter(self)
         self.multipart = Multipart(self, multipart_max_age)
         self.buckets = Buckets(self, bucket_store, bucket_store_options or {})
-        self._fill_slots = asyncio.Semaphore(MAX_BACKGROUND_FILLS)
+        self._opening: dict[tuple[int, str], asyncio.Future[None]] = {}
+        self._walks: OrderedDict[tuple[int, str, str], int] = OrderedDict()
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def close(self) -> None:
@@ -90,6 +92,13 @@ class Gateway:
                 task.cancel()
         await self.writer.close()
         await self.namespace.close()
+
+    def _mounts_changed(self, handles: list[MountHandle]) -> None:
+        self.pages.set_quotas({h.id: h.quota for h in handles if h.quota is not None})
+
+    def invalidate(self, handle: MountHandle, info: ObjectInfo) -> None:
+        """Forget the cached blocks of this version on this node."""
+        self.pages.invalidate(handle.id, info.key, info.etag, info.size, handle.block_size)
 
     # -- buckets ---------------------------------------------------------------------------
 
@@ -150,7 +159,7 @@ class Gateway:
             return previous
         self.metadata.put(handle.id, key, info, now)
         if previous is not None and previous.etag != info.etag:
-            self.cache.invalidate(CacheKey(handle.id, key, previous.etag))
+            self.invalidate(handle, previous)
         if handle.ttl < 0 and (previous is None or previous.etag != info.etag):
             self._spawn(self._remember(handle.id, info))
         return info
@@ -174,7 +183,9 @@ class Gateway:
         info = await self.stat(handle, key)
         check_conditions(cond, info)
         start, end = rng.resolve(info.size) if rng else (0, info.size)
-        cached = handle.cache_enabled and self.cache.lookup(self._ckey(handle, info)) is not None
+        size = handle.block_size
+        bkey = block_key(handle.id, info.key, info.etag, size, start // size)
+        cached = handle.cache_enabled and self.pages.known(bkey)
         return ObjectResult(info, start, end, rng is not None, None, "hit" if cached else "miss")
 
     async def get_object(
@@ -205,11 +216,28 @@ class Gateway:
         raise AssertionError("unreachable")
 
     async def _get_cold(self, handle: MountHandle, key: str, cond: Conditions) -> ObjectResult:
-        """A whole object never seen: metadata and bytes from one store request (not a HEAD
-        and then a GET), cached on the way when it fits."""
-        with store_errors(key):
-            info, stream = await handle.store.open(key)
-        self.metadata.put(handle.id, key, info, time.monotonic())
+        """A whole object never seen: metadata and its first block from one store request (not
+        a HEAD and then a GET); concurrent cold readers of the key wait for that one."""
+        opening = self._opening.get((handle.id, key))
+        if opening is not None:
+            await asyncio.shield(opening)  # then the metadata is known: the warm path joins
+            return await self.get_object(handle.bucket, key, None, cond)
+        opening = asyncio.get_running_loop().create_future()
+        self._opening[(handle.id, key)] = opening
+        try:
+            with store_errors(key):
+                info, stream = await handle.store.open(
+                    key, handle.block_size if handle.cache_enabled else None
+                )
+            self.metadata.put(handle.id, key, info, time.monotonic())
+        except BaseException as exc:
+            opening.set_exception(exc)
+            opening.exception()  # retrieved: waiters find their own way
+            raise
+        finally:
+            del self._opening[(handle.id, key)]
+        if not opening.done():
+            opening.set_result(None)
         if handle.ttl < 0:
             self._spawn(self._remember(handle.id, info))
         try:
@@ -217,14 +245,11 @@ class Gateway:
         except BaseException:
             await stream.aclose()
             raise
-        source = _mapped(stream, key)
-        how = "bypass"
-        if handle.cache_enabled and self.cache.admits(info.size):
-            how = "miss"
-            fill = self.cache.begin_fill(self._ckey(handle, info), info.size)
-            if fill is not None:
-                source = self._fill_and_stream(source, fill)
-        return ObjectResult(info, 0, info.size, False, await _primed(source), how)
+        source = self._counted(handle, _mapped(stream, key))
+        if not handle.cache_enabled:
+            return ObjectResult(info, 0, info.size, False, await _primed(source), "bypass")
+        body = self._blocks(handle, info, 0, info.size, first=source)
+        return ObjectResult(info, 0, info.size, False, await _primed(body), "miss")
 
     async def _body(
         self, handle: MountHandle, info: ObjectInfo, start: int, end: int
@@ -234,46 +259,28 @@ class Gateway:
         A streamed body has already produced its first chunk, so that what the store says
         first (gone, changed, unavailable) becomes an S3 error before any header is sent.
         """
-        body, how = await self._body_unprimed(handle, info, start, end)
-        if isinstance(body, bytes):
-            return body, how
-        return await _primed(body), how
-
-    async def _body_unprimed(
-        self, handle: MountHandle, info: ObjectInfo, start: int, end: int
-    ) -> tuple[bytes | AsyncGenerator[bytes, None], str]:
-        if not handle.cache_enabled or not self.cache.admits(info.size):
-            return self._from_store(handle, info, start, end), "bypass"
-        ckey = self._ckey(handle, info)
-        entry = self.cache.lookup(ckey)
-        if entry is None:
-            fill = self.cache.begin_fill(ckey, info.size)
-            if fill is None and (start, end) != (0, info.size):
-                # Another reader is filling the whole object: a range does not wait for all
-                # of it, it reads its own bytes from the store.
-                return self._from_store(handle, info, start, end), "miss"
-            if fill is None:
-                entry = await self.cache.wait(ckey)
-            elif start == 0 and end == info.size:
-                source = self._from_store(handle, info, 0, info.size)
-                return self._fill_and_stream(source, fill), "miss"
-            else:
-                # A part of the object: serve it straight from the store while the whole
-                # object is cached in the background for the next reader.
-                self._spawn(self._fill_in_background(handle, info, fill))
-                return self._from_store(handle, info, start, end), "miss"
-        if entry is None:
-            return self._from_store(handle, info, start, end), "miss"
-        if entry.size != info.size:
-            # Same version, other length: a damaged file. Drop it rather than serve it.
-            self.cache.invalidate(ckey)
-            return self._from_store(handle, info, start, end), "miss"
-        try:
-            if end - start <= SMALL_READ:
-                return await self.cache.read(entry, start, end), "hit"
-        except CacheMiss:
-            return self._from_store(handle, info, start, end), "miss"
-        return self._stream_cached(handle, info, entry, start, end), "hit"
+        if not handle.cache_enabled:
+            return await _primed(self._from_store(handle, info, start, end)), "bypass"
+        if start >= end:
+            return b"", "hit"
+        size = handle.block_size
+        first = start // size
+        if first == (end - 1) // size:
+            # Within one block: a hit is one read, answered as one body.
+            length = min(size, info.size - first * size)
+            bkey = block_key(handle.id, info.key, info.etag, size, first)
+            offset = first * size
+            data = await self.pages.read_hit(
+                bkey, length, start - offset, end - offset, pinned=handle.pinned(info.key)
+            )
+            if data is not None:
+                self._note_sequential(handle, info, first)
+                return data, "hit"
+            how = "miss"
+        else:
+            bkey = block_key(handle.id, info.key, info.etag, size, first)
+            how = "hit" if self.pages.known(bkey) else "miss"
+        return await _primed(self._blocks(handle, info, start, end)), how
 
     async def open_body(
         self, handle: MountHandle, info: ObjectInfo, start: int, end: int
@@ -282,19 +289,88 @@ class Gateway:
         body, _ = await self._body(handle, info, start, end)
         return _once(body) if isinstance(body, bytes) else body
 
-    async def _stream_cached(
-        self, handle: MountHandle, info: ObjectInfo, entry: CacheEntry, start: int, end: int
+    async def _blocks(
+        self,
+        handle: MountHandle,
+        info: ObjectInfo,
+        start: int,
+        end: int,
+        first: AsyncGenerator[bytes, None] | None = None,
     ) -> AsyncGenerator[bytes, None]:
+        """Bytes [start, end) block by block through the page store, with the next blocks
+        fetched ahead of the reader. `first`, if given, is an open stream of block 0's bytes
+        (the cold path's one request), used if this node fills block 0 and closed otherwise."""
+        size = handle.block_size
+        lo, hi = start // size, (end - 1) // size
+        horizon = self._note_sequential(handle, info, hi, lo)
+        pinned = handle.pinned(info.key)
+        limit = min(max(hi, horizon), (info.size - 1) // size)
+        following = lo + 1  # the next block this reader has not asked to prefetch
+        used = False
+
+        def fetch(index: int) -> Callable[[], AsyncGenerator[bytes, None]]:
+            def open_block() -> AsyncGenerator[bytes, None]:
+                nonlocal used
+                if index == 0 and first is not None and not used:
+                    used = True
+                    return first
+                offset = index * size
+                return self._from_store(handle, info, offset, min(info.size, offset + size))
+
+            return open_block
+
         try:
-            async with aclosing(self.cache.stream(entry, start, end)) as chunks:
-                async for chunk in chunks:
-                    yield chunk
-                    start += len(chunk)
-        except CacheMiss:
-            # The file went away under us (eviction): finish from the store.
-            async with aclosing(self._from_store(handle, info, start, end)) as rest:
-                async for chunk in rest:
-                    yield chunk
+            for index in range(lo, hi + 1):
+                offset = index * size
+                length = min(size, info.size - offset)
+                # Read-ahead: inside this request, and past it for a reader walking the object.
+                while following <= min(index + self.readahead, limit):
+                    self._prefetch(handle, info, following, fetch(following), pinned)
+                    following += 1
+                bkey = block_key(handle.id, info.key, info.etag, size, index)
+                a, b = max(start, offset) - offset, min(end, offset + length) - offset
+                async with aclosing(
+                    self.pages.read(bkey, length, a, b, fetch(index), pinned=pinned)
+                ) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
+                if first is not None and not used:
+                    used = True
+                    await first.aclose()
+        finally:
+            if first is not None and not used:
+                await first.aclose()
+
+    def _prefetch(
+        self,
+        handle: MountHandle,
+        info: ObjectInfo,
+        index: int,
+        fetch: Callable[[], AsyncGenerator[bytes, None]],
+        pinned: bool,
+    ) -> None:
+        size = handle.block_size
+        offset = index * size
+        if offset >= info.size:
+            return
+        bkey = block_key(handle.id, info.key, info.etag, size, index)
+        if not self.pages.known(bkey):
+            self.pages.prefetch(bkey, min(size, info.size - offset), fetch, pinned=pinned)
+
+    def _note_sequential(
+        self, handle: MountHandle, info: ObjectInfo, last: int, first: int | None = None
+    ) -> int:
+        """Remember where a reader of this version stopped; returns how far to read ahead:
+        past `last` when this read starts where the previous one ended (a sequential reader
+        of ranges), else `last`."""
+        walk = (handle.id, info.key, info.etag)
+        previous = self._walks.pop(walk, None)
+        self._walks[walk] = last
+        if len(self._walks) > _WALKS_MAX:
+            del self._walks[next(iter(self._walks))]
+        if first is not None and previous is not None and previous <= first <= previous + 1:
+            return last + self.readahead
+        return last
 
     async def _from_store(
         self, handle: MountHandle, info: ObjectInfo, start: int, end: int
@@ -304,44 +380,22 @@ class Gateway:
         with store_errors(info.key):
             async with aclosing(handle.store.read(info.key, start, end, info.etag)) as chunks:
                 async for chunk in chunks:
+                    metrics.store_bytes(handle.kind, len(chunk))
                     yield chunk
 
-    async def _fill_and_stream(
-        self, source: AsyncGenerator[bytes, None], fill: Fill
+    async def _counted(
+        self, handle: MountHandle, source: AsyncGenerator[bytes, None]
     ) -> AsyncGenerator[bytes, None]:
-        committed = False
-        try:
-            async with aclosing(source) as chunks:
-                async for chunk in chunks:
-                    await fill.write(chunk)
-                    yield chunk
-            await fill.commit()
-            committed = True
-        finally:
-            if not committed:
-                await fill.abort()
-
-    async def _fill_in_background(self, handle: MountHandle, info: ObjectInfo, fill: Fill) -> None:
-        try:
-            async with self._fill_slots:
-                async with aclosing(self._from_store(handle, info, 0, info.size)) as chunks:
-                    async for chunk in chunks:
-                        await fill.write(chunk)
-                await fill.commit()
-        except (StoreError, errors.S3Error, OSError) as exc:
-            log.warning("background fill of %s/%s failed: %s", handle.bucket, info.key, exc)
-        finally:
-            await fill.abort()  # no-op after a commit
+        async with aclosing(source) as chunks:
+            async for chunk in chunks:
+                metrics.store_bytes(handle.kind, len(chunk))
+                yield chunk
 
     async def _remember(self, mount_id: int, info: ObjectInfo) -> None:
         try:
             await self.meta.put_object_meta(mount_id, info)
         except MetaUnavailable as exc:
             log.warning("could not persist metadata of %s: %s", info.key, exc)
-
-    @staticmethod
-    def _ckey(handle: MountHandle, info: ObjectInfo) -> CacheKey:
-        return cache_key(handle.id, info.key, info.etag)
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.create_task(coro)

@@ -10,10 +10,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.config import parse_size
 from gateway.meta import MetaStore, MetaUnavailable, Mount
 from gateway.stores import Store, open_store
 
@@ -27,7 +28,11 @@ MOUNT_OPTIONS = {
     "cache": "on|off",
     "read_only": "true: writes refused",
     "owned": "true: made by CreateBucket; DeleteBucket removes the container too",
+    "block_size": "objects are cached in blocks of this size, e.g. 8MiB (default: the node's)",
+    "cache_quota": "most bytes of cache this mount may take, e.g. 100GiB",
+    "pin": "key prefixes never evicted, separated by '|' (an empty prefix pins the mount)",
 }
+_MIN_BLOCK, _MAX_BLOCK = 64 << 10, 1 << 30
 # Stores of a changed or removed mount stay open this long for requests still reading them.
 _CLOSE_GRACE = 30.0
 
@@ -42,6 +47,10 @@ class MountHandle:
     public_read: bool
     cache_enabled: bool
     read_only: bool
+    kind: str  # the store's scheme (s3, gs, az, hdfs, file), for metrics
+    block_size: int
+    quota: int | None
+    pins: tuple[str, ...]
 
     @property
     def id(self) -> int:
@@ -51,13 +60,21 @@ class MountHandle:
     def bucket(self) -> str:
         return self.mount.bucket
 
+    def pinned(self, key: str) -> bool:
+        return bool(self.pins) and key.startswith(self.pins)
+
 
 def store_options(options: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in options.items() if k not in MOUNT_OPTIONS}
 
 
-def make_handle(mount: Mount, default_ttl: float) -> MountHandle:
+def make_handle(mount: Mount, default_ttl: float, default_block_size: int = 4 << 20) -> MountHandle:
     opts = mount.options
+    block_size = parse_size(opts.get("block_size", default_block_size))
+    if not _MIN_BLOCK <= block_size <= _MAX_BLOCK:
+        raise ValueError(f"block_size must be between 64KiB and 1GiB, not {block_size}")
+    quota = parse_size(opts["cache_quota"]) if opts.get("cache_quota") else None
+    pins = tuple(opts["pin"].split("|")) if "pin" in opts else ()
     return MountHandle(
         mount=mount,
         store=open_store(mount.uri, store_options(opts)),
@@ -65,15 +82,27 @@ def make_handle(mount: Mount, default_ttl: float) -> MountHandle:
         public_read=opts.get("public_read", "").lower() in _TRUE,
         cache_enabled=opts.get("cache", "on").lower() not in {"off", "false", "0", "no"},
         read_only=opts.get("read_only", "").lower() in _TRUE,
+        kind=mount.uri.partition(":")[0],
+        block_size=block_size,
+        quota=quota,
+        pins=pins,
     )
 
 
 class Namespace:
     """bucket -> MountHandle and access key -> secret, refreshed from the metadata store."""
 
-    def __init__(self, meta: MetaStore, default_ttl: float) -> None:
+    def __init__(
+        self,
+        meta: MetaStore,
+        default_ttl: float,
+        default_block_size: int = 4 << 20,
+        on_mounts: Callable[[list[MountHandle]], None] | None = None,
+    ) -> None:
         self._meta = meta
         self._default_ttl = default_ttl
+        self._default_block_size = default_block_size
+        self._on_mounts = on_mounts
         self._mounts: dict[str, MountHandle] = {}
         self._secrets: dict[str, str] = {}
         self._keys_refreshed = 0.0
@@ -103,10 +132,12 @@ class Namespace:
                 fresh[m.bucket] = old
                 continue
             try:
-                fresh[m.bucket] = make_handle(m, self._default_ttl)
+                fresh[m.bucket] = make_handle(m, self._default_ttl, self._default_block_size)
             except ValueError as exc:
                 log.error("mount %s skipped: %s", m.bucket, exc)
         self._mounts = fresh
+        if self._on_mounts is not None:
+            self._on_mounts(list(fresh.values()))
         for bucket, handle in current.items():
             if fresh.get(bucket) is not handle:
                 self._spawn(self._close_later(handle.store))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway import errors
-from gateway.cache import CacheKey, Fill
+from gateway.cache import BlockWriter
 from gateway.meta import MetaUnavailable
 from gateway.service.conditions import Conditions, check_conditions
 from gateway.service.namespace import MountHandle
@@ -39,9 +39,9 @@ class WriteConditions:
 
 
 class _CacheTee:
-    """Copies a body into a cache fill as it passes; a cache failure never fails the write."""
+    """Copies a body into the page store as it passes; a cache failure never fails the write."""
 
-    def __init__(self, fill: Fill | None) -> None:
+    def __init__(self, fill: BlockWriter | None) -> None:
         self.fill = fill
 
     async def wrap(self, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -94,8 +94,12 @@ class ObjectWriter:
         attrs: WriteAttrs,
         cond: WriteConditions = WriteConditions(),  # noqa: B008 - frozen, so shared safely
     ) -> ObjectInfo:
-        cacheable = handle.cache_enabled and self.gw.cache.admits(size)
-        tee = _CacheTee(self.gw.cache.begin_write(size) if cacheable else None)
+        cacheable = handle.cache_enabled and size <= self.gw.pages.capacity // 4
+        tee = _CacheTee(
+            self.gw.pages.begin_write(handle.id, handle.block_size, size, handle.pinned(key))
+            if cacheable
+            else None
+        )
         try:
             with store_errors(key):
                 info = await handle.store.put(
@@ -112,8 +116,9 @@ class ObjectWriter:
         self.written(handle, key, info)
         if tee.fill is not None:
             try:
-                await self.gw.cache.commit_write(tee.fill, CacheKey(handle.id, key, info.etag))
+                await tee.fill.commit(key, info.etag)
             except Exception as exc:
+                await tee.abort()
                 log.warning("write-through of %s/%s not cached: %s", handle.bucket, key, exc)
         return info
 
@@ -121,7 +126,7 @@ class ObjectWriter:
         """A new version (or, with None, no version) of key: forget the old one at once."""
         previous = self.gw.metadata.peek(handle.id, key)
         if previous is not None and (info is None or previous.etag != info.etag):
-            self.gw.cache.invalidate(CacheKey(handle.id, key, previous.etag))
+            self.gw.invalidate(handle, previous)
         if info is None:
             self.gw.metadata.forget(handle.id, key)
         else:

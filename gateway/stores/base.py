@@ -162,11 +162,15 @@ class Store(abc.ABC):
         Callers close the iterator (contextlib.aclosing) when they stop early.
         """
 
-    async def open(self, key: str) -> tuple[ObjectInfo, AsyncGenerator[bytes, None]]:
-        """The current version's metadata and all of its bytes, in one request where the store
-        can (S3: one GET, where stat then read costs two round trips on a cold miss)."""
+    async def open(
+        self, key: str, length: int | None = None
+    ) -> tuple[ObjectInfo, AsyncGenerator[bytes, None]]:
+        """The current version's metadata and its first `length` bytes (all with None), in one
+        request where the store can (S3: one GET, where stat then read costs two round trips
+        on a cold miss)."""
         info = await self.stat(key)
-        return info, self.read(key, 0, None, if_match=info.etag)
+        end = None if length is None else min(length, info.size)
+        return info, self.read(key, 0, end, if_match=info.etag)
 
     @abc.abstractmethod
     async def list_page(

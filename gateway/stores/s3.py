@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncGenerator, Mapping
 from datetime import UTC, datetime
 from email.utils import format_datetime, parsedate_to_datetime
@@ -286,16 +287,32 @@ class S3Store(S3Writes):
             async for chunk in chunks:
                 yield chunk
 
-    async def open(self, key: str) -> tuple[ObjectInfo, AsyncGenerator[bytes, None]]:
+    async def open(
+        self, key: str, length: int | None = None
+    ) -> tuple[ObjectInfo, AsyncGenerator[bytes, None]]:
         if not key:
             raise ObjectNotFound(key)
+        args = {"Bucket": self.bucket, "Key": self.prefix + key}
+        if length is not None:
+            # A range answers with Content-Range: bytes 0-N/TOTAL, so one request still tells
+            # the whole object's size along with its first block.
+            args["Range"] = f"bytes=0-{max(length, 1) - 1}"
         try:
-            response = await (await self._s3()).get_object(
-                Bucket=self.bucket, Key=self.prefix + key
-            )
-        except (ClientError, *_TRANSPORT_ERRORS) as exc:
+            response = await (await self._s3()).get_object(**args)
+        except ClientError as exc:
+            if length is not None and _status(exc) == 416:
+                # Any range of an empty object is unsatisfiable: it has no bytes to send.
+                info = await self.stat(key)
+                if info.size == 0:
+                    return info, _no_bytes()
             raise self._error(exc, key) from None
-        return self._info(key, response), self._chunks(response["Body"], key)
+        except _TRANSPORT_ERRORS as exc:
+            raise self._error(exc, key) from None
+        info = self._info(key, response)
+        total = _total_size(response.get("ContentRange"))
+        if total is not None:
+            info = dataclasses.replace(info, size=total)
+        return info, self._chunks(response["Body"], key)
 
     async def _chunks(self, body: Any, key: str) -> AsyncGenerator[bytes, None]:
         try:
@@ -372,3 +389,16 @@ def parse_timestamp(value: str) -> datetime:
             result: datetime = botocore_parse_timestamp(value)
             return result
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _total_size(content_range: str | None) -> int | None:
+    """TOTAL of 'bytes START-END/TOTAL'."""
+    if not content_range:
+        return None
+    _, slash, total = content_range.rpartition("/")
+    return int(total) if slash and total.isdigit() else None
+
+
+async def _no_bytes() -> AsyncGenerator[bytes, None]:
+    return
+    yield

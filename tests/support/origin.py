@@ -188,6 +188,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             while data := response.read1(_BUFFER):
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if chunk_out else data)
                 sent += len(data)
+                self.server.owner._sent(self.command, len(data))
             if chunk_out:
                 self.wfile.write(b"0\r\n\r\n")
             elif sent < int(length or 0):
@@ -229,6 +230,7 @@ class CountingProxy:
         if target.scheme != "http" or not target.netloc:
             raise ValueError(f"CountingProxy forwards to http://host:port only, not {upstream!r}")
         self.requests: list[ProxiedRequest] = []
+        self.body_bytes: dict[str, int] = {}  # response body bytes relayed, by method
         self._lock = threading.Lock()
         self._server = _ProxyServer(("127.0.0.1", 0), _Handler)
         self._server.upstream_host = target.netloc
@@ -243,6 +245,14 @@ class CountingProxy:
         with self._lock:
             self.requests.append(request)
 
+    def _sent(self, method: str, n: int) -> None:
+        with self._lock:
+            self.body_bytes[method] = self.body_bytes.get(method, 0) + n
+
+    def bytes_sent(self, method: str = "GET") -> int:
+        with self._lock:
+            return self.body_bytes.get(method, 0)
+
     def count(self, method: str | None = None, path_contains: str | None = None) -> int:
         with self._lock:
             return sum(
@@ -255,6 +265,7 @@ class CountingProxy:
     def reset(self) -> None:
         with self._lock:
             self.requests.clear()
+            self.body_bytes.clear()
 
     def stop(self) -> None:
         self._server.shutdown()

@@ -1,0 +1,456 @@
+"""The one process per node that evicts: it follows every worker's journal into a Policy, keeps
+the cache within its capacity and the disk above its free-space floor, and publishes its
+figures in stats.json. Every worker process runs a Janitor; the one holding janitor.lock acts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import re
+import stat
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from gateway.cache.journal import (
+    ACCESS,
+    DROP,
+    FILL,
+    JournalReader,
+    JournalWriter,
+    load_snapshot,
+    records,
+    write_snapshot,
+)
+from gateway.cache.layout import (
+    BLOCKS_DIR,
+    FLAG_PINNED,
+    JANITOR_LOCK,
+    NAME,
+    STATS,
+    TRAILER_SIZE,
+    block_path,
+)
+from gateway.cache.policy import Policy
+
+log = logging.getLogger("gateway.cache")
+
+_HEX2 = re.compile(r"[0-9a-f]{2}")
+_LOG_INTERVAL = 60.0  # seconds between two log lines about evictions
+_NOTHING: dict[bytes, int] = {}
+
+Found = tuple[float, int, bytes, int]  # mtime, mount, name, size of one block file
+
+
+@dataclass(frozen=True)
+class JanitorStats:
+    """What the node's janitor last published."""
+
+    bytes_used: int
+    entries: int
+    evictions: int  # blocks evicted, over every janitor this cache directory had
+    evicted_bytes: int
+    mounts: dict[int, int]  # bytes per mount id
+    capacity: int
+    min_free: int
+    free_bytes: int  # of the cache's file system, as the last pass saw it
+    updated: float  # time.time() of the last pass
+    pid: int
+
+
+def read_stats(root: str) -> JanitorStats | None:
+    """The janitor's last figures, or None before it published any. Blocks (one small read)."""
+    try:
+        with open(os.path.join(root, STATS), "rb") as f:
+            raw = json.load(f)
+        raw["mounts"] = {int(k): v for k, v in raw["mounts"].items()}
+        return JanitorStats(**raw)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def scan_blocks(root: str, stop: threading.Event | None = None) -> Iterator[Found]:
+    """Every committed block file under <root>/blocks: (mtime, mount, name, size). Anything
+    not in the layout is left alone; ends early (raising _Stopped) once `stop` is set."""
+    with contextlib.suppress(FileNotFoundError), os.scandir(f"{root}/{BLOCKS_DIR}") as mounts:
+        for m in mounts:
+            if not (m.name.isdigit() and m.name == str(int(m.name)) and int(m.name) < 1 << 32):
+                continue
+            if not m.is_dir(follow_symlinks=False):
+                continue
+            for d1 in _subdirs(m.path):
+                if stop is not None and stop.is_set():
+                    raise _Stopped
+                for d2 in _subdirs(d1.path):
+                    yield from _scan_leaf(d2.path, d1.name + d2.name, int(m.name))
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _subdirs(path: str) -> list[os.DirEntry[str]]:
+    with os.scandir(path) as entries:
+        return [e for e in entries if _HEX2.fullmatch(e.name) and e.is_dir(follow_symlinks=False)]
+
+
+def _scan_leaf(path: str, prefix: str, mount: int) -> Iterator[Found]:
+    # One stat per file is the floor: sizes are not in directory entries.
+    with os.scandir(path) as files:
+        for entry in files:
+            name = entry.name
+            if not (name.startswith(prefix) and NAME.fullmatch(name)):
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_size >= TRAILER_SIZE:
+                yield st.st_mtime, mount, bytes.fromhex(name), st.st_size
+
+
+class _Rescan:
+    """A full scan on a thread of its own, so that eviction goes on meanwhile. `touched` holds
+    the blocks the journals or evictions changed since it began: for those the scan is older
+    news than the index."""
+
+    def __init__(self, root: str, stop: threading.Event) -> None:
+        self.found: dict[int, dict[bytes, int]] | None = None
+        self.touched: set[tuple[int, bytes]] = set()
+        self._root, self._stop = root, stop
+        self._thread = threading.Thread(target=self._run, name="cache-rescan", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        found: dict[int, dict[bytes, int]] = {}
+        try:
+            for _, mount, name, size in scan_blocks(self._root, self._stop):
+                found.setdefault(mount, {})[name] = size
+        except _Stopped:
+            return
+        except OSError:
+            log.warning("cache: rescan of the blocks failed", exc_info=True)
+            return
+        self.found = found
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def join(self) -> None:
+        self._thread.join()
+
+
+class Janitor:
+    """Evicts for every process using `root`, if it is the one holding <root>/janitor.lock.
+
+    start() runs passes on a daemon thread every `interval` seconds, taking the lock over when
+    its holder dies; run_once() is one pass, for tests that do not start() it. Becoming the
+    janitor loads the index from the snapshot and the journals after it, or else by a full
+    scan of blocks/; a periodic rescan in the background repairs what journals missed.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        capacity: int,
+        min_free: int,
+        *,
+        interval: float = 0.5,
+        snapshot_interval: float = 60.0,
+        rescan_interval: float = 3600.0,
+    ) -> None:
+        self.root = os.path.abspath(root)
+        self.capacity = capacity
+        self.min_free = min_free
+        self.is_janitor = False
+        self._interval = interval
+        self._snapshot_interval = snapshot_interval
+        self._rescan_interval = rescan_interval
+        self._settings = threading.Lock()
+        self._quotas: dict[int, int] = {}
+        self._new_quotas: dict[int, int] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock_fd: int | None = None
+        self._policy = Policy(capacity)
+        self._reader: JournalReader | None = None
+        self._journal: JournalWriter | None = None  # our evictions, for whoever comes next
+        self._rescan: _Rescan | None = None
+        self._next_rescan = self._next_snapshot = 0.0
+        self._dirty = False  # changed since the last snapshot
+        self._covered: dict[str, int] = {}  # journal offsets of the last snapshot
+        self._evictions = self._evicted_bytes = 0
+        self._unlogged = [0, 0, time.monotonic()]  # evictions, bytes, since
+
+    def set_quotas(self, quotas: Mapping[int, int]) -> None:
+        """Bytes per mount id, from the next pass on. Thread-safe."""
+        with self._settings:
+            self._new_quotas = dict(quotas)
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("janitor already started")
+        self._thread = threading.Thread(target=self._loop, name="cache-janitor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """As janitor: a last snapshot, then the lock goes to whoever is waiting for it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        else:
+            self._retire()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.run_once()
+            except Exception:
+                log.exception("cache: janitor pass failed")
+            self._stop.wait(self._interval)
+        self._retire()
+
+    def run_once(self) -> None:
+        """One pass: journals in, evictions out, figures published, snapshot when due."""
+        if not self.is_janitor and not self._become():
+            return
+        with self._settings:
+            quotas, self._new_quotas = self._new_quotas, None
+        if quotas is not None:
+            self._quotas = quotas
+            self._policy.set_quotas(quotas)
+        self._read_journals()
+        now = time.monotonic()
+        self._check_rescan(now)
+        free = self._evict()
+        self._publish(free)
+        if now >= self._next_snapshot:
+            self._snapshot()
+            self._next_snapshot = now + self._snapshot_interval
+
+    # -- becoming and ceasing to be the janitor -------------------------------------------------
+
+    def _become(self) -> bool:
+        if self._lock_fd is None:
+            os.makedirs(self.root, exist_ok=True)
+            path = os.path.join(self.root, JANITOR_LOCK)
+            self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        try:
+            self._load()
+        except BaseException:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            raise
+        self.is_janitor = True
+        return True
+
+    def _load(self) -> None:
+        started = time.monotonic()
+        stats = read_stats(self.root)
+        if stats is not None:
+            self._evictions, self._evicted_bytes = stats.evictions, stats.evicted_bytes
+        policy = Policy(self.capacity, quotas=self._quotas)
+        snapshot = load_snapshot(self.root)
+        how = "snapshot"
+        try:
+            if snapshot is None:
+                raise ValueError("no snapshot")
+            policy.restore(snapshot.entries)
+            reader = JournalReader(self.root, snapshot.journal_offsets)
+            self._covered = snapshot.journal_offsets
+        except ValueError as exc:
+            how = "scan"
+            if snapshot is not None:
+                log.warning("cache: index snapshot ignored: %s", exc)
+            policy = Policy(self.capacity, quotas=self._quotas)
+            # What the journals said so far, the scan sees on disk.
+            reader = JournalReader(self.root)
+            reader.skip_to_end()
+            for _, mount, name, size in sorted(scan_blocks(self.root)):
+                policy.add(mount, name, size)
+        self._policy, self._reader = policy, reader
+        self._dirty = how == "scan"
+        self._journal = JournalWriter(self.root)
+        now = time.monotonic()
+        self._next_rescan = now + self._rescan_interval
+        self._next_snapshot = now + (self._snapshot_interval if how == "snapshot" else 0.0)
+        log.info(
+            "cache: janitor of %s (pid %d): %d blocks, %d bytes, from the %s in %.2f s",
+            self.root,
+            os.getpid(),
+            len(policy),
+            policy.bytes_used,
+            how,
+            now - started,
+        )
+
+    def _retire(self) -> None:
+        try:
+            if self.is_janitor:
+                if self._rescan is not None:
+                    self._rescan.join()  # it saw _stop and ends within one directory
+                self._log_evictions(force=True)
+                assert self._journal is not None
+                self._journal.close()
+                # Read to the end, our own journal too, so the snapshot covers all of it.
+                self._read_journals()
+                self._snapshot()
+        finally:
+            if self._reader is not None:
+                self._reader.close()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)  # releases the lock
+            self._lock_fd, self._reader, self.is_janitor = None, None, False
+
+    # -- one pass -------------------------------------------------------------------------------
+
+    def _read_journals(self) -> None:
+        """Apply every new journal record. Whether a filled or dropped block is there is asked
+        of the disk, not of the order of the records: journals are read one after the other,
+        so a drop can come before the fill it follows (an eviction by the janitor before this
+        one, a block dropped in one process and filled again in another)."""
+        assert self._reader is not None
+        policy = self._policy
+        touched = self._rescan.touched if self._rescan is not None else None
+        for _, data in self._reader.read():
+            self._dirty = True
+            for op, flags, mount, size, name in records(data):
+                if op == ACCESS:
+                    policy.access(mount, name, True if flags & FLAG_PINNED else None)
+                elif op in (FILL, DROP):
+                    if not os.path.exists(block_path(self.root, mount, name.hex())):
+                        policy.remove(mount, name)
+                    elif op == FILL:
+                        policy.add(mount, name, size, bool(flags & FLAG_PINNED))
+                else:
+                    continue
+                if touched is not None:
+                    touched.add((mount, name))
+
+    def _check_rescan(self, now: float) -> None:
+        rescan = self._rescan
+        if rescan is None:
+            if now >= self._next_rescan:
+                self._rescan = _Rescan(self.root, self._stop)
+            return
+        if not rescan.done():
+            return
+        self._rescan = None
+        self._next_rescan = now + self._rescan_interval
+        if rescan.found is not None:
+            self._reconcile(rescan.found, rescan.touched)
+
+    def _reconcile(
+        self, found: dict[int, dict[bytes, int]], touched: set[tuple[int, bytes]]
+    ) -> None:
+        policy = self._policy
+        gone = [
+            (mount, name)
+            for mount, name, _, _, _ in policy.entries()
+            if name not in found.get(mount, _NOTHING) and (mount, name) not in touched
+        ]
+        for mount, name in gone:
+            policy.remove(mount, name)
+        added = 0
+        for mount, names in found.items():
+            for name, size in names.items():
+                if (mount, name) not in policy and (mount, name) not in touched:
+                    policy.add(mount, name, size)
+                    added += 1
+        if gone or added:
+            self._dirty = True
+            log.info(
+                "cache: rescan found %d blocks no journal told of and %d that had vanished",
+                added,
+                len(gone),
+            )
+
+    def _evict(self) -> int:
+        """Evict what the policy says; returns the free bytes of the file system."""
+        assert self._journal is not None
+        free = _free_bytes(self.root)
+        victims = self._policy.victims(max(0, self.min_free - free))
+        if not victims:
+            self._log_evictions()
+            return free
+        failed: list[OSError] = []
+        touched = self._rescan.touched if self._rescan is not None else None
+        for mount, name, _ in victims:
+            try:
+                os.unlink(block_path(self.root, mount, name.hex()))
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                failed.append(exc)  # the file stays: the next rescan takes it back in
+            self._journal.drop(name, mount)
+            if touched is not None:
+                touched.add((mount, name))
+        if failed:
+            log.warning("cache: could not evict %d blocks, the first: %s", len(failed), failed[0])
+        freed = sum(v.size for v in victims)
+        self._evictions += len(victims)
+        self._evicted_bytes += freed
+        self._unlogged[0] += len(victims)
+        self._unlogged[1] += freed
+        self._dirty = True
+        self._journal.flush()
+        self._log_evictions()
+        return _free_bytes(self.root)
+
+    def _log_evictions(self, force: bool = False) -> None:
+        count, freed, since = self._unlogged
+        now = time.monotonic()
+        if count and (force or now - since >= _LOG_INTERVAL):
+            log.info(
+                "cache: evicted %d blocks (%d bytes) in %.0f s; %d blocks, %d bytes kept",
+                count,
+                freed,
+                now - since,
+                len(self._policy),
+                self._policy.bytes_used,
+            )
+            self._unlogged = [0, 0, now]
+        elif not count:
+            self._unlogged[2] = now
+
+    def _publish(self, free: int) -> None:
+        policy = self._policy
+        stats = JanitorStats(
+            bytes_used=policy.bytes_used,
+            entries=len(policy),
+            evictions=self._evictions,
+            evicted_bytes=self._evicted_bytes,
+            mounts=policy.mounts(),
+            capacity=self.capacity,
+            min_free=self.min_free,
+            free_bytes=free,
+            updated=time.time(),
+            pid=os.getpid(),
+        )
+        tmp = f"{self.root}/.{STATS}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(dataclasses.asdict(stats), f)
+        os.replace(tmp, os.path.join(self.root, STATS))
+
+    def _snapshot(self) -> None:
+        """Write the index if it changed, then delete the journals the snapshot made useless."""
+        assert self._reader is not None
+        if self._dirty:
+            offsets = self._reader.offsets
+            write_snapshot(self.root, self._policy.entries(), offsets)
+            self._covered, self._dirty = offsets, False
+        self._reader.prune(self._covered)
+
+
+def _free_bytes(path: str) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
