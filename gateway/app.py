@@ -12,11 +12,16 @@ import os
 
 from gateway.admin.routes import ADMIN_PATHS, admin_app
 from gateway.cache import PageStore
+from gateway.cluster.identity import local_node
+from gateway.cluster.membership import Membership
+from gateway.cluster.registry import NodeFigures
 from gateway.config import Settings, build_settings
+from gateway.internal import InternalApp
 from gateway.meta import MetaStore, SecretBox
 from gateway.metrics import watch_cache
 from gateway.s3.app import S3App
 from gateway.s3.http import Receive, Scope, Send
+from gateway.service.fleet import Fleet
 from gateway.service.gateway import Gateway
 
 log = logging.getLogger("gateway.app")
@@ -69,6 +74,9 @@ class Node:
         self.s3: S3App | None = None
         self.admin = admin_app(lambda: self.s3 is not None)
         self._tasks: list[asyncio.Task[None]] = []
+        self.membership: Membership | None = None
+        self.internal: InternalApp | None = None
+        self.internal_port = -1
 
     async def start(self) -> None:
         s = self.settings
@@ -88,6 +96,8 @@ class Node:
             readahead=s.readahead_blocks,
         )
         await gateway.namespace.refresh()
+        if s.fleet_secret:
+            await self._join_fleet(gateway, meta)
         self._tasks = [
             asyncio.create_task(gateway.namespace.run(s.refresh_interval)),
             asyncio.create_task(gateway.multipart.run_janitor(min(3600.0, s.multipart_max_age))),
@@ -95,7 +105,40 @@ class Node:
         self.gateway = gateway
         self.s3 = S3App(gateway, s.region, s.base_domain, s.access_log)
 
+    async def _join_fleet(self, gateway: Gateway, meta: MetaStore) -> None:
+        s = self.settings
+        me = local_node(s)
+        fleet = Fleet(me, s.fleet_secret or "", s.forward_timeout)
+        pages = gateway.pages
+
+        def figures() -> NodeFigures:
+            node = pages.janitor_stats()
+            return NodeFigures(
+                cache_bytes=node.bytes_used if node else 0,
+                hits=pages.stats.hits,
+                misses=pages.stats.misses,
+            )
+
+        membership = Membership(
+            meta,
+            me,
+            interval=s.heartbeat_interval,
+            timeout=s.heartbeat_timeout,
+            figures=figures,
+            on_change=fleet.update,
+        )
+        await membership.start()
+        gateway.fleet = fleet
+        self.membership = membership
+        self.internal = InternalApp(gateway, fleet)
+        self.internal_port = s.effective_internal_port
+        log.info("joined the fleet as %s at %s", me.id, me.address)
+
     async def stop(self) -> None:
+        if self.membership is not None:
+            await self.membership.stop()
+        if self.gateway is not None and self.gateway.fleet is not None:
+            await self.gateway.fleet.close()
         if self.s3 is not None and self.s3.access_log is not None:
             self.s3.access_log.flush()
         for task in self._tasks:
@@ -110,7 +153,14 @@ class Node:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            if scope["path"] in ADMIN_PATHS:
+            server = scope.get("server")
+            if server is not None and server[1] == self.internal_port:
+                if self.internal is not None:
+                    await self.internal(scope, receive, send)
+                else:
+                    await send({"type": "http.response.start", "status": 503, "headers": []})
+                    await send({"type": "http.response.body", "body": b""})
+            elif scope["path"] in ADMIN_PATHS:
                 await self.admin(scope, receive, send)
             elif self.s3 is not None:
                 await self.s3(scope, receive, send)

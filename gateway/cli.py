@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import socket
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -38,7 +40,20 @@ _SERVE_OPTIONS: list[tuple[str, str]] = [
     ("base_domain", "Domain for virtual-host style requests (BUCKET.<domain>)."),
     ("cache_dir", "Cache folder; default <data-dir>/cache."),
     ("cache_capacity", "Cache size budget, e.g. 10GiB."),
-    ("cache_max_object", "Largest object kept in the cache, e.g. 64MiB."),
+    ("cache_block_size", "Objects are cached in blocks of this size, e.g. 4MiB."),
+    ("readahead_blocks", "Blocks fetched ahead of a sequential reader."),
+    ("fill_concurrency", "Read-ahead fills in flight per worker process."),
+    ("verify_sample", "Share of cache reads that re-check a block's checksum (0..1)."),
+    ("workers", "Worker processes; they share the node's cache."),
+    ("fleet_secret", "Shared secret of the fleet; set, the node joins it (docs/fleet.md)."),
+    ("node_id", "This node's id in the fleet; default: kept in <data-dir>/node-id."),
+    ("internal_port", "Port of the fleet's internal API; default: port + 1."),
+    ("advertise_host", "Host name or address peers use to reach this node; default: host."),
+    ("node_weight", "This node's share of the placement; default: cache capacity in GiB."),
+    ("zone", "Failure zone; replicas prefer distinct zones."),
+    ("heartbeat_interval", "Seconds between heartbeats to the database."),
+    ("heartbeat_timeout", "Seconds of silence after which a node leaves the placement."),
+    ("forward_timeout", "Seconds to wait for a peer to accept a connection before failing over."),
     ("cache_min_free", "Free disk space never to cross, e.g. 1GiB."),
     ("cache_memory", "Memory tier budget for small hot objects."),
     ("cache_memory_object_max", "Largest object kept in the memory tier."),
@@ -118,7 +133,7 @@ def serve(**kwargs: Any) -> None:
     """Run one gateway node."""
     import uvicorn
 
-    from gateway.app import Node
+    from gateway.app import SETTINGS_ENV, Node, settings_to_json
     from gateway.logs import setup_logging
 
     settings = _settings(kwargs)
@@ -126,8 +141,16 @@ def serve(**kwargs: Any) -> None:
     banner = _run(_with_meta(settings, lambda meta: _bootstrap(meta, settings)))
     click.echo(banner)
     sys.stdout.flush()
-    uvicorn.run(
-        Node(settings),
+    if settings.workers > 1:
+        # Each worker process builds its own Node from the settings resolved here.
+        os.environ[SETTINGS_ENV] = settings_to_json(settings)
+        app: Any = "gateway.app:node_from_environment"
+    else:
+        app = Node(settings)
+    config = uvicorn.Config(
+        app,
+        factory=settings.workers > 1,
+        workers=settings.workers,
         host=settings.host,
         port=settings.port,
         lifespan="on",
@@ -138,6 +161,32 @@ def serve(**kwargs: Any) -> None:
         ssl_certfile=settings.tls_cert,
         ssl_keyfile=settings.tls_key,
     )
+    sockets = [config.bind_socket()]
+    if settings.fleet_secret:
+        # The fleet's internal API listens on a port of its own (gateway/internal.py).
+        sockets.append(_bind(settings.host, settings.effective_internal_port))
+    if settings.workers > 1:
+        from uvicorn.supervisors import Multiprocess
+
+        Multiprocess(config, sockets=sockets).run()
+    else:
+        config.load_app()
+        server = uvicorn.Server(config)
+        server.run(sockets=sockets)
+        if not server.started:
+            sys.exit(3)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 @main.command()
@@ -324,3 +373,73 @@ def keys_delete(access_key: str, **kwargs: Any) -> None:
     if not _run(_with_meta(_settings(kwargs), lambda meta: meta.delete_key(access_key))):
         raise click.ClickException(f"no access key {access_key!r}")
     click.echo(f"deleted {access_key}")
+
+
+# -- status ------------------------------------------------------------------------------
+
+_STATUS_OPTIONS = [
+    *_DB_OPTIONS,
+    ("heartbeat_timeout", "Seconds of silence after which a node counts as lapsed."),
+]
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+@_options(_STATUS_OPTIONS)
+def status(as_json: bool, **kwargs: Any) -> None:
+    """List the fleet's nodes as the database knows them: live, lapsed or left."""
+    from gateway.cluster import NodeRegistry
+    from gateway.meta import MetaUnavailable
+
+    settings = _settings(kwargs)
+
+    async def read(meta: MetaStore) -> list[dict[str, Any]]:
+        records = await NodeRegistry(meta.engine, settings.heartbeat_timeout).read()
+        return [record.summary() for record in records]
+
+    try:
+        rows = _run(_with_meta(settings, read))
+    except MetaUnavailable as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    elif not rows:
+        click.echo("no node has joined the fleet yet (nodes join when `gateway serve` starts)")
+    else:
+        click.echo(_status_table(rows))
+
+
+def _status_table(rows: list[dict[str, Any]]) -> str:
+    table = [("NODE", "ADDRESS", "ZONE", "WEIGHT", "STATE", "HEARTBEAT", "CACHE", "HIT RATIO")]
+    for row in rows:
+        ratio = row["hit_ratio"]
+        table.append(
+            (
+                row["id"],
+                row["address"],
+                row["zone"] or "-",
+                f"{row['weight']:g}",
+                row["state"],
+                f"{row['heartbeat_age']:.1f}s ago",
+                _size(row["cache_bytes"]),
+                "-" if ratio is None else f"{ratio:.1%}",
+            )
+        )
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in table
+    ]
+    live = sum(1 for row in rows if row["live"])
+    lines.append(f"{live} of {len(rows)} nodes live")
+    return "\n".join(lines)
+
+
+def _size(count: int) -> str:
+    """Bytes in binary units, as the size settings take them (64MiB, 10GiB)."""
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{count} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"

@@ -89,6 +89,10 @@ class Settings:
         return out
 
     @property
+    def effective_internal_port(self) -> int:
+        return self.internal_port or self.port + 1
+
+    @property
     def effective_cache_dir(self) -> Path:
         return self.cache_dir or self.data_dir / "cache"
 

@@ -37,6 +37,8 @@ def setup_logging(level: str = "info") -> None:
     root.setLevel(level.upper())
     # uvicorn's own access log would repeat ours without the request id.
     logging.getLogger("uvicorn.access").disabled = True
+    # httpx logs every request at info: one line per forwarded block is noise, not news.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 class AccessLog:

@@ -371,8 +371,7 @@ async def test_upgrade_from_0001_keeps_data_and_is_idempotent(
         await create(store, mount.id, "k", "up")
         await store.migrate()
 
-        assert head_revision() == "0002"
-        assert await store.schema_revision() == "0002"
+        assert await store.schema_revision() == head_revision() >= "0002"
         assert await store.get_mount("old") == mount
         assert ids(await store.list_uploads(mount.id)) == ["up"]
 

@@ -214,7 +214,10 @@ class Janitor:
             except Exception:
                 log.exception("cache: janitor pass failed")
             self._stop.wait(self._interval)
-        self._retire()
+        try:
+            self._retire()
+        except Exception:
+            log.exception("cache: janitor could not write its last snapshot")
 
     def run_once(self) -> None:
         """One pass: journals in, evictions out, figures published, snapshot when due."""
@@ -231,8 +234,8 @@ class Janitor:
         free = self._evict()
         self._publish(free)
         if now >= self._next_snapshot:
+            self._next_snapshot = now + self._snapshot_interval  # failed or not: not at once
             self._snapshot()
-            self._next_snapshot = now + self._snapshot_interval
 
     # -- becoming and ceasing to be the janitor -------------------------------------------------
 
@@ -258,40 +261,44 @@ class Janitor:
         stats = read_stats(self.root)
         if stats is not None:
             self._evictions, self._evicted_bytes = stats.evictions, stats.evicted_bytes
-        policy = Policy(self.capacity, quotas=self._quotas)
-        snapshot = load_snapshot(self.root)
-        how = "snapshot"
-        try:
-            if snapshot is None:
-                raise ValueError("no snapshot")
-            policy.restore(snapshot.entries)
-            reader = JournalReader(self.root, snapshot.journal_offsets)
-            self._covered = snapshot.journal_offsets
-        except ValueError as exc:
-            how = "scan"
-            if snapshot is not None:
-                log.warning("cache: index snapshot ignored: %s", exc)
-            policy = Policy(self.capacity, quotas=self._quotas)
-            # What the journals said so far, the scan sees on disk.
-            reader = JournalReader(self.root)
-            reader.skip_to_end()
-            for _, mount, name, size in sorted(scan_blocks(self.root)):
-                policy.add(mount, name, size)
-        self._policy, self._reader = policy, reader
-        self._dirty = how == "scan"
+        loaded = self._from_snapshot()
+        how = "snapshot" if loaded is not None else "scan"
+        self._policy, self._reader = loaded or self._from_scan()
+        self._dirty = loaded is None  # a scan is worth a snapshot at once
         self._journal = JournalWriter(self.root)
         now = time.monotonic()
         self._next_rescan = now + self._rescan_interval
-        self._next_snapshot = now + (self._snapshot_interval if how == "snapshot" else 0.0)
+        self._next_snapshot = now + (self._snapshot_interval if loaded is not None else 0.0)
         log.info(
             "cache: janitor of %s (pid %d): %d blocks, %d bytes, from the %s in %.2f s",
             self.root,
             os.getpid(),
-            len(policy),
-            policy.bytes_used,
+            len(self._policy),
+            self._policy.bytes_used,
             how,
             now - started,
         )
+
+    def _from_snapshot(self) -> tuple[Policy, JournalReader] | None:
+        snapshot = load_snapshot(self.root)
+        if snapshot is None:
+            return None
+        policy = Policy(self.capacity, quotas=self._quotas)
+        try:
+            policy.restore(snapshot.entries)
+        except ValueError as exc:
+            log.warning("cache: index snapshot ignored: %s", exc)
+            return None
+        self._covered = snapshot.journal_offsets
+        return policy, JournalReader(self.root, snapshot.journal_offsets)
+
+    def _from_scan(self) -> tuple[Policy, JournalReader]:
+        policy = Policy(self.capacity, quotas=self._quotas)
+        reader = JournalReader(self.root)
+        reader.skip_to_end()  # what the journals said so far, the scan sees on disk
+        for _, mount, name, size in sorted(scan_blocks(self.root)):
+            policy.add(mount, name, size)  # oldest first: mtime is the order a scan knows
+        return policy, reader
 
     def _retire(self) -> None:
         try:
@@ -402,7 +409,10 @@ class Janitor:
         self._unlogged[0] += len(victims)
         self._unlogged[1] += freed
         self._dirty = True
-        self._journal.flush()
+        try:
+            self._journal.flush()
+        except OSError:  # only a later janitor reads them; a rescan makes up for their loss
+            log.warning("cache: could not write the janitor's journal", exc_info=True)
         self._log_evictions()
         return _free_bytes(self.root)
 

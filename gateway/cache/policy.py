@@ -63,9 +63,10 @@ class _Mount:
 class Policy:
     """The index of every block of a node and the order to evict them in.
 
-    Every operation is O(1) amortised but victims(), which is O(log mounts) per victim: each
-    mount keeps its own orderings (quota victims never scan other mounts' blocks), and a lazy
-    heap of the mounts' oldest ticks finds the oldest block overall.
+    Each mount keeps its own orderings, so a mount's quota victims never pass over other
+    mounts' blocks; a lazy heap of the mounts' oldest ticks finds the oldest block overall.
+    Every operation is O(1) amortised, plus O(log mounts) for each block that victims() takes
+    or that a promotion pushes out of the protected segment.
     """
 
     def __init__(
@@ -110,6 +111,8 @@ class Policy:
     def add(self, mount: int, name: bytes, size: int, pinned: bool = False) -> None:
         """A block was committed. A known block keeps its place (its size and pin may change):
         a block filled twice was not used twice."""
+        if not 0 <= size <= _SIZE:
+            raise ValueError(f"block size {size} out of range")
         m = self._mount(mount)
         segment = m.find(name)
         if segment is None:

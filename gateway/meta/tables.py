@@ -137,3 +137,23 @@ multipart_parts = sa.Table(
     sa.Column("size", sa.BigInteger, nullable=False),
     sa.Column("uploaded_at", UTCDateTime, nullable=False),
 )
+
+# The fleet's members (gateway.cluster.membership): each node upserts its row at start and
+# heartbeats it; a node is live while its state is 'up' and its heartbeat is younger than the
+# timeout, both judged by the database's clock so that the nodes' clocks never matter.
+nodes = sa.Table(
+    "nodes",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("address", sa.Text, nullable=False),  # host:port of the node's internal API
+    sa.Column("weight", sa.Float, nullable=False),
+    sa.Column("zone", sa.Text, nullable=False, server_default=""),
+    sa.Column("state", sa.String(8), nullable=False),
+    sa.Column("started_at", UTCDateTime, nullable=False),
+    sa.Column("heartbeat_at", UTCDateTime, nullable=False),
+    # What `gateway status` shows of each node, as of its last heartbeat.
+    sa.Column("cache_bytes", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("hits", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("misses", sa.BigInteger, nullable=False, server_default="0"),
+    sa.CheckConstraint("state IN ('up', 'left')", name="state"),
+)

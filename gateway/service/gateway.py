@@ -20,9 +20,11 @@ from typing import Any
 
 from gateway import errors, metrics
 from gateway.cache import BlockKey, PageStore
+from gateway.cluster.placement import Node
 from gateway.meta import MetaStore, MetaUnavailable
 from gateway.service.buckets import Buckets
 from gateway.service.conditions import ByteRange, Conditions, check_conditions
+from gateway.service.fleet import Fleet, PeerUnavailable
 from gateway.service.metadata import MetadataCache
 from gateway.service.multipart import Multipart
 from gateway.service.namespace import MountHandle, Namespace
@@ -80,6 +82,7 @@ class Gateway:
         self.writer = ObjectWriter(self)
         self.multipart = Multipart(self, multipart_max_age)
         self.buckets = Buckets(self, bucket_store, bucket_store_options or {})
+        self.fleet: Fleet | None = None  # set when the node runs in a fleet
         self._opening: dict[tuple[int, str], asyncio.Future[None]] = {}
         self._walks: OrderedDict[tuple[int, str, str], int] = OrderedDict()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -194,6 +197,7 @@ class Gateway:
         handle = self.mount(bucket)
         if (
             rng is None
+            and (self.fleet is None or self.fleet.alone)
             and self.metadata.peek(handle.id, key) is None
             and not await self._remembered(handle, key)
         ):
@@ -254,7 +258,7 @@ class Gateway:
     async def _body(
         self, handle: MountHandle, info: ObjectInfo, start: int, end: int
     ) -> tuple[bytes | AsyncGenerator[bytes, None], str]:
-        """The bytes [start, end) and how they were found (hit, miss, bypass).
+        """The bytes [start, end) and how they were found (hit, miss, bypass, forward).
 
         A streamed body has already produced its first chunk, so that what the store says
         first (gone, changed, unavailable) becomes an S3 error before any header is sent.
@@ -265,10 +269,11 @@ class Gateway:
             return b"", "hit"
         size = handle.block_size
         first = start // size
-        if first == (end - 1) // size:
-            # Within one block: a hit is one read, answered as one body.
+        bkey = block_key(handle.id, info.key, info.etag, size, first)
+        local = self._owner(handle, info, first, bkey) is None
+        if local and first == (end - 1) // size:
+            # Within one block of our own: a hit is one read, answered as one body.
             length = min(size, info.size - first * size)
-            bkey = block_key(handle.id, info.key, info.etag, size, first)
             offset = first * size
             data = await self.pages.read_hit(
                 bkey, length, start - offset, end - offset, pinned=handle.pinned(info.key)
@@ -276,11 +281,22 @@ class Gateway:
             if data is not None:
                 self._note_sequential(handle, info, first)
                 return data, "hit"
-            how = "miss"
-        else:
-            bkey = block_key(handle.id, info.key, info.etag, size, first)
-            how = "hit" if self.pages.known(bkey) else "miss"
+        how = "forward" if not local else "hit" if self.pages.known(bkey) else "miss"
         return await _primed(self._blocks(handle, info, start, end)), how
+
+    def _owner(
+        self, handle: MountHandle, info: ObjectInfo, index: int, bkey: BlockKey
+    ) -> tuple[Node, ...] | None:
+        """None when this node serves the block itself, else the nodes to ask, best first."""
+        fleet = self.fleet
+        if fleet is None or fleet.alone:
+            return None
+        blocks = max(1, -(-info.size // handle.block_size))
+        owners = fleet.owners(handle.id, info.key, info.etag, index, blocks, handle.replicas)
+        me = fleet.me.id
+        if owners[0].id == me or (self.pages.known(bkey) and any(n.id == me for n in owners)):
+            return None
+        return owners
 
     async def open_body(
         self, handle: MountHandle, info: ObjectInfo, start: int, end: int
@@ -297,15 +313,17 @@ class Gateway:
         end: int,
         first: AsyncGenerator[bytes, None] | None = None,
     ) -> AsyncGenerator[bytes, None]:
-        """Bytes [start, end) block by block through the page store, with the next blocks
-        fetched ahead of the reader. `first`, if given, is an open stream of block 0's bytes
-        (the cold path's one request), used if this node fills block 0 and closed otherwise."""
+        """Bytes [start, end) block by block, each from this node's page store or from the
+        peer that owns it, with the next blocks fetched ahead of the reader. `first`, if
+        given, is an open stream of block 0's bytes (the cold path's one request), used if
+        this node fills block 0 and closed otherwise."""
         size = handle.block_size
         lo, hi = start // size, (end - 1) // size
         horizon = self._note_sequential(handle, info, hi, lo)
-        pinned = handle.pinned(info.key)
         limit = min(max(hi, horizon), (info.size - 1) // size)
+        pinned = handle.pinned(info.key)
         following = lo + 1  # the next block this reader has not asked to prefetch
+        remote: dict[int, asyncio.Task[bytes]] = {}  # peers' blocks fetched ahead
         used = False
 
         def fetch(index: int) -> Callable[[], AsyncGenerator[bytes, None]]:
@@ -319,27 +337,114 @@ class Gateway:
 
             return open_block
 
+        def span(index: int) -> tuple[BlockKey, int, int, int]:
+            offset = index * size
+            length = min(size, info.size - offset)
+            a, b = max(start, offset) - offset, min(end, offset + length) - offset
+            return block_key(handle.id, info.key, info.etag, size, index), length, a, b
+
         try:
             for index in range(lo, hi + 1):
-                offset = index * size
-                length = min(size, info.size - offset)
                 # Read-ahead: inside this request, and past it for a reader walking the object.
                 while following <= min(index + self.readahead, limit):
-                    self._prefetch(handle, info, following, fetch(following), pinned)
+                    bkey, length, a, b = span(following)
+                    owners = self._owner(handle, info, following, bkey)
+                    if owners is None:
+                        if not self.pages.known(bkey):
+                            self.pages.prefetch(bkey, length, fetch(following), pinned=pinned)
+                    elif following <= hi:
+                        body = self._remote(handle, info, owners, following, a, b, pinned)
+                        remote[following] = asyncio.create_task(_collect(body))
                     following += 1
-                bkey = block_key(handle.id, info.key, info.etag, size, index)
-                a, b = max(start, offset) - offset, min(end, offset + length) - offset
-                async with aclosing(
-                    self.pages.read(bkey, length, a, b, fetch(index), pinned=pinned)
-                ) as chunks:
+                bkey, length, a, b = span(index)
+                ahead = remote.pop(index, None)
+                if ahead is not None:
+                    yield await ahead
+                    continue
+                owners = self._owner(handle, info, index, bkey)
+                if owners is None:
+                    chunks = self.pages.read(bkey, length, a, b, fetch(index), pinned=pinned)
+                else:
+                    chunks = self._remote(handle, info, owners, index, a, b, pinned)
+                async with aclosing(chunks):
                     async for chunk in chunks:
                         yield chunk
                 if first is not None and not used:
                     used = True
                     await first.aclose()
         finally:
+            for task in remote.values():
+                task.cancel()
             if first is not None and not used:
                 await first.aclose()
+
+    async def _remote(
+        self,
+        handle: MountHandle,
+        info: ObjectInfo,
+        owners: tuple[Node, ...],
+        index: int,
+        start: int,
+        end: int,
+        pinned: bool,
+    ) -> AsyncGenerator[bytes, None]:
+        """Bytes [start, end) of block `index` from its owners in turn, each from where the
+        one before it stopped; from the store itself when none of them answers."""
+        assert self.fleet is not None
+        size = handle.block_size
+        params: dict[str, str | int] = {
+            "m": handle.id, "k": info.key, "e": info.etag, "s": info.size,
+            "b": size, "i": index, "p": int(pinned),
+        }  # fmt: skip
+        pos = start
+        for node in owners:
+            if node.id == self.fleet.me.id:
+                # Our turn among the replicas: serve it as its owner would.
+                body = await self.serve_block(handle.id, info, size, index, pos, end, pinned)
+                async with aclosing(body) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
+                return
+            try:
+                async with aclosing(self.fleet.read_block(node, params, pos, end)) as chunks:
+                    async for chunk in chunks:
+                        pos += len(chunk)
+                        yield chunk
+                return
+            except PeerUnavailable as exc:
+                log.warning("peer failed, trying the next: %s", exc)
+        offset = index * size
+        async with aclosing(self._from_store(handle, info, offset + pos, offset + end)) as rest:
+            async for chunk in rest:
+                yield chunk
+
+    async def serve_block(
+        self, mount_id: int, info: ObjectInfo, block_size: int, index: int, start: int, end: int,
+        pinned: bool,
+    ) -> AsyncGenerator[bytes, None]:  # fmt: skip
+        """For a peer: bytes [start, end) of a block this node owns, from its page store,
+        fetched from the store on a miss. Primed, so that errors come before any byte."""
+        handle = self.namespace.by_id(mount_id)
+        if handle is None:
+            raise errors.NoSuchBucket()
+        offset = index * block_size
+        length = min(block_size, info.size - offset)
+        if not 0 <= start <= end <= length:
+            raise errors.InvalidRange()
+        bkey = block_key(mount_id, info.key, info.etag, block_size, index)
+
+        def fetch() -> AsyncGenerator[bytes, None]:
+            return self._from_store(handle, info, offset, offset + length)
+
+        return await _primed(self.pages.read(bkey, length, start, end, fetch, pinned=pinned))
+
+    def forget(self, mount_id: int, key: str) -> None:
+        """A peer wrote `key`: drop what this node knows of its old version."""
+        handle = self.namespace.by_id(mount_id)
+        previous = self.metadata.peek(mount_id, key)
+        if handle is not None and previous is not None:
+            self.invalidate(handle, previous)
+        self.metadata.forget(mount_id, key)
 
     def _prefetch(
         self,
@@ -401,6 +506,11 @@ class Gateway:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+async def _collect(body: AsyncGenerator[bytes, None]) -> bytes:
+    async with aclosing(body) as chunks:
+        return b"".join([chunk async for chunk in chunks])
 
 
 async def _once(data: bytes) -> AsyncGenerator[bytes, None]:

@@ -181,7 +181,7 @@ class Multipart:
             info = await handle.store.complete_multipart(
                 key, record.store_upload_id, chosen, _attrs_of(record)
             )
-        self.gw.writer.written(handle, key, info)
+        await self.gw.writer.written(handle, key, info)
         try:
             await self.gw.meta.delete_upload(upload_id)
         except MetaUnavailable as exc:

@@ -31,6 +31,7 @@ MOUNT_OPTIONS = {
     "block_size": "objects are cached in blocks of this size, e.g. 8MiB (default: the node's)",
     "cache_quota": "most bytes of cache this mount may take, e.g. 100GiB",
     "pin": "key prefixes never evicted, separated by '|' (an empty prefix pins the mount)",
+    "replicas": "nodes of a fleet that may hold each block (default 1): failover targets",
 }
 _MIN_BLOCK, _MAX_BLOCK = 64 << 10, 1 << 30
 # Stores of a changed or removed mount stay open this long for requests still reading them.
@@ -51,6 +52,7 @@ class MountHandle:
     block_size: int
     quota: int | None
     pins: tuple[str, ...]
+    replicas: int
 
     @property
     def id(self) -> int:
@@ -86,6 +88,7 @@ def make_handle(mount: Mount, default_ttl: float, default_block_size: int = 4 <<
         block_size=block_size,
         quota=quota,
         pins=pins,
+        replicas=max(1, int(opts.get("replicas", 1))),
     )
 
 
@@ -104,6 +107,7 @@ class Namespace:
         self._default_block_size = default_block_size
         self._on_mounts = on_mounts
         self._mounts: dict[str, MountHandle] = {}
+        self._by_id: dict[int, MountHandle] = {}
         self._secrets: dict[str, str] = {}
         self._keys_refreshed = 0.0
         self._key_refresh: asyncio.Task[None] | None = None
@@ -111,6 +115,9 @@ class Namespace:
 
     def mount(self, bucket: str) -> MountHandle | None:
         return self._mounts.get(bucket)
+
+    def by_id(self, mount_id: int) -> MountHandle | None:
+        return self._by_id.get(mount_id)
 
     def mounts(self) -> list[MountHandle]:
         return sorted(self._mounts.values(), key=lambda h: h.bucket)
@@ -136,6 +143,7 @@ class Namespace:
             except ValueError as exc:
                 log.error("mount %s skipped: %s", m.bucket, exc)
         self._mounts = fresh
+        self._by_id = {h.id: h for h in fresh.values()}
         if self._on_mounts is not None:
             self._on_mounts(list(fresh.values()))
         for bucket, handle in current.items():

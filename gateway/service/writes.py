@@ -113,7 +113,7 @@ class ObjectWriter:
         except BaseException:
             await tee.abort()
             raise
-        self.written(handle, key, info)
+        await self.written(handle, key, info)
         if tee.fill is not None:
             try:
                 await tee.fill.commit(key, info.etag)
@@ -122,7 +122,7 @@ class ObjectWriter:
                 log.warning("write-through of %s/%s not cached: %s", handle.bucket, key, exc)
         return info
 
-    def written(self, handle: MountHandle, key: str, info: ObjectInfo | None) -> None:
+    async def written(self, handle: MountHandle, key: str, info: ObjectInfo | None) -> None:
         """A new version (or, with None, no version) of key: forget the old one at once."""
         previous = self.gw.metadata.peek(handle.id, key)
         if previous is not None and (info is None or previous.etag != info.etag):
@@ -133,6 +133,9 @@ class ObjectWriter:
             self.gw.metadata.put(handle.id, key, info, time.monotonic())
         if handle.ttl < 0:
             self._spawn(self._persist(handle.id, key, info))
+        if self.gw.fleet is not None:
+            # Before the client hears success: a read through any node then sees the new version.
+            await self.gw.fleet.invalidate(handle.id, key)
 
     async def delete(self, bucket: str, key: str) -> None:
         handle = self.writable(bucket)
@@ -141,7 +144,7 @@ class ObjectWriter:
     async def delete_from(self, handle: MountHandle, key: str) -> None:
         with store_errors(key):
             await handle.store.delete(key)
-        self.written(handle, key, None)
+        await self.written(handle, key, None)
 
     async def delete_many(
         self, bucket: str, keys: list[str]
@@ -186,7 +189,7 @@ class ObjectWriter:
         if src.id == dst.id:
             with store_errors(src_key):
                 new = await dst.store.copy(src_key, dst_key, attrs, if_match=info.etag)
-            self.written(dst, dst_key, new)
+            await self.written(dst, dst_key, new)
             return info, new
         body = await self.gw.open_body(src, info, 0, info.size)
         async with aclosing(body):

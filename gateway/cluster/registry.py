@@ -1,0 +1,225 @@
+"""The `nodes` table: joins, heartbeats, leaves and reads, all timed by the database's clock.
+
+PostgreSQL also carries the fleet's change notifications (NOTIFY on CHANNEL); on SQLite there
+are none and members learn of changes by polling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from gateway.meta import MetaUnavailable
+from gateway.meta.store import _unavailable as is_outage  # MetaStore's "outage, not bug" test
+from gateway.meta.tables import nodes
+
+from .placement import Node
+
+# The PostgreSQL channel every member listens on; payloads are "<event> <node id>".
+CHANNEL = "gateway_nodes"
+UP = "up"
+LEFT = "left"
+LAPSED = "lapsed"  # never stored: UP in the table, but silent for longer than the timeout
+
+# SQLite's CURRENT_TIMESTAMP has whole seconds only; this keeps milliseconds, in the layout
+# SQLAlchemy reads back as a datetime (and julianday() parses).
+_SQLITE_NOW = "%Y-%m-%d %H:%M:%f"
+_SECONDS_PER_DAY = 86400.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFigures:
+    """What a node reports of its cache with each heartbeat, for `gateway status`."""
+
+    cache_bytes: int = 0
+    hits: int = 0
+    misses: int = 0
+
+    @property
+    def hit_ratio(self) -> float | None:
+        """Hits over lookups; None before the first lookup."""
+        lookups = self.hits + self.misses
+        return self.hits / lookups if lookups else None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """One row of the nodes table, with its age and liveness as the database judged them."""
+
+    node: Node
+    state: str  # UP or LEFT, as the node last wrote it
+    live: bool  # UP, and heard from within the timeout
+    age: float  # seconds since the last heartbeat
+    started_at: datetime
+    heartbeat_at: datetime
+    figures: NodeFigures
+
+    @property
+    def status(self) -> str:
+        """UP, LEFT, or LAPSED for a node still up in the table but silent past the timeout."""
+        return LAPSED if self.state == UP and not self.live else self.state
+
+    def summary(self) -> dict[str, Any]:
+        """The record as JSON-ready values, for `gateway status --json` and operator pages."""
+        return {
+            "id": self.node.id,
+            "address": self.node.address,
+            "zone": self.node.zone,
+            "weight": self.node.weight,
+            "state": self.status,
+            "live": self.live,
+            "heartbeat_age": round(self.age, 3),
+            "heartbeat_at": self.heartbeat_at.isoformat(),
+            "started_at": self.started_at.isoformat(),
+            "cache_bytes": self.figures.cache_bytes,
+            "hits": self.figures.hits,
+            "misses": self.figures.misses,
+            "hit_ratio": self.figures.hit_ratio,
+        }
+
+
+class NodeRegistry:
+    """Queries on the nodes table over an engine it borrows (the MetaStore's); never closes it.
+
+    A node is live while it is UP and its last heartbeat is younger than `heartbeat_timeout`
+    seconds. Every method raises MetaUnavailable when the database cannot be reached, as
+    MetaStore does.
+    """
+
+    def __init__(self, engine: AsyncEngine, heartbeat_timeout: float) -> None:
+        self._engine = engine
+        self.heartbeat_timeout = heartbeat_timeout
+        self._postgres = engine.dialect.name == "postgresql"
+
+    async def join(self, me: Node, figures: NodeFigures) -> list[NodeRecord]:
+        """Mark `me` up as just started, tell the fleet, and return every node's record."""
+        async with self._begin() as conn:
+            await conn.execute(self._upsert(me, figures, restart=True))
+            await self._notify(conn, "join", [me.id])
+            return await self._records(conn)
+
+    async def beat(
+        self, me: Node, figures: NodeFigures, *, announce: bool = False
+    ) -> list[NodeRecord]:
+        """Heartbeat `me` and return every node's record.
+
+        `announce` tells the fleet as a join does: after an outage the others may have let
+        this node lapse, and should take it back at once rather than at their next poll.
+        """
+        async with self._begin() as conn:
+            await conn.execute(self._upsert(me, figures, restart=False))
+            if announce:
+                await self._notify(conn, "join", [me.id])
+            return await self._records(conn)
+
+    async def read(self) -> list[NodeRecord]:
+        """Every node's record, live or not, ordered by id."""
+        async with self._begin() as conn:
+            return await self._records(conn)
+
+    async def leave(self, node_id: str) -> None:
+        """Mark the node as gone, so that it leaves the placement now instead of at a timeout."""
+        query = (
+            sa.update(nodes)
+            .where(nodes.c.id == node_id)
+            .values(state=LEFT, heartbeat_at=self._now())
+        )
+        async with self._begin() as conn:
+            await conn.execute(query)
+            await self._notify(conn, "leave", [node_id])
+
+    async def announce_lapse(self, node_ids: Iterable[str]) -> None:
+        """Tell the fleet that these nodes fell silent, so that every member drops them now."""
+        if not self._postgres:
+            return
+        async with self._begin() as conn:
+            await self._notify(conn, "lapse", node_ids)
+
+    def _upsert(self, me: Node, figures: NodeFigures, *, restart: bool) -> Any:
+        now = self._now()
+        row = {
+            "id": me.id,
+            "address": me.address,
+            "weight": me.weight,
+            "zone": me.zone,
+            "state": UP,
+            "started_at": now,
+            "heartbeat_at": now,
+            "cache_bytes": figures.cache_bytes,
+            "hits": figures.hits,
+            "misses": figures.misses,
+        }
+        insert = postgresql.insert if self._postgres else sqlite.insert
+        statement = insert(nodes).values(row)
+        kept = {"id"} if restart else {"id", "started_at"}
+        return statement.on_conflict_do_update(
+            index_elements=[nodes.c.id],
+            set_={name: statement.excluded[name] for name in row if name not in kept},
+        )
+
+    async def _records(self, conn: AsyncConnection) -> list[NodeRecord]:
+        age = self._age()
+        live = sa.and_(nodes.c.state == UP, age < self.heartbeat_timeout)
+        query = sa.select(nodes, age.label("age"), live.label("live")).order_by(nodes.c.id)
+        rows = (await conn.execute(query)).mappings().all()
+        return [
+            NodeRecord(
+                node=Node(row["id"], row["address"], row["weight"], row["zone"]),
+                state=row["state"],
+                live=bool(row["live"]),
+                age=float(row["age"]),
+                started_at=row["started_at"],
+                heartbeat_at=row["heartbeat_at"],
+                figures=NodeFigures(row["cache_bytes"], row["hits"], row["misses"]),
+            )
+            for row in rows
+        ]
+
+    async def _notify(self, conn: AsyncConnection, event: str, node_ids: Iterable[str]) -> None:
+        # Sent at commit, so a listener that wakes up reads the change that caused it.
+        if self._postgres:
+            for node_id in node_ids:
+                await conn.execute(sa.select(sa.func.pg_notify(CHANNEL, f"{event} {node_id}")))
+
+    def _now(self) -> sa.ColumnElement[Any]:
+        """The database's clock, so that no node's clock decides who is live."""
+        if self._postgres:
+            return sa.func.now()
+        return sa.func.strftime(_SQLITE_NOW, "now")
+
+    def _age(self) -> sa.ColumnElement[float]:
+        """Seconds since each node's heartbeat, by the database's clock."""
+        if self._postgres:
+            elapsed = sa.extract("epoch", sa.func.now() - nodes.c.heartbeat_at)
+            return sa.cast(elapsed, sa.Float)
+        days = sa.func.julianday("now") - sa.func.julianday(nodes.c.heartbeat_at)
+        return sa.cast(days * _SECONDS_PER_DAY, sa.Float)
+
+    @asynccontextmanager
+    async def _begin(self) -> AsyncIterator[AsyncConnection]:
+        """A connection in a transaction, committed on success; outages become MetaUnavailable."""
+        conn = self._engine.connect()
+        try:
+            await conn.start()
+        except Exception as error:
+            # As in MetaStore: failing to get a connection at all is an outage, not a bug.
+            raise MetaUnavailable(f"database {self._safe_url()}: {error}") from error
+        try:
+            async with conn.begin():
+                yield conn
+        except Exception as error:
+            if is_outage(error):
+                raise MetaUnavailable(f"database {self._safe_url()}: {error}") from error
+            raise
+        finally:
+            await conn.close()
+
+    def _safe_url(self) -> str:
+        return self._engine.url.render_as_string(hide_password=True)
