@@ -461,7 +461,7 @@ def _md5_b64(data: bytes) -> str:
 def _cache_entries(node: GatewayNode) -> float:
     cafile = str(node.cert) if node.cert else None
     text = httpx.get(f"{node.url}/metrics", verify=tls_context(cafile)).text
-    line = next(x for x in text.splitlines() if x.startswith("gateway_cache_entries "))
+    line = next(x for x in text.splitlines() if x.startswith("gateway_cache_written_blocks_total "))
     return float(line.split()[1])
 
 

@@ -193,23 +193,20 @@ class JournalReader:
             size = os.fstat(self._fds[name]).st_size
             self._offsets[name] = offset + (size - offset) // RECORD.size * RECORD.size
 
-    def prune(self, covered: Mapping[str, int]) -> int:
+    def prune(self, covered: Mapping[str, int]) -> None:
         """Delete the finished journals that `covered` (a snapshot's offsets) holds to their
-        end, and private names a crash left. Returns how many journals went."""
-        removed = 0
+        end, and private names a crash left."""
         for name in sorted(self._finished):
             if covered.get(name) == self._offsets.get(name):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(f"{self._dir}/{name}")
                 self._forget(name)
-                removed += 1
         with contextlib.suppress(FileNotFoundError), os.scandir(self._dir) as entries:
             for entry in entries:
                 if entry.name.startswith(".") and entry.name.endswith(".tmp"):
                     with contextlib.suppress(FileNotFoundError):
                         if time.time() - entry.stat().st_mtime > _STALE_PRIVATE:
                             os.unlink(entry.path)
-        return removed
 
     def close(self) -> None:
         for name in list(self._fds):

@@ -392,11 +392,12 @@ class PageStore:
         try:
             how, fd = await self._hop(blockfile.claim, self.root, bkey.mount_id, bkey.name)
             if how == blockfile.PRESENT:
-                if not prefetch:
-                    data = await self._read_disk(bkey, fill.length, 0, fill.length, pinned)
-                    if data is None:
-                        raise FillFailed(f"block {bkey.name} vanished as it was committed")
-                    fill.append(data)
+                # Another process committed it: read it for whoever joined this fill (a
+                # prefetch too: a reader may have joined it, and the read verifies the block).
+                data = await self._read_disk(bkey, fill.length, 0, fill.length, pinned)
+                if data is None:
+                    raise FillFailed(f"block {bkey.name} vanished as it was committed")
+                fill.append(data)
                 fill.finish()
             elif how == blockfile.FOLLOW:
                 assert fd is not None

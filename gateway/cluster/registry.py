@@ -17,7 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from gateway.meta import MetaUnavailable
-from gateway.meta.store import _unavailable as is_outage  # MetaStore's "outage, not bug" test
+from gateway.meta.store import is_unavailable as is_outage
 from gateway.meta.tables import nodes
 
 from .placement import Node

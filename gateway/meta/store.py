@@ -54,7 +54,7 @@ def _dumps(value: Mapping[str, Any]) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 
 
-def _unavailable(error: BaseException) -> bool:
+def is_unavailable(error: BaseException) -> bool:
     """Whether a database error means "cannot reach or use the database now", not a bug."""
     if isinstance(error, OSError | TimeoutError | sa_exc.InterfaceError):
         return True
@@ -103,7 +103,7 @@ class MetaStore(MultipartUploads):
         try:
             await asyncio.to_thread(run_migrations, self.url)
         except Exception as error:
-            if _unavailable(error):
+            if is_unavailable(error):
                 raise MetaUnavailable(f"cannot migrate {self._safe_url()}: {error}") from error
             raise
 
@@ -314,7 +314,7 @@ class MetaStore(MultipartUploads):
             async with conn.begin():
                 yield conn
         except Exception as error:
-            if _unavailable(error):
+            if is_unavailable(error):
                 raise MetaUnavailable(f"database {self._safe_url()}: {error}") from error
             raise
         finally:
