@@ -147,6 +147,18 @@ def test_concurrent_clients_fetch_each_block_once(
     assert _metric(node, "gateway_cache_joins") > 0
 
 
+def test_concurrent_cold_readers_of_a_small_object_make_one_request(
+    node: GatewayNode, origin: CountingProxy, origin_s3: Any
+) -> None:
+    body = _blob(300_000, 77)
+    origin_s3.put_object(Bucket=BUCKET, Key="cold/one", Body=body)
+    origin.reset()
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: _get(node, "pages", "cold/one"), range(8)))
+    assert all(r == body for r in results)
+    assert origin.count() == 1  # one GET told the version and brought the bytes
+
+
 def test_metrics_count_store_bytes_and_cache_use(node: GatewayNode) -> None:
     _get(node, "pages", "small/000")
     _get(node, "pages", "small/000")

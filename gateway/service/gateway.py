@@ -234,26 +234,24 @@ class Gateway:
                     key, handle.block_size if handle.cache_enabled else None
                 )
             self.metadata.put(handle.id, key, info, time.monotonic())
-        except BaseException as exc:
-            opening.set_exception(exc)
-            opening.exception()  # retrieved: waiters find their own way
-            raise
+            if handle.ttl < 0:
+                self._spawn(self._remember(handle.id, info))
+            try:
+                check_conditions(cond, info)
+            except BaseException:
+                await stream.aclose()
+                raise
+            source = self._counted(handle, _mapped(stream, key))
+            if not handle.cache_enabled:
+                return ObjectResult(info, 0, info.size, False, await _primed(source), "bypass")
+            # Primed before the waiters wake: block 0's fill is then in flight for them to join.
+            body = await _primed(self._blocks(handle, info, 0, info.size, first=source))
+            return ObjectResult(info, 0, info.size, False, body, "miss")
         finally:
             del self._opening[(handle.id, key)]
-        if not opening.done():
+            # Waiters go again: with the metadata known they join the fill; if this failed,
+            # one of them tries anew.
             opening.set_result(None)
-        if handle.ttl < 0:
-            self._spawn(self._remember(handle.id, info))
-        try:
-            check_conditions(cond, info)
-        except BaseException:
-            await stream.aclose()
-            raise
-        source = self._counted(handle, _mapped(stream, key))
-        if not handle.cache_enabled:
-            return ObjectResult(info, 0, info.size, False, await _primed(source), "bypass")
-        body = self._blocks(handle, info, 0, info.size, first=source)
-        return ObjectResult(info, 0, info.size, False, await _primed(body), "miss")
 
     async def _body(
         self, handle: MountHandle, info: ObjectInfo, start: int, end: int
