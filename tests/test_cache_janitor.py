@@ -156,7 +156,7 @@ def test_fills_from_two_writer_processes_share_one_budget(root: str) -> None:
     janitor.stop()
 
 
-def test_evicts_to_capacity_least_recently_used_first(root: str) -> None:
+def test_evicts_to_capacity_least_recently_used_first_and_to_a_new_capacity(root: str) -> None:
     janitor = Janitor(root, 5 * SIZE, 0)
     janitor.run_once()
     journal = JournalWriter(root)
@@ -172,6 +172,10 @@ def test_evicts_to_capacity_least_recently_used_first(root: str) -> None:
     assert on_disk(root, 1, range(8)) == [1, 4, 5, 6, 7]
     stats = read_stats(root)
     assert stats is not None and stats.bytes_used == 5 * SIZE and stats.evictions == 3
+
+    janitor.capacity = 2 * SIZE
+    janitor.run_once()
+    assert on_disk(root, 1, range(8)) == [1, 5]
     janitor.stop()
 
 

@@ -150,7 +150,8 @@ class Janitor:
     """Evicts for every process using `root`, if it is the one holding <root>/janitor.lock.
 
     start() runs passes on a daemon thread every `interval` seconds, taking the lock over when
-    its holder dies; run_once() is one pass, for tests that do not start() it. Becoming the
+    its holder dies; run_once() is one pass, for tests that do not start() it. `capacity` and
+    `min_free` may be changed at any time and count from the next pass. Becoming the
     janitor loads the index from the snapshot and the journals after it, or else by a full
     scan of blocks/; a periodic rescan in the background repairs what journals missed.
     """
@@ -228,6 +229,8 @@ class Janitor:
         if quotas is not None:
             self._quotas = quotas
             self._policy.set_quotas(quotas)
+        if self._policy.capacity != self.capacity:
+            self._policy.set_capacity(self.capacity)
         self._read_journals()
         now = time.monotonic()
         self._check_rescan(now)
@@ -329,7 +332,6 @@ class Janitor:
         policy = self._policy
         touched = self._rescan.touched if self._rescan is not None else None
         for _, data in self._reader.read():
-            self._dirty = True
             for op, flags, mount, size, name in records(data):
                 if op == ACCESS:
                     policy.access(mount, name, True if flags & FLAG_PINNED else None)
@@ -339,7 +341,8 @@ class Janitor:
                     elif op == FILL:
                         policy.add(mount, name, size, bool(flags & FLAG_PINNED))
                 else:
-                    continue
+                    continue  # a journal's head or seal: nothing a snapshot must keep
+                self._dirty = True
                 if touched is not None:
                     touched.add((mount, name))
 

@@ -504,11 +504,15 @@ class PageStore:
         for name in names:
             self.memory.discard(name)
             self._verified.pop(name, None)
+        self.spawn(self._drop_files(mount_id, names))
+
+    async def _drop_files(self, mount_id: int, names: list[str]) -> None:
         paths = [block_path(self.root, mount_id, name) for name in names]
+        await self._hop(blockfile.remove_all, paths)
+        # After the unlink: the janitor forgets a dropped block only once its file is gone.
         if self._journal is not None:
             for name in names:
                 self._journal.drop(bytes.fromhex(name), mount_id)
-        self.spawn(self._hop(blockfile.remove_all, paths))
 
     # -- internals ------------------------------------------------------------------------------
 

@@ -94,6 +94,10 @@ class Policy:
 
     # -- settings -------------------------------------------------------------------------------
 
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
     def set_capacity(self, capacity: int) -> None:
         """A smaller capacity takes effect in the next victims()."""
         if capacity < 0:
