@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from types import FrameType, ModuleType
 
-from loadtest import epochs, hits, listing, ranges
+from loadtest import epochs, hits, listing, ranges, rebuild, sequential
 from loadtest.common import Options
 from loadtest.report import RESULTS
 from loadtest.servers import nginx_missing
@@ -20,7 +20,9 @@ SCENARIOS: dict[str, ModuleType] = {
     "epochs": epochs,
     "hits": hits,
     "ranges": ranges,
+    "sequential": sequential,
     "list": listing,
+    "rebuild": rebuild,  # no servers: the page store's index, by loadtest/rebuild.py
 }
 _NEEDS_NGINX = {"hits"}
 
@@ -36,6 +38,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--rtt-ms", type=float, default=20.0, help="WAN round trip (20)")
     g.add_argument("--rate", default="1gbit", help="WAN bandwidth, tc notation; 0: none (1gbit)")
+    g.add_argument(
+        "--stock-moto",
+        action="store_true",
+        help="moto as shipped: every ranged GET reads the whole object (see moto_origin.py)",
+    )
     g.add_argument("--processes", type=int, default=2, help="load client processes (2)")
     g.add_argument(
         "--gateway-args",
@@ -76,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
 def _options(args: argparse.Namespace) -> Options:
     rate_bps(args.rate)  # fail on a bad rate before anything starts
     return Options(
-        wan=WanSettings(args.wan, args.rtt_ms, args.rate),
+        wan=WanSettings(args.wan, args.rtt_ms, args.rate, args.stock_moto),
         processes=args.processes,
         gateway_args=tuple(shlex.split(args.gateway_args)),
         metadata_ttl=args.metadata_ttl,

@@ -60,48 +60,62 @@ def _epochs(ax: Axes, data: Data) -> None:
 
 def _hits(ax: Axes, data: Data) -> None:
     rows = data["rows"]
-    groups = list(dict.fromkeys(f"{r['size']} c={r['conns']}" for r in rows))
+    groups = list(dict.fromkeys(f"{r['size']}\nc={r['conns']}" for r in rows))
     servers = list(dict.fromkeys(r["server"] for r in rows))
     series = {
-        s: [next(r["req/s"] for r in rows if f"{r['size']} c={r['conns']}" == g
+        s: [next(r["MB/s"] for r in rows if f"{r['size']}\nc={r['conns']}" == g
                  and r["server"] == s) for g in groups]
         for s in servers
     }  # fmt: skip
     _bars(ax, groups, series, log=True)
-    ax.set_title("hits: requests/s per object size and connections", fontsize=9)
-    ax.set_ylabel("req/s (log)")
+    ax.set_title("hits: MB/s per object size (or range) and connections", fontsize=9)
+    ax.set_ylabel("MB/s (log)")
+
+
+def _passes(ax: Axes, rows: list[Data], note: Callable[[Data], str]) -> None:
+    """MB/s per path (groups), one bar per pass the path has (colour by pass), annotated."""
+    paths = list(dict.fromkeys(r["path"] for r in rows))
+    passes = list(dict.fromkeys(r["pass"] for r in rows))
+    palette = ["#ff9896", "#1f77b4", "#aec7e8", "#98df8a", "#c5b0d5", "#c49c94"]
+    colors = {label: palette[i % len(palette)] for i, label in enumerate(passes)}
+    width = 0.8 / max(max(sum(r["path"] == p for r in rows) for p in paths), 1)
+    labelled: set[str] = set()
+    for g, path in enumerate(paths):
+        mine = [r for r in rows if r["path"] == path]
+        for j, row in enumerate(mine):
+            x = g + (j - (len(mine) - 1) / 2) * width
+            label = row["pass"] if row["pass"] not in labelled else None
+            labelled.add(row["pass"])
+            ax.bar([x], [row["MB/s"]], width, label=label, color=colors[row["pass"]])
+            if text := note(row):
+                ax.annotate(text, (x, row["MB/s"]), xytext=(0, 3), textcoords="offset points",
+                            ha="center", fontsize=6)  # fmt: skip
+    ax.set_xticks(range(len(paths)), [p.replace(", ", ",\n") for p in paths], fontsize=7)
+    ax.set_yscale("log")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_ylabel("MB/s served (log)")
+
+
+def _origin_note(row: Data) -> str:
+    ratio = row.get("origin B / served B")
+    return f"{ratio:.1f}" if isinstance(ratio, float) and row["pass"] == "cold" else ""
 
 
 def _ranges(ax: Axes, data: Data) -> None:
     rows = data["rows"]
-    paths = list(dict.fromkeys(r["path"] for r in rows))
-    series = {
-        label: [next((r["MB/s"] for r in rows if r["path"] == p and r["pass"] == label), 0.0)
-                for p in paths]
-        for label in ("cold", "warm")
-    }  # fmt: skip
-    width = 0.4
-    for i, (label, values) in enumerate(series.items()):
-        xs = [g + (i - 0.5) * width for g in range(len(paths))]
-        ax.bar(xs, values, width, label=label, color=["#ff9896", "#1f77b4"][i])
-    for g, p in enumerate(paths):
-        cold = next(r for r in rows if r["path"] == p and r["pass"] == "cold")
-        ax.annotate(
-            f"origin/served\n{cold['origin B / served B']:.2f}",
-            (g - width / 2, cold["MB/s"]),
-            xytext=(0, 3),
-            textcoords="offset points",
-            ha="center",
-            fontsize=7,
-        )
-    ax.set_xticks(range(len(paths)), [p.replace(" (", "\n(") for p in paths], fontsize=7)
-    ax.set_yscale("log")
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7)
+    _passes(ax, rows, _origin_note)
     s = data["settings"]
     ax.set_title(f"ranges: {s['ranges_per_pass']} x {s['range_size'] // 1024} KiB ranges of a "
-                 f"{s['object_size'] >> 20} MiB object", fontsize=9)  # fmt: skip
-    ax.set_ylabel("MB/s served (log)")
+                 f"{s['object_size'] >> 20} MiB object (over cold bars: origin B / served B)",
+                 fontsize=9)  # fmt: skip
+
+
+def _sequential(ax: Axes, data: Data) -> None:
+    rows = data["rows"]
+    _passes(ax, rows, _origin_note)
+    s = data["settings"]
+    ax.set_title(f"sequential: one {s['object_size'] >> 20} MiB object read whole", fontsize=9)
 
 
 def _list(ax: Axes, data: Data) -> None:
@@ -119,6 +133,7 @@ DRAW: dict[str, Callable[[Axes, Data], None]] = {
     "epochs": _epochs,
     "hits": _hits,
     "ranges": _ranges,
+    "sequential": _sequential,
     "list": _list,
 }
 

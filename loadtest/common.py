@@ -91,6 +91,17 @@ def measure(
     return tally, meters[0].stop()
 
 
+def prime(client: LoadClient, base_url: str, target: str, readers: int = 8) -> float:
+    """Read one small object `readers` times at once, on as many connections, before a cold
+    measurement: a fresh gateway makes its store client on its first miss (each worker
+    process on its own), and that start-up cost is not the object's. Returns the slowest
+    first byte, in ms."""
+    tally = client.run(base_url, [Job(target)] * readers, readers, 120)
+    if tally.errors:
+        raise RuntimeError(f"priming {base_url} failed: {dict(tally.statuses)}")
+    return max(tally.first_bytes) * 1000
+
+
 def row_of(tally: Tally, cpu: CpuUse, **labels: object) -> Row:
     """The figures every phase reports, next to the server's CPU meanwhile."""
     hits = ",".join(f"{k}:{v}" for k, v in sorted(tally.x_cache.items()) if k != "-")

@@ -7,6 +7,7 @@ the gateway takes to answer a hit, so signing during the load would measure the 
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -101,23 +102,48 @@ def seed_objects(
 
 
 def seed_file(seed_url: str, key: str, path: Path) -> None:
-    """Upload one large local file in 64 MiB parts (moto holds it in a temp file)."""
+    """Upload one large local file (moto holds it in a temp file). One PUT up to 4 GiB: moto
+    takes a multipart upload about twice as long (it joins the parts in memory)."""
     client = origin_client(seed_url)
     ensure_bucket(client)
-    chunk = 64 * 1024 * 1024
-    config = TransferConfig(multipart_threshold=chunk, multipart_chunksize=chunk, max_concurrency=4)
+    config = TransferConfig(
+        multipart_threshold=4 << 30, multipart_chunksize=256 << 20, max_concurrency=2
+    )
     client.upload_file(str(path), ORIGIN_BUCKET, f"{ORIGIN_PREFIX}/{key}", Config=config)
 
 
+def seed_large(
+    seed_url: str, key: str, size: int, local_root: Path, progress: Callable[[str], None] = print
+) -> Path:
+    """One large object in the origin, and the same bytes at local_root/<bucket>/<key> (for
+    nginx, or a direct read); returns the local file."""
+    path = local_root / BUCKET / key
+    t0 = time.monotonic()
+    write_random_file(path, size)
+    t1 = time.monotonic()
+    seed_file(seed_url, key, path)
+    progress(f"  {size >> 20} MiB written in {t1 - t0:.1f} s, put in {time.monotonic() - t1:.1f} s")
+    return path
+
+
 def write_random_file(path: Path, size: int) -> None:
-    rng = random.Random(11)
+    """`size` bytes that differ in every MiB: 64 MiB of random bytes, repeated, with each
+    MiB's offset written over its first 16 bytes (random bytes cost ~8 s a GiB here)."""
+    block = random_block(64 << 20, seed=11)
+    mib = 1 << 20
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as f:
-        left = size
-        while left:
-            n = min(left, 8 * 1024 * 1024)
-            f.write(rng.randbytes(n))
-            left -= n
+        for offset in range(0, size, mib):
+            start = offset % len(block)
+            chunk = b"%016d" % offset + block[start + 16 : start + mib]
+            f.write(chunk[: size - offset])
+
+
+def random_ranges(size: int, span: int, count: int, seed: int) -> list[str]:
+    """`count` Range header values of `span` bytes at random, unaligned offsets in `size`."""
+    rng = random.Random(seed)
+    starts = [rng.randrange(0, size - span + 1) for _ in range(count)]
+    return [f"bytes={s}-{s + span - 1}" for s in starts]
 
 
 def presign(client: Any, bucket: str, key: str, expires: int = 6 * 3600) -> str:

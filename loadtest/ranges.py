@@ -1,58 +1,64 @@
 """Scenario `ranges`: random ranged reads (1 MiB) over one large object, the way columnar
-readers and s3torchconnector read, cold then warm, against the same ranges read directly from
-the origin; with the bytes the origin sent per byte served to the client.
+readers and s3torchconnector read, with the bytes the origin sent per byte served.
 
-Two gateways run side by side: one with its defaults (an object over `cache_max_object`,
-64 MiB, is never cached: every range goes to the origin) and one whose `cache_max_object`
-admits the object (the first ranged miss fills the whole object in the background).
+Three passes of `--ranges` random, unaligned ranges by `--readers` concurrent readers on every
+path: `cold` (set A, on a gateway with an empty cache), `warm` (set A again: every block it
+needs is cached) and `new` (a fresh set B: some of its blocks were filled by set A). Paths:
+the origin directly (behind the WAN), the gateway (the object cached in blocks of 4 MiB; a
+range fetches only the blocks it covers), a second gateway with `--block-sizes`' other sizes
+(1 MiB: less read amplification, more requests), and nginx serving the same file with Range
+requests (sendfile), if nginx is installed.
 """
 
 from __future__ import annotations
 
 import argparse
-import random
-import time
+import shutil
 
-from loadtest.common import Options, Run, finish, measure, row_of
-from loadtest.data import gateway_targets, origin_targets, seed_file, write_random_file
+from loadtest.common import Options, Run, finish, measure, prime, row_of
+from loadtest.data import (
+    gateway_targets,
+    origin_targets,
+    random_ranges,
+    seed_large,
+    seed_objects,
+)
 from loadtest.httpclient import Job
+from loadtest.procs import CpuMeter
 from loadtest.report import Report, Row
-from loadtest.servers import Gateway, start_gateway
+from loadtest.servers import BUCKET, Gateway, start_gateway, start_nginx
 from loadtest.sizes import fmt_size, parse_size
 
 SUMMARY = "random 1 MiB ranges of a large object, cold and warm, and origin bytes per byte served"
 COLUMNS = [
     "path", "pass", "seconds", "ranges/s", "MB/s", "p50 ms", "p99 ms", "server CPU",
-    "origin MB", "origin B / served B", "errors", "x-cache",
+    "origin CPU", "origin reqs", "origin MB", "origin B / served B", "fills", "prefetches",
+    "errors", "x-cache",
 ]  # fmt: skip
+PRIMER = "ranges/primer.bin"  # read before the cold pass: a fresh gateway's first miss
+PASSES = {"cold": 1, "warm": 1, "new": 2}  # pass -> seed of its random ranges
+
+
+def _sizes(text: str) -> list[int]:
+    return [parse_size(s) for s in text.split(",") if s.strip()]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--object-size", type=parse_size, default=parse_size("256MiB"))
-    p.add_argument("--range-size", type=parse_size, default=parse_size("1MiB"))
-    p.add_argument("--ranges", type=int, default=128, help="ranges per pass (128)")
+    p.add_argument("--object-size", type=parse_size, default=parse_size("1GiB"), help="(1GiB)")
+    p.add_argument("--range-size", type=parse_size, default=parse_size("1MiB"), help="(1MiB)")
+    p.add_argument("--ranges", type=int, default=256, help="ranges per pass (256)")
     p.add_argument("--readers", type=int, default=16, help="concurrent readers (16)")
     p.add_argument(
-        "--no-fill-gateway",
-        action="store_true",
-        help="skip the second gateway (the one whose cache_max_object admits the object)",
+        "--block-sizes",
+        type=_sizes,
+        default=_sizes("4MiB,1MiB"),
+        help="one gateway (empty cache) per block size; the first one is labelled `gateway` "
+        "(4MiB,1MiB)",
     )
 
 
-def _jobs(target: str, size: int, span: int, count: int, seed: int) -> list[Job]:
-    rng = random.Random(seed)
-    starts = [rng.randrange(0, size - span + 1) for _ in range(count)]
-    return [Job(target, f"bytes={s}-{s + span - 1}") for s in starts]
-
-
-def _wait_filled(gateway: Gateway, size: int, timeout: float) -> float:
-    """Seconds until the gateway's disk cache holds the whole object (bounded by `timeout`)."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if gateway.metric("gateway_cache_bytes") >= size:
-            return time.monotonic() - t0
-        time.sleep(0.2)
-    return float("nan")
+def _metrics(gw: Gateway) -> dict[str, float]:
+    return {m: gw.metric(f"gateway_cache_{m}_total") for m in ("fills", "prefetches")}
 
 
 def run(options: Options, args: argparse.Namespace) -> None:
@@ -63,6 +69,7 @@ def run(options: Options, args: argparse.Namespace) -> None:
         "range_size": span,
         "ranges_per_pass": args.ranges,
         "readers": args.readers,
+        "block_sizes": args.block_sizes,
         "gateway_args": list(options.gateway_args),
     }
     report.load_generator = (
@@ -72,62 +79,70 @@ def run(options: Options, args: argparse.Namespace) -> None:
     key = f"ranges/{fmt_size(size)}.bin"
     with Run("ranges", options) as r:
         origin, shape = r.origin()
-        local = r.workdir / "object.bin"
+        files = r.workdir / "files"
         r.log(f"seeding one {fmt_size(size)} object")
-        write_random_file(local, size)
-        seed_file(origin.seed_url, key, local)
-        local.unlink()
+        seed_large(origin.seed_url, key, size, files, r.log)
+        seed_objects(origin.seed_url, [PRIMER], 4096)
         shape()
         report.wan = origin.description
         r.log(f"WAN: {origin.description}")
-        gateways = [("gateway (defaults)", start_gateway(
-            r.cleanup, r.workdir, origin.url, options.metadata_ttl, list(options.gateway_args)
-        ))]  # fmt: skip
-        if not args.no_fill_gateway:
-            extra = [*options.gateway_args, "--cache-max-object", str(size)]
-            extra += ["--cache-capacity", str(max(size * 2, 10 << 30))]
-            name = f"gateway (cache_max_object={fmt_size(size)})"
-            gateways.append(
-                (name, start_gateway(r.cleanup, r.workdir, origin.url, "-1", extra, "gateway2"))
-            )
         client = r.client()
-        passes = {"cold": 1, "warm": 2}  # a new random set of ranges for the warm pass
 
-        def phase(path: str, label: str, base: str, target: str, pid: int | None) -> Row:
-            jobs = _jobs(target, size, span, args.ranges, passes[label])
-            before = origin.bytes_sent()
+        def phase(
+            path: str, label: str, base: str, target: str, pid: int | None, gw: Gateway | None
+        ) -> Row:
+            ranges = random_ranges(size, span, args.ranges, PASSES[label])
+            jobs = [Job(target, rng) for rng in ranges]
+            before, conns = origin.bytes_sent(), origin.connections()
+            counters = _metrics(gw) if gw else {}
+            moto = CpuMeter(origin.pid)
             tally, cpu = measure(client, base, jobs, args.readers, options.phase_timeout, pid)
-            row = row_of(tally, cpu, path=path)
+            row = row_of(tally, cpu, path=path, **{"origin CPU": moto.stop().server_cores})
             row["pass"] = label
             row["ranges/s"] = row.pop("req/s")
             row["served MB"] = tally.bytes / 1e6
             row["origin MB"] = (origin.bytes_sent() - before) / 1e6
             row["origin B / served B"] = row["origin MB"] / max(row["served MB"], 1e-9)
+            if conns is not None:
+                row["origin reqs"] = (origin.connections() or 0) - conns
+            if gw is not None:
+                row.update({m: v - counters[m] for m, v in _metrics(gw).items()})
             r.log(
                 f"{path} {label}: {row['seconds']:.1f} s, {row['MB/s']:.0f} MB/s, "
-                f"origin {row['origin MB']:.0f} MB for {tally.bytes / 1e6:.0f} MB served"
+                f"origin {row['origin MB']:.0f} MB for {row['served MB']:.0f} MB served"
             )
             return report.add(**row)
 
-        direct = origin_targets(origin.url, [key])[0]
-        for label in passes:
-            phase("direct", label, origin.url, direct, origin.pid)
-        for name, gw in gateways:
-            target = gateway_targets(gw.url, [key])[0]
-            before = origin.bytes_sent()
-            cold = phase(name, "cold", gw.url, target, gw.pid)
-            if gw.data_dir.name == "gateway2":
-                filled = _wait_filled(gw, size, options.phase_timeout)
-                # The background fill goes on after the cold pass: charge it to that pass.
-                cold["origin MB"] = (origin.bytes_sent() - before) / 1e6
-                cold["origin B / served B"] = cold["origin MB"] / max(cold["served MB"], 1e-9)
-                report.notes.append(f"{name}: whole object in the cache {filled:.1f} s after cold")
-                r.log(f"{name}: filled {filled:.1f} s after the cold pass")
-            phase(name, "warm", gw.url, target, gw.pid)
+        def passes(path: str, base: str, target: str, pid: int, gw: Gateway | None = None) -> None:
+            for label in PASSES:
+                phase(path, label, base, target, pid, gw)
+
+        passes("direct", origin.url, origin_targets(origin.url, [key])[0], origin.pid)
+        for i, block in enumerate(args.block_sizes):
+            name = "gateway" if i == 0 else f"gateway, {fmt_size(block)} blocks"
+            extra = [*options.gateway_args, "--cache-block-size", str(block)]
+            gw = start_gateway(
+                r.cleanup, r.workdir, origin.url, options.metadata_ttl, extra, f"gateway{i}"
+            )
+            target, primer = gateway_targets(gw.url, [key, PRIMER])
+            first = prime(client, gw.url, primer)
+            r.log(f"{name}: primed, first byte of its first miss {first:.0f} ms")
+            passes(name, gw.url, target, gw.pid, gw)
+            gw.stop()  # its CPU and page cache go back to the next path
+        if shutil.which("nginx"):
+            nginx = start_nginx(r.cleanup, r.workdir, files, origin.url, options.nginx_workers)
+            passes("nginx static", nginx.static_url, f"/{BUCKET}/{key}", nginx.pid)
         report.ratios = _ratios(report.rows)
         report.notes.append(
+            "passes: cold = set A of random ranges (the gateway's cache empty), warm = set A "
+            "again, new = another random set B; direct and nginx have no cache, their passes "
+            "are the same reads; each gateway read a 4 KiB object 8 times before its cold pass "
+            "(its first miss makes the store client)"
+        )
+        report.notes.append(
             "origin bytes: HTTP bytes (headers + bodies) the origin sent, counted where it "
-            "leaves the WAN; 1 MiB ranges start at random, unaligned offsets"
+            "leaves the WAN; origin reqs: connections it accepted (one request each); fills, "
+            "prefetches: the gateway's block fills kept and read-ahead fills started"
         )
         finish(r, report)
 
@@ -136,6 +151,8 @@ def _ratios(rows: list[Row]) -> dict[str, float]:
     by = {(row["path"], row["pass"]): row["MB/s"] for row in rows}
     ratios = {}
     for (path, label), value in by.items():
-        if path != "direct":
-            ratios[f"{path} {label} / direct (MB/s)"] = value / by[("direct", label)]
+        if path.startswith("gateway"):
+            ratios[f"{path} {label} / direct {label} (MB/s)"] = value / by[("direct", label)]
+            if label == "warm" and ("nginx static", label) in by:
+                ratios[f"{path} warm / nginx static (MB/s)"] = value / by[("nginx static", label)]
     return ratios

@@ -1,8 +1,9 @@
--- wrk script: rotate over the request targets listed in a file (one per line), each thread
--- from its own offset, and print one JSON line of results for loadtest/wrk.py to read.
+-- wrk script: rotate over the request targets listed in a file (one per line, optionally
+-- followed by a tab and a Range header value), each thread from its own offset, and print
+-- one JSON line of results for loadtest/wrk.py to read.
 -- Usage: wrk -s rotate.lua URL -- TARGETS_FILE
 
-local targets = {}
+local requests = {}
 local counter = 0
 local next_id = 0
 
@@ -12,16 +13,22 @@ function setup(thread)
 end
 
 function init(args)
+  -- Every request is formatted once here, not once per request.
   for line in io.lines(args[1]) do
-    targets[#targets + 1] = line
+    local target, range = line:match("^([^\t]+)\t(.+)$")
+    if target then
+      requests[#requests + 1] = wrk.format("GET", target, { Range = range })
+    else
+      requests[#requests + 1] = wrk.format("GET", line)
+    end
   end
   -- Threads start at different places so that they do not ask for the same object together.
-  counter = (id or 0) * math.floor(#targets / 2 + 1)
+  counter = (id or 0) * math.floor(#requests / 2 + 1)
 end
 
 function request()
   counter = counter + 1
-  return wrk.format("GET", targets[(counter % #targets) + 1])
+  return requests[(counter % #requests) + 1]
 end
 
 function done(summary, latency, requests)

@@ -1,4 +1,5 @@
-"""The origin (moto's S3 server) behind an emulated WAN: latency and a bandwidth cap.
+"""The origin (moto's S3 server, see moto_origin.py) behind an emulated WAN: latency and a
+bandwidth cap.
 
 Preferred: the origin in a network namespace of its own, reached over a veth pair whose both
 ends carry `tc netem` delay and rate. Kernels without netem (this machine's) still get the
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from loadtest.procs import Cleanup, free_port, run, wait_http
 
-BIN = Path(sys.executable).parent
+_REPO = Path(__file__).resolve().parent.parent
 _NS_PREFIX = "ltwan"
 # RFC 2544's benchmarking range: never routed anywhere, and it lives only on our veth.
 _BENCH_NET = ipaddress.IPv4Network("198.18.0.0/15")
@@ -34,6 +35,7 @@ class WanSettings:
     mode: str  # auto | netns | proxy
     rtt_ms: float
     rate: str  # tc notation: 1gbit, 200mbit; "0" for no cap
+    stock_moto: bool = False  # True: moto as shipped, whose ranged GETs read the whole object
 
 
 def rate_bps(rate: str) -> float:
@@ -98,9 +100,20 @@ def _pick_subnet() -> ipaddress.IPv4Network:
     raise RuntimeError("no free /30 in 198.18.0.0/15 for the WAN veth")
 
 
-def _start_moto(cleanup: Cleanup, workdir: Path, prefix: list[str], host: str, port: int) -> int:
-    cmd = [*prefix, str(BIN / "moto_server"), "-H", host, "-p", str(port)]
-    proc = cleanup.spawn("moto", cmd, workdir / "moto.log")
+def _module_env() -> dict[str, str]:
+    """`python -m loadtest.x` finds this package from any working directory."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _start_moto(
+    cleanup: Cleanup, workdir: Path, prefix: list[str], host: str, port: int, stock: bool
+) -> int:
+    # loadtest.moto_origin: moto's server with ranged GETs that read only their range.
+    launcher = ["-m", "loadtest.moto_origin", *(["--stock"] if stock else [])]
+    cmd = [*prefix, sys.executable, *launcher, "-H", host, "-p", str(port)]
+    proc = cleanup.spawn("moto", cmd, workdir / "moto.log", _module_env())
     wait_http(f"http://{host}:{port}/moto-api/", proc, timeout=60)
     return proc.pid
 
@@ -120,7 +133,7 @@ def _start_proxy(
         "--upstream", upstream, "--rtt-ms", str(settings.rtt_ms),
         "--rate-bps", str(rate or 0), "--stats", stats,
     ]  # fmt: skip
-    proc = cleanup.spawn("wan proxy", cmd, workdir / "wan_proxy.log")
+    proc = cleanup.spawn("wan proxy", cmd, workdir / "wan_proxy.log", _module_env())
     wait_http(f"http://{stats}/", proc, timeout=30)
 
 
@@ -181,6 +194,12 @@ class NetnsWan:
         return out
 
 
+def _moto_kind(settings: WanSettings) -> str:
+    if settings.stock_moto:
+        return "stock moto (a ranged GET reads the whole object)"
+    return "moto with ranged GETs reading only their range (loadtest.moto_origin)"
+
+
 def can_make_namespaces() -> bool:
     return os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
 
@@ -199,7 +218,9 @@ def start_origin(
     rate = rate_bps(settings.rate) or None
     if mode == "netns":
         wan = NetnsWan(cleanup, workdir, settings)
-        moto_pid = _start_moto(cleanup, workdir, wan.exec, wan.ns_ip, _MOTO_PORT)
+        moto_pid = _start_moto(
+            cleanup, workdir, wan.exec, wan.ns_ip, _MOTO_PORT, settings.stock_moto
+        )
         seed = f"http://{wan.ns_ip}:{_MOTO_PORT}"
         if wan.netem:
             origin = Origin(seed, seed, moto_pid, "", None, None)
@@ -227,12 +248,13 @@ def start_origin(
                 f"{settings.rtt_ms:g} ms RTT added by loadtest.wan_proxy inside the namespace"
             )
             origin.description = (
-                f"netns {wan.ns}, veth {wan.host_dev} {wan.host_ip} <-> {wan.ns_ip}; {how}"
+                f"netns {wan.ns}, veth {wan.host_dev} {wan.host_ip} <-> {wan.ns_ip}; {how}; "
+                f"{_moto_kind(settings)}"
             )
 
         return origin, shape
     moto_port, wan_port, stats_port = free_port(), free_port(), free_port()
-    moto_pid = _start_moto(cleanup, workdir, [], "127.0.0.1", moto_port)
+    moto_pid = _start_moto(cleanup, workdir, [], "127.0.0.1", moto_port, settings.stock_moto)
     listen, stats = f"127.0.0.1:{wan_port}", f"127.0.0.1:{stats_port}"
     _start_proxy(cleanup, workdir, [], listen, f"127.0.0.1:{moto_port}", stats, settings, rate)
     origin = Origin(
@@ -240,7 +262,7 @@ def start_origin(
         f"http://127.0.0.1:{moto_port}",
         moto_pid,
         f"loopback delay proxy (loadtest.wan_proxy): {settings.rtt_ms:g} ms RTT, "
-        f"rate {settings.rate} paced in user space",
+        f"rate {settings.rate} paced in user space; {_moto_kind(settings)}",
         f"http://{stats}/",
     )
     return origin, lambda: None
