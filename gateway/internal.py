@@ -62,14 +62,14 @@ class InternalApp:
         except errors.S3Error as exc:
             await _answer(send, exc.status, b"", [(ERROR_HEADER.encode(), exc.code.encode())])
             return
+        if isinstance(body, bytes):
+            await _answer(send, 200, body)
+            return
         await send(
             {
                 "type": "http.response.start",
                 "status": 200,
-                "headers": [
-                    (b"content-length", str(end - start).encode()),
-                    (b"content-type", b"application/octet-stream"),
-                ],
+                "headers": [(b"content-length", str(end - start).encode())],
             }
         )
         async with aclosing(body) as chunks:

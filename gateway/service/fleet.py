@@ -1,7 +1,7 @@
 """The fleet as the read path sees it: which node owns a block, and how to read it from there.
 
 A node that does not own a block asks its owner over the fleet's internal HTTP API (pooled
-httpx connections, streamed), never redirects the client. Requests between nodes carry an
+aiohttp connections, streamed), never redirects the client. Requests between nodes carry an
 HMAC of the fleet secret over the method, the path and a timestamp; nodes refuse any other.
 When an owner does not answer, the next replica is asked from the byte reached, then the
 store itself: the client sees a correct answer, not an error.
@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncGenerator
 from urllib.parse import parse_qsl, urlencode
 
-import httpx
+import aiohttp
 
 from gateway import errors
 from gateway.cluster.placement import Node, Placement, block_key, object_key
@@ -72,13 +72,27 @@ class Fleet:
         self.me = me
         self.placement = Placement([me])
         self._secret = secret.encode()
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(60.0, connect=forward_timeout, pool=forward_timeout),
-            limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
+        # aiohttp, not httpx: measured here, one forwarded 4 KiB block cost ~3.8 ms of CPU
+        # through httpx (anyio, h11, 64 KiB reads) against ~0.5 ms for the whole S3 hit.
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=forward_timeout, sock_connect=forward_timeout, sock_read=60.0
         )
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        # Made on first use, inside the running loop, as aiohttp requires.
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout,
+                connector=aiohttp.TCPConnector(limit=512, limit_per_host=128),
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent",),
+            )
+        return self._session
 
     async def close(self) -> None:
-        await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
 
     def update(self, placement: Placement) -> None:
         self.placement = placement
@@ -114,26 +128,24 @@ class Fleet:
         query = urlencode({**params, "a": start, "z": end})
         target = f"{PREFIX}block?{query}"
         signed = canonical(f"{PREFIX}block", query)
-        request = self._client.build_request(
-            "GET",
-            f"http://{node.address}{target}",
-            headers={AUTH_HEADER: auth_value(self._secret, "GET", signed)},
-        )
         try:
-            response = await self._client.send(request, stream=True)
-        except httpx.HTTPError as exc:
+            response = await self._client().get(
+                f"http://{node.address}{target}",
+                headers={AUTH_HEADER: auth_value(self._secret, "GET", signed)},
+            )
+        except (aiohttp.ClientError, TimeoutError) as exc:
             raise PeerUnavailable(f"{node.id} at {node.address}: {exc!r}") from None
         try:
-            if response.status_code != 200:
-                await response.aread()
-                raise _peer_error(node, response)
+            if response.status != 200:
+                await response.read()
+                raise _peer_error(node, response.status, response.headers.get(ERROR_HEADER, ""))
             try:
-                async for chunk in response.aiter_raw():
+                async for chunk in response.content.iter_chunked(1 << 20):
                     yield chunk
-            except httpx.HTTPError as exc:
+            except (aiohttp.ClientError, TimeoutError) as exc:
                 raise PeerUnavailable(f"{node.id} cut the block short: {exc!r}") from None
         finally:
-            await response.aclose()
+            response.release()
 
     async def invalidate(self, mount_id: int, key: str, wait: float = 2.0) -> None:
         """Tell every other live node that `key` has a new version (or none): they forget its
@@ -147,23 +159,22 @@ class Fleet:
 
         async def one(node: Node) -> None:
             try:
-                response = await self._client.post(
+                async with self._client().post(
                     f"http://{node.address}{target}",
                     headers={AUTH_HEADER: auth_value(self._secret, "POST", signed)},
-                    timeout=wait,
-                )
-                if response.status_code != 204:
-                    log.warning("invalidation refused by %s: %s", node.id, response.status_code)
-            except httpx.HTTPError as exc:
+                    timeout=aiohttp.ClientTimeout(total=wait),
+                ) as response:
+                    if response.status != 204:
+                        log.warning("invalidation refused by %s: %s", node.id, response.status)
+            except (aiohttp.ClientError, TimeoutError) as exc:
                 log.warning("invalidation did not reach %s: %r", node.id, exc)
 
         await asyncio.gather(*(one(n) for n in peers))
 
 
-def _peer_error(node: Node, response: httpx.Response) -> Exception:
-    code = response.headers.get(ERROR_HEADER, "")
+def _peer_error(node: Node, status: int, code: str) -> Exception:
     if code == "NoSuchKey":
         return errors.NoSuchKey()
     if code == "VersionChanged":
-        return VersionChanged(response.headers.get("x-gateway-key", ""))
-    return PeerUnavailable(f"{node.id} answered {response.status_code} {code}".strip())
+        return VersionChanged(node.id)
+    return PeerUnavailable(f"{node.id} answered {status} {code}".strip())

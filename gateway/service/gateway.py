@@ -399,6 +399,9 @@ class Gateway:
             if node.id == self.fleet.me.id:
                 # Our turn among the replicas: serve it as its owner would.
                 body = await self.serve_block(handle.id, info, size, index, pos, end, pinned)
+                if isinstance(body, bytes):
+                    yield body
+                    return
                 async with aclosing(body) as chunks:
                     async for chunk in chunks:
                         yield chunk
@@ -419,9 +422,10 @@ class Gateway:
     async def serve_block(
         self, mount_id: int, info: ObjectInfo, block_size: int, index: int, start: int, end: int,
         pinned: bool,
-    ) -> AsyncGenerator[bytes, None]:  # fmt: skip
-        """For a peer: bytes [start, end) of a block this node owns, from its page store,
-        fetched from the store on a miss. Primed, so that errors come before any byte."""
+    ) -> bytes | AsyncGenerator[bytes, None]:  # fmt: skip
+        """For a peer: bytes [start, end) of a block this node owns, from its page store (one
+        read on a hit), fetched from the store on a miss. Primed, so that errors come before
+        any byte."""
         handle = self.namespace.by_id(mount_id)
         if handle is None:
             raise errors.NoSuchBucket()
@@ -430,6 +434,9 @@ class Gateway:
         if not 0 <= start <= end <= length:
             raise errors.InvalidRange()
         bkey = block_key(mount_id, info.key, info.etag, block_size, index)
+        data = await self.pages.read_hit(bkey, length, start, end, pinned=pinned)
+        if data is not None:
+            return data
 
         def fetch() -> AsyncGenerator[bytes, None]:
             return self._from_store(handle, info, offset, offset + length)
