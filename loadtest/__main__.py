@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from types import FrameType, ModuleType
 
-from loadtest import epochs, hits, listing, ranges, rebuild, sequential
+from loadtest import epochs, fleet, hits, listing, ranges, rebuild, sequential
 from loadtest.common import Options
 from loadtest.report import RESULTS
 from loadtest.servers import nginx_missing
@@ -22,6 +22,7 @@ SCENARIOS: dict[str, ModuleType] = {
     "ranges": ranges,
     "sequential": sequential,
     "list": listing,
+    "fleet": fleet,  # fleets of 1-3 nodes on PostgreSQL: hits over all nodes, one hop, epochs
     "rebuild": rebuild,  # no servers: the page store's index, by loadtest/rebuild.py
 }
 _NEEDS_NGINX = {"hits"}
