@@ -67,7 +67,7 @@ def _hits(ax: Axes, data: Data) -> None:
                  and r["server"] == s) for g in groups]
         for s in servers
     }  # fmt: skip
-    _bars(ax, groups, series, log=True)
+    _bars(ax, [g.replace(" of ", "\nof ") for g in groups], series, log=True)
     ax.set_title("hits: MB/s per object size (or range) and connections", fontsize=9)
     ax.set_ylabel("MB/s (log)")
 
@@ -99,7 +99,8 @@ def _passes(ax: Axes, rows: list[Data], note: Callable[[Data], str]) -> None:
 
 def _origin_note(row: Data) -> str:
     ratio = row.get("origin B / served B")
-    return f"{ratio:.1f}" if isinstance(ratio, float) and row["pass"] == "cold" else ""
+    cold = isinstance(ratio, float) and ratio > 0 and row["pass"] == "cold"
+    return f"{ratio:.1f}" if cold else ""
 
 
 def _ranges(ax: Axes, data: Data) -> None:

@@ -46,14 +46,15 @@ def patch_ranges() -> None:
     from moto.s3.models import FakeKey
     from moto.s3.responses import S3Response
 
-    full_value = FakeKey.value
+    full_value: property = FakeKey.__dict__["value"]
+    assert full_value.fget is not None
 
     def value(self: Any) -> Any:
         if getattr(_local, "ranged_get", False):
             return _LazyValue(self)
-        return full_value.fget(self)  # type: ignore[attr-defined]
+        return full_value.fget(self)  # type: ignore[misc]
 
-    FakeKey.value = property(value, full_value.fset)  # type: ignore[method-assign,assignment]
+    setattr(FakeKey, "value", property(value, full_value.fset))  # noqa: B010 (a property)
     key_response = S3Response.key_response
 
     def ranged_key_response(self: Any, request: Any, full_url: str, headers: Any) -> Any:

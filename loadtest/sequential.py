@@ -110,6 +110,20 @@ class _Phases:
         return self.report.add(**mid)
 
 
+def _variants(args: argparse.Namespace) -> list[tuple[str, list[str], int, int]]:
+    """The gateways to read through: (name, `gateway serve` arguments, readers, workers)."""
+    variants = []
+    for i, ahead in enumerate(args.readahead):
+        name = "gateway" if i == 0 else f"gateway, readahead {ahead}"
+        variants.append((name, ["--readahead-blocks", str(ahead)], 1, 1))
+    for w in args.workers:
+        variants.append((f"gateway, {w} workers", ["--workers", str(w)], 1, w))
+    if args.workers and args.readers_at_once > 1:
+        w, n = args.workers[0], args.readers_at_once
+        variants.append((f"gateway, {w} workers, {n} readers", ["--workers", str(w)], n, w))
+    return variants
+
+
 def _metrics(gw: Gateway) -> dict[str, float]:
     return {m: gw.metric(f"gateway_cache_{m}_total") for m in ("fills", "prefetches")}
 
@@ -144,17 +158,8 @@ def run(options: Options, args: argparse.Namespace) -> None:
         for i in range(1, args.direct_reads + 1):
             report.add(**phases.read("direct", f"read {i}", origin.url, direct, origin.pid))
 
-        variants: list[tuple[str, list[str], int, int]] = []  # name, args, readers, workers
-        for i, ahead in enumerate(args.readahead):
-            name = "gateway" if i == 0 else f"gateway, readahead {ahead}"
-            variants.append((name, ["--readahead-blocks", str(ahead)], 1, 1))
-        for w in args.workers:
-            variants.append((f"gateway, {w} workers", ["--workers", str(w)], 1, w))
-        if args.workers and args.readers_at_once > 1:
-            w, n = args.workers[0], args.readers_at_once
-            variants.append((f"gateway, {w} workers, {n} readers", ["--workers", str(w)], n, w))
         firsts: list[int] = []
-        for i, (name, extra, n, workers) in enumerate(variants):
+        for i, (name, extra, n, workers) in enumerate(_variants(args)):
             gw = start_gateway(
                 r.cleanup,
                 r.workdir,

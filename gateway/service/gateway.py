@@ -84,6 +84,7 @@ class Gateway:
         self.buckets = Buckets(self, bucket_store, bucket_store_options or {})
         self.fleet: Fleet | None = None  # set when the node runs in a fleet
         self._opening: dict[tuple[int, str], asyncio.Future[None]] = {}
+        self._stats: dict[tuple[int, str], asyncio.Future[ObjectInfo]] = {}
         self._walks: OrderedDict[tuple[int, str, str], int] = OrderedDict()
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -137,11 +138,31 @@ class Gateway:
     # -- objects ---------------------------------------------------------------------------
 
     async def stat(self, handle: MountHandle, key: str) -> ObjectInfo:
-        """The object's current version, per the mount's TTL; no I/O when fresh in-process."""
+        """The object's current version, per the mount's TTL; no I/O when fresh in-process.
+        Concurrent revalidations of one key make one store request."""
         now = time.monotonic()
         info = self.metadata.fresh(handle.id, key, handle.ttl, now)
         if info is not None:
             return info
+        if handle.ttl == 0:
+            # "Always revalidate": a request must not take the answer to one sent before it.
+            return await self._revalidate(handle, key, now)
+        pending = self._stats.get((handle.id, key))
+        if pending is None:
+            pending = asyncio.ensure_future(self._revalidate(handle, key, now))
+            self._stats[(handle.id, key)] = pending
+
+            def done(
+                future: asyncio.Future[ObjectInfo], at: tuple[int, str] = (handle.id, key)
+            ) -> None:
+                self._stats.pop(at, None)
+                if not future.cancelled():
+                    future.exception()  # retrieved here: every waiter may have gone
+
+            pending.add_done_callback(done)
+        return await asyncio.shield(pending)
+
+    async def _revalidate(self, handle: MountHandle, key: str, now: float) -> ObjectInfo:
         previous = self.metadata.peek(handle.id, key)
         if previous is None and await self._remembered(handle, key):
             found = self.metadata.peek(handle.id, key)
