@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import secrets
 import string
@@ -43,6 +44,9 @@ _EXTRA_FIELDS = (
     "expires",
 )
 _OBJECT_PK = ("mount_id", "key")
+_OBJECT_COLUMNS = (
+    "mount_id", "key", "size", "etag", "last_modified", "content_type", "extra", "checked_at",
+)  # fmt: skip
 _ENCRYPTED = "fernet"  # {"fernet": token} marks an encrypted option value in mounts.options
 
 
@@ -263,14 +267,21 @@ class MetaStore(MultipartUploads):
             "extra": _dumps(extra),
             "checked_at": checked_at or _now(),
         }
-        insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
-        statement = insert(objects).values(row)
-        statement = statement.on_conflict_do_update(
-            index_elements=[objects.c.mount_id, objects.c.key],
-            set_={name: statement.excluded[name] for name in row if name not in _OBJECT_PK},
-        )
         async with self._connect() as conn:
-            await conn.execute(statement)
+            await conn.execute(self._object_upsert, row)
+
+    @functools.cached_property
+    def _object_upsert(self) -> Any:
+        """The upsert of put_object_meta, built once: building it per call (values, excluded)
+        was a quarter of a cold miss's CPU on TTL -1 mounts."""
+        insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
+        statement = insert(objects)
+        return statement.on_conflict_do_update(
+            index_elements=[objects.c.mount_id, objects.c.key],
+            set_={
+                name: statement.excluded[name] for name in _OBJECT_COLUMNS if name not in _OBJECT_PK
+            },
+        )
 
     async def get_object_meta(self, mount_id: int, key: str) -> tuple[ObjectInfo, datetime] | None:
         """(info, checked_at) of one object, or None if nothing is recorded."""
