@@ -6,8 +6,8 @@ are none and members learn of changes by polling.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import Iterable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -16,8 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from gateway.meta import MetaUnavailable
-from gateway.meta.store import is_unavailable as is_outage
+from gateway.meta.store import transaction
 from gateway.meta.tables import nodes
 
 from .placement import Node
@@ -202,24 +201,5 @@ class NodeRegistry:
         days = sa.func.julianday("now") - sa.func.julianday(nodes.c.heartbeat_at)
         return sa.cast(days * _SECONDS_PER_DAY, sa.Float)
 
-    @asynccontextmanager
-    async def _begin(self) -> AsyncIterator[AsyncConnection]:
-        """A connection in a transaction, committed on success; outages become MetaUnavailable."""
-        conn = self._engine.connect()
-        try:
-            await conn.start()
-        except Exception as error:
-            # As in MetaStore: failing to get a connection at all is an outage, not a bug.
-            raise MetaUnavailable(f"database {self._safe_url()}: {error}") from error
-        try:
-            async with conn.begin():
-                yield conn
-        except Exception as error:
-            if is_outage(error):
-                raise MetaUnavailable(f"database {self._safe_url()}: {error}") from error
-            raise
-        finally:
-            await conn.close()
-
-    def _safe_url(self) -> str:
-        return self._engine.url.render_as_string(hide_password=True)
+    def _begin(self) -> AbstractAsyncContextManager[AsyncConnection]:
+        return transaction(self._engine)

@@ -8,7 +8,7 @@ import json
 import secrets
 import string
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime
 from types import MappingProxyType, TracebackType
 from typing import Any
@@ -311,25 +311,30 @@ class MetaStore(MultipartUploads):
 
     # -- plumbing
 
-    @asynccontextmanager
-    async def _connect(self) -> AsyncIterator[AsyncConnection]:
-        """A connection in a transaction, committed on success; outages become MetaUnavailable."""
-        conn = self._engine.connect()
-        try:
-            await conn.start()
-        except Exception as error:
-            # Whatever stops us from getting a connection at all (refused, not accepting
-            # connections, too many clients, shutting down) is an outage, not a bug.
-            raise MetaUnavailable(f"database {self._safe_url()}: {error}") from error
-        try:
-            async with conn.begin():
-                yield conn
-        except Exception as error:
-            if is_unavailable(error):
-                raise MetaUnavailable(f"database {self._safe_url()}: {error}") from error
-            raise
-        finally:
-            await conn.close()
+    def _connect(self) -> AbstractAsyncContextManager[AsyncConnection]:
+        return transaction(self._engine)
 
     def _safe_url(self) -> str:
         return self._engine.url.render_as_string(hide_password=True)
+
+
+@asynccontextmanager
+async def transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A connection in a transaction, committed on success; outages become MetaUnavailable."""
+    url = engine.url.render_as_string(hide_password=True)
+    conn = engine.connect()
+    try:
+        await conn.start()
+    except Exception as error:
+        # Whatever stops us from getting a connection at all (refused, not accepting
+        # connections, too many clients, shutting down) is an outage, not a bug.
+        raise MetaUnavailable(f"database {url}: {error}") from error
+    try:
+        async with conn.begin():
+            yield conn
+    except Exception as error:
+        if is_unavailable(error):
+            raise MetaUnavailable(f"database {url}: {error}") from error
+        raise
+    finally:
+        await conn.close()
