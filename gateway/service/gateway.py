@@ -13,10 +13,9 @@ import functools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
 
 from gateway import errors, metrics
 from gateway.cache import BlockKey, PageStore
@@ -28,6 +27,7 @@ from gateway.service.fleet import Fleet, PeerUnavailable
 from gateway.service.metadata import MetadataCache
 from gateway.service.multipart import Multipart
 from gateway.service.namespace import MountHandle, Namespace
+from gateway.service.recorder import MetadataRecorder
 from gateway.service.store_errors import store_errors
 from gateway.service.writes import ObjectWriter
 from gateway.stores import (
@@ -79,6 +79,7 @@ class Gateway:
         self.readahead = readahead
         self.namespace = Namespace(meta, default_ttl, block_size, self._mounts_changed)
         self.metadata = MetadataCache()
+        self.recorder = MetadataRecorder(meta)
         self.writer = ObjectWriter(self)
         self.multipart = Multipart(self, multipart_max_age)
         self.buckets = Buckets(self, bucket_store, bucket_store_options or {})
@@ -86,15 +87,9 @@ class Gateway:
         self._opening: dict[tuple[int, str], asyncio.Future[None]] = {}
         self._stats: dict[tuple[int, str], asyncio.Future[ObjectInfo]] = {}
         self._walks: OrderedDict[tuple[int, str, str], int] = OrderedDict()
-        self._tasks: set[asyncio.Task[Any]] = set()
 
     async def close(self) -> None:
-        # Let metadata writes and fills in flight finish briefly; then give up on them.
-        if self._tasks:
-            _, pending = await asyncio.wait(list(self._tasks), timeout=5)
-            for task in pending:
-                task.cancel()
-        await self.writer.close()
+        await self.recorder.close()  # metadata learnt or written, briefly
         await self.namespace.close()
 
     def _mounts_changed(self, handles: list[MountHandle]) -> None:
@@ -185,7 +180,7 @@ class Gateway:
         if previous is not None and previous.etag != info.etag:
             self.invalidate(handle, previous)
         if handle.ttl < 0 and (previous is None or previous.etag != info.etag):
-            self._spawn(self._remember(handle.id, info))
+            self.recorder.record(handle.id, key, info)
         return info
 
     async def _remembered(self, handle: MountHandle, key: str) -> bool:
@@ -256,7 +251,7 @@ class Gateway:
                 )
             self.metadata.put(handle.id, key, info, time.monotonic())
             if handle.ttl < 0:
-                self._spawn(self._remember(handle.id, info))
+                self.recorder.record(handle.id, key, info)
             try:
                 check_conditions(cond, info)
             except BaseException:
@@ -521,17 +516,6 @@ class Gateway:
             async for chunk in chunks:
                 metrics.store_bytes(handle.kind, len(chunk))
                 yield chunk
-
-    async def _remember(self, mount_id: int, info: ObjectInfo) -> None:
-        try:
-            await self.meta.put_object_meta(mount_id, info)
-        except MetaUnavailable as exc:
-            log.warning("could not persist metadata of %s: %s", info.key, exc)
-
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
 
 async def _collect(body: AsyncGenerator[bytes, None]) -> bytes:

@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gateway import errors
 from gateway.cache import BlockWriter
-from gateway.meta import MetaUnavailable
 from gateway.service.conditions import Conditions, check_conditions
 from gateway.service.namespace import MountHandle
 from gateway.service.store_errors import store_errors
@@ -63,7 +62,6 @@ class _CacheTee:
 class ObjectWriter:
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
-        self._tasks: set[asyncio.Task[None]] = set()
 
     def writable(self, bucket: str) -> MountHandle:
         handle = self.gw.mount(bucket)
@@ -132,7 +130,7 @@ class ObjectWriter:
         else:
             self.gw.metadata.put(handle.id, key, info, time.monotonic())
         if handle.ttl < 0:
-            self._spawn(self._persist(handle.id, key, info))
+            self.gw.recorder.record(handle.id, key, info)
         if self.gw.fleet is not None:
             # Before the client hears success: a read through any node then sees the new version.
             await self.gw.fleet.invalidate(handle.id, key)
@@ -195,21 +193,3 @@ class ObjectWriter:
         async with aclosing(body):
             new = await self.put_to(dst, dst_key, body, info.size, attrs or WriteAttrs.of(info))
         return info, new
-
-    async def _persist(self, mount_id: int, key: str, info: ObjectInfo | None) -> None:
-        try:
-            if info is None:
-                await self.gw.meta.delete_object_meta(mount_id, key)
-            else:
-                await self.gw.meta.put_object_meta(mount_id, info)
-        except MetaUnavailable as exc:
-            log.warning("could not persist metadata of %s: %s", key, exc)
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def close(self) -> None:
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=5)

@@ -1,0 +1,92 @@
+"""Object metadata written behind the requests, many changes a transaction, on SQLite and
+PostgreSQL: what was recorded is in the database after close, in the order it was made."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import sqlalchemy as sa
+
+from gateway.meta import MetaStore, SecretBox
+from gateway.service.recorder import BATCH, MetadataRecorder
+from tests.test_meta import object_info
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[MetaStore]:
+    async with MetaStore(database_url, SecretBox([SecretBox.generate_key()])) as store:
+        await store.migrate()
+        yield store
+
+
+async def keys(store: MetaStore, mount_id: int) -> dict[str, int]:
+    async with store.engine.connect() as conn:
+        rows = await conn.execute(
+            sa.text("SELECT key, size FROM objects WHERE mount_id = :m"), {"m": mount_id}
+        )
+        return {key: size for key, size in rows}
+
+
+async def test_record_objects_upserts_and_deletes_in_one_call(store: MetaStore) -> None:
+    mount = await store.add_mount("data", "s3://origin", {})
+    await store.put_object_meta(mount.id, object_info("old", size=1))
+    await store.record_objects(
+        [
+            (mount.id, "a", object_info("a", size=2)),
+            (mount.id, "old", None),
+            (mount.id, "b", object_info("b", size=3)),
+        ]
+    )
+    assert await keys(store, mount.id) == {"a": 2, "b": 3}
+    got = await store.get_object_meta(mount.id, "a")
+    assert got is not None and got[0] == object_info("a", size=2)
+    await store.record_objects([(mount.id, "a", object_info("a", size=4))])
+    assert await keys(store, mount.id) == {"a": 4, "b": 3}
+
+
+async def test_everything_recorded_is_written_by_close(store: MetaStore) -> None:
+    mount = await store.add_mount("data", "s3://origin", {})
+    recorder = MetadataRecorder(store)
+    count = BATCH * 2 + 17  # more than one transaction's worth
+    for i in range(count):
+        recorder.record(mount.id, f"k{i}", object_info(f"k{i}", size=i))
+    assert recorder.pending == count  # nothing is written while the caller runs
+    await recorder.close()
+    assert recorder.pending == 0
+    assert await keys(store, mount.id) == {f"k{i}": i for i in range(count)}
+
+
+async def test_a_later_change_to_a_key_wins(store: MetaStore) -> None:
+    mount = await store.add_mount("data", "s3://origin", {})
+    recorder = MetadataRecorder(store)
+    recorder.record(mount.id, "gone", object_info("gone", size=1))  # a miss learnt it...
+    recorder.record(mount.id, "kept", object_info("kept", size=1))
+    recorder.record(mount.id, "gone", None)  # ...then a DELETE through the gateway
+    recorder.record(mount.id, "kept", object_info("kept", size=2))
+    await recorder.close()
+    assert await keys(store, mount.id) == {"kept": 2}
+
+    # The same while a batch is being written: a change made meanwhile goes after it.
+    recorder.record(mount.id, "kept", object_info("kept", size=3))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    recorder.record(mount.id, "kept", None)
+    await recorder.close()
+    assert await keys(store, mount.id) == {}
+
+
+async def test_a_removed_mount_does_not_lose_the_others(store: MetaStore) -> None:
+    kept = await store.add_mount("kept", "s3://a", {})
+    removed = await store.add_mount("removed", "s3://b", {})
+    assert await store.remove_mount("removed")
+    recorder = MetadataRecorder(store)
+    recorder.record(kept.id, "a", object_info("a", size=1))
+    recorder.record(removed.id, "b", object_info("b", size=2))  # no such mount any more
+    recorder.record(kept.id, "c", object_info("c", size=3))
+    await recorder.close()
+    assert await keys(store, kept.id) == {"a": 1, "c": 3}
+    assert await keys(store, removed.id) == {}
