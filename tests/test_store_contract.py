@@ -211,6 +211,17 @@ async def test_stat_reports_size_etag_mtime_and_type(origin: Origin) -> None:
     assert info.content_type == "text/plain"
 
 
+async def test_prepare_ahead_of_the_first_request_changes_nothing(origin: Origin) -> None:
+    """A mount's store is prepared when the mount loads (clients made off the first miss);
+    preparing twice, or a store already used, is harmless."""
+    origin.put("ready", b"set")
+    await origin.store.prepare()
+    await origin.store.prepare()
+    assert await read_all(origin.store, "ready") == b"set"
+    await origin.store.prepare()
+    assert (await origin.store.stat("ready")).size == 3
+
+
 async def test_stat_of_missing_key_is_not_found(origin: Origin) -> None:
     origin.put("there", b"x")
     with pytest.raises(ObjectNotFound):

@@ -142,6 +142,8 @@ class Namespace:
                 fresh[m.bucket] = make_handle(m, self._default_ttl, self._default_block_size)
             except ValueError as exc:
                 log.error("mount %s skipped: %s", m.bucket, exc)
+                continue
+            self._spawn(self._prepare(fresh[m.bucket]))
         self._mounts = fresh
         self._by_id = {h.id: h for h in fresh.values()}
         if self._on_mounts is not None:
@@ -186,6 +188,13 @@ class Namespace:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    async def _prepare(handle: MountHandle) -> None:
+        try:
+            await handle.store.prepare()
+        except Exception as exc:  # the first request will try again, and say what is wrong
+            log.warning("mount %s: store not ready: %s", handle.bucket, exc)
 
     @staticmethod
     async def _close_later(store: Store) -> None:

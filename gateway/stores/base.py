@@ -257,5 +257,8 @@ class Store(abc.ABC):
         """Delete it if it holds no objects (ContainerNotEmpty); ContainerNotFound if none."""
         raise ValueError(f"{self.scheme}:// stores delete no buckets")
 
+    async def prepare(self) -> None:  # noqa: B027 - optional hook
+        """Make clients and connections ahead of the first request (when a mount loads)."""
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections; the store is not used afterwards."""
