@@ -6,7 +6,9 @@ and epochs of small objects, cold and warm, read through all nodes.
 Every node, wrk and the load client share this machine's cores: aggregate throughput cannot
 scale here. The figures are the fleet's cost per request, not how a real fleet scales.
 Needs wrk, psql and a PostgreSQL server on loopback (`--postgres`; a database is made for the
-run and dropped after). ~7 minutes with the defaults. Also runnable alone:
+run and dropped after). ~5 minutes with the defaults (4m24 and 4m52 on a busy 2-core machine;
+most of it the 42 wrk runs of 5 s: 18 of throughput, 24 of the hop at 2 nodes). Load: wrk
+with loadtest/rotate.lua (thread i on node i % N) and loadtest.httpclient. Also runnable alone:
 `python -m loadtest.fleet --help`.
 """
 
@@ -46,6 +48,7 @@ from loadtest.servers import (
 )
 from loadtest.sizes import fmt_size, parse_size
 from loadtest.wan import Origin
+from loadtest.wrk import write_targets, wrk
 
 SUMMARY = "fleets of 1-3 nodes: hit req/s spread over nodes, cost of a forwarding hop, epochs"
 _CPU = ["CPU per node", "server CPU", "CPU us/req", "machine CPU %"]
@@ -56,50 +59,6 @@ COLUMNS = {
     "epochs": ["nodes", "epoch", "objects/s", "MB/s", *_LAT, *_CPU, "origin reqs", "errors",
                "x-cache"],
 }  # fmt: skip
-
-# wrk over several nodes: thread i connects to node i % N (of LT_FLEET_NODES) and rotates over
-# that node's own presigned targets (TARGETS.<node>), sent with that node's Host: SigV4 signs it.
-# wrk merges every thread's latencies, so p50/p99 are of the whole fleet.
-_LUA = r"""
-local nodes = {}
-for hostport in string.gmatch(os.getenv("LT_FLEET_NODES") or "", "[^,]+") do
-  nodes[#nodes + 1] = hostport
-end
-local next_id = 0
-local requests = {}
-local counter = 0
-
-function setup(thread)
-  local index = next_id % #nodes
-  local host, port = nodes[index + 1]:match("^(.+):(%d+)$")
-  thread.addr = wrk.lookup(host, port)[1]
-  thread:set("id", next_id)
-  thread:set("node", index)
-  next_id = next_id + 1
-end
-
-function init(args)
-  local hostport = nodes[node + 1]
-  for line in io.lines(args[1] .. "." .. node) do
-    requests[#requests + 1] = wrk.format("GET", line, { Host = hostport })
-  end
-  counter = math.floor(id / #nodes) * math.floor(#requests / 2 + 1)
-end
-
-function request()
-  counter = counter + 1
-  return requests[(counter % #requests) + 1]
-end
-
-function done(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format(
-    '\nLOADTEST {"requests":%d,"bytes":%d,"duration_us":%d,"connect":%d,"read":%d,' ..
-    '"write":%d,"status":%d,"timeout":%d,"p50_us":%d,"p99_us":%d,"mean_us":%.1f}\n',
-    summary.requests, summary.bytes, summary.duration, e.connect, e.read, e.write, e.status,
-    e.timeout, latency:percentile(50), latency:percentile(99), latency.mean))
-end
-"""
 
 
 def _sizes(text: str) -> list[int]:
@@ -282,32 +241,17 @@ def _wrk(
     seconds: float,
     metered: list[_Node],
 ) -> _Result:
-    """One bounded wrk run over the nodes `to` (targets[i] presigned for to[i]), with the CPU
-    of every node in `metered` meanwhile."""
-    script = workdir / "fleet.lua"
-    if not script.exists():
-        script.write_text(_LUA)
-    stem = workdir / "fleet-targets"
-    for i, lines in enumerate(targets):
-        Path(f"{stem}.{i}").write_text("\n".join(lines) + "\n")
-    # One thread per node (a thread connects to one node); one node gets two, as in `hits`.
-    threads = len(to) if len(to) > 1 else 1 if connections < 2 else 2
-    connections = -(-connections // threads) * threads
-    cmd = [
-        "wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds:g}s", "--timeout", "30s",
-        "-s", str(script), to[0].url, "--", str(stem),
-    ]  # fmt: skip
-    env = {**os.environ, "LT_FLEET_NODES": ",".join(n.hostport for n in to)}
+    """One bounded wrk run (rotate.lua) over the nodes `to` (targets[i] presigned for to[i]):
+    thread i on node i % N, one thread per node (two for one node, as in `hits`); with the CPU
+    of every node in `metered` meanwhile. wrk merges the threads' latencies: p50/p99 are of
+    the whole fleet."""
+    files = [workdir / f"fleet-targets.{i}" for i in range(len(to))]
+    for path, lines in zip(files, targets, strict=True):
+        write_targets(path, lines)
     meter = _Meter(metered)
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=seconds + 90)
+    w = wrk(to[0].url, files, connections, seconds, hosts=[n.hostport for n in to])
     cores, machine = meter.stop()
-    line = next((x for x in out.stdout.splitlines() if x.startswith("LOADTEST ")), None)
-    if out.returncode != 0 or line is None:
-        raise RuntimeError(f"wrk failed ({out.returncode}): {out.stderr or out.stdout}")
-    w = json.loads(line.removeprefix("LOADTEST "))
-    errors = w["connect"] + w["read"] + w["write"] + w["status"] + w["timeout"]
-    return _Result(w["requests"], w["bytes"], w["duration_us"] / 1e6, errors,
-                   w["p50_us"] / 1000, w["p99_us"] / 1000, cores, machine)  # fmt: skip
+    return _Result(w.requests, w.bytes, w.seconds, w.errors, w.p50_ms, w.p99_ms, cores, machine)
 
 
 def _median_row(runs: list[_Result], **labels: object) -> Row:
@@ -381,8 +325,9 @@ def run(options: Options, args: argparse.Namespace) -> None:
         "gateway_args": list(options.gateway_args),
     }
     report.load_generator = (
-        f"wrk 4.x, one thread per node (two for one node), {args.duration:g} s per run, median "
-        f"of {args.repeats}, each thread rotating over its node's presigned SigV4 URLs; "
+        f"wrk 4.x with rotate.lua, one thread per node (two for one node; thread i on node "
+        f"i % N), {args.duration:g} s per run, median of {args.repeats}, each thread rotating "
+        "over its node's presigned SigV4 URLs with that node's Host; "
         "epochs: loadtest.httpclient, one process per node (two for one node)"
     )
     hit_keys = {
