@@ -31,7 +31,7 @@ COLUMNS = [
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--objects", type=int, default=5000, help="objects in the data set (5000)")
+    p.add_argument("--objects", type=int, default=20000, help="objects in the data set (20000)")
     p.add_argument("--object-size", type=parse_size, default=parse_size("100KiB"))
     p.add_argument("--readers", type=int, default=16, help="concurrent readers K (16)")
     p.add_argument("--epochs", type=int, default=3)

@@ -30,7 +30,7 @@ _KEY = re.compile(rb"<Key>")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--keys", type=int, default=20000, help="keys under the prefix (20000)")
+    p.add_argument("--keys", type=int, default=100000, help="keys under the prefix (100000)")
     p.add_argument("--page-size", type=int, default=1000)
     p.add_argument("--repeats", type=int, default=3, help="full listings per path (3)")
 
@@ -79,7 +79,7 @@ def run(options: Options, args: argparse.Namespace) -> None:
     with Run("list", options) as r:
         origin, shape = r.origin()
         names = [f"list/k{i:08d}" for i in range(args.keys)]
-        r.log(f"seeding {args.keys} empty objects (moto takes ~300 a second)")
+        r.log(f"seeding {args.keys} empty objects")
         seed_objects(origin.seed_url, names, 0, None, r.log)
         shape()
         report.wan = origin.description

@@ -110,7 +110,8 @@ def _module_env() -> dict[str, str]:
 def _start_moto(
     cleanup: Cleanup, workdir: Path, prefix: list[str], host: str, port: int, stock: bool
 ) -> int:
-    # loadtest.moto_origin: moto's server with ranged GETs that read only their range.
+    # loadtest.moto_origin: moto's server with ranged GETs that read only their range,
+    # ListObjectsV2 pages that cost a page, and a seeding endpoint (data.seed_objects).
     launcher = ["-m", "loadtest.moto_origin", *(["--stock"] if stock else [])]
     cmd = [*prefix, sys.executable, *launcher, "-H", host, "-p", str(port)]
     proc = cleanup.spawn("moto", cmd, workdir / "moto.log", _module_env())
@@ -196,8 +197,14 @@ class NetnsWan:
 
 def _moto_kind(settings: WanSettings) -> str:
     if settings.stock_moto:
-        return "stock moto (a ranged GET reads the whole object)"
-    return "moto with ranged GETs reading only their range (loadtest.moto_origin)"
+        return (
+            "stock moto (a ranged GET reads the whole object, a list page sorts every key; "
+            "seeded over HTTP)"
+        )
+    return (
+        "moto with ranged GETs reading only their range and list pages costing a page, "
+        "seeded in its own process (loadtest.moto_origin)"
+    )
 
 
 def can_make_namespaces() -> bool:
