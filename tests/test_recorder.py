@@ -90,3 +90,53 @@ async def test_a_removed_mount_does_not_lose_the_others(store: MetaStore) -> Non
     await recorder.close()
     assert await keys(store, kept.id) == {"a": 1, "c": 3}
     assert await keys(store, removed.id) == {}
+
+
+async def test_lookups_at_once_are_answered_each(store: MetaStore) -> None:
+    one = await store.add_mount("one", "s3://a", {})
+    two = await store.add_mount("two", "s3://b", {})
+    await store.record_objects(
+        [(one.id, f"k{i}", object_info(f"k{i}", size=i)) for i in range(0, BATCH + 50, 2)]
+        + [(two.id, "k1", object_info("k1", size=99))]
+    )
+    recorder = MetadataRecorder(store)
+    wanted = [(one.id, f"k{i}") for i in range(BATCH + 50)] + [(two.id, "k1"), (two.id, "k2")]
+    found = await asyncio.gather(*(recorder.lookup(m, k) for m, k in wanted))
+    for (mount_id, key), info in zip(wanted, found, strict=True):
+        i = int(key[1:])
+        if mount_id == two.id:
+            assert (info.size if info else None) == (99 if key == "k1" else None)
+        elif i % 2 == 0:
+            assert info == object_info(key, size=i)
+        else:
+            assert info is None
+    await recorder.close()
+
+
+async def test_a_lookup_sees_a_change_not_yet_written(store: MetaStore) -> None:
+    mount = await store.add_mount("data", "s3://origin", {})
+    await store.put_object_meta(mount.id, object_info("k", size=1))
+    recorder = MetadataRecorder(store)
+    recorder.record(mount.id, "k", None)
+    recorder.record(mount.id, "new", object_info("new", size=2))
+    assert await recorder.lookup(mount.id, "k") is None
+    assert await recorder.lookup(mount.id, "new") == object_info("new", size=2)
+    await recorder.close()
+    assert await recorder.lookup(mount.id, "new") == object_info("new", size=2)
+    assert await recorder.lookup(mount.id, "k") is None
+
+
+async def test_an_unreachable_database_remembers_nothing(database_url: str) -> None:
+    """Lookups of a database that cannot be reached answer 'nothing remembered' (the miss
+    then asks the store), and queued changes are dropped with a warning, not raised."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("an unreachable SQLite file is a configuration error, not an outage")
+    from tests.support.net import free_port
+
+    dead = f"postgresql+asyncpg://postgres@127.0.0.1:{free_port()}/nothing"
+    async with MetaStore(dead, SecretBox([SecretBox.generate_key()])) as store:
+        recorder = MetadataRecorder(store)
+        assert await recorder.lookup(1, "k") is None
+        recorder.record(1, "k", object_info("k"))
+        await recorder.close()
+        assert recorder.pending == 0

@@ -73,6 +73,21 @@ def _object_row(mount_id: int, info: ObjectInfo, checked_at: datetime) -> dict[s
     }
 
 
+def _object_info(row: sa.RowMapping) -> ObjectInfo:
+    extra = json.loads(row["extra"])
+    return ObjectInfo(
+        key=row["key"],
+        size=row["size"],
+        etag=row["etag"],
+        last_modified=row["last_modified"],
+        content_type=row["content_type"],
+        metadata=extra.get("metadata", {}),
+        storage_class=extra.get("storage_class", "STANDARD"),
+        # Only known names: a newer gateway sharing the database may have added fields.
+        **{name: extra[name] for name in _EXTRA_FIELDS if name in extra},
+    )
+
+
 def _dumps(value: Mapping[str, Any]) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 
@@ -320,19 +335,29 @@ class MetaStore(MultipartUploads):
             row = (await conn.execute(query)).mappings().first()
         if row is None:
             return None
-        extra = json.loads(row["extra"])
-        info = ObjectInfo(
-            key=row["key"],
-            size=row["size"],
-            etag=row["etag"],
-            last_modified=row["last_modified"],
-            content_type=row["content_type"],
-            metadata=extra.get("metadata", {}),
-            storage_class=extra.get("storage_class", "STANDARD"),
-            # Only known names: a newer gateway sharing the database may have added fields.
-            **{name: extra[name] for name in _EXTRA_FIELDS if name in extra},
+        return _object_info(row), row["checked_at"]
+
+    async def find_objects(
+        self, wanted: Sequence[tuple[int, str]]
+    ) -> dict[tuple[int, str], ObjectInfo]:
+        """What is recorded of many (mount_id, key), in one transaction; absent ones left out."""
+        by_mount: dict[int, list[str]] = {}
+        for mount_id, key in wanted:
+            by_mount.setdefault(mount_id, []).append(key)
+        found: dict[tuple[int, str], ObjectInfo] = {}
+        async with self._connect() as conn:
+            for mount_id, keys in by_mount.items():
+                query = self._objects_in.params(mount_id=mount_id, keys=keys)
+                for row in (await conn.execute(query)).mappings():
+                    found[(mount_id, row["key"])] = _object_info(row)
+        return found
+
+    @functools.cached_property
+    def _objects_in(self) -> sa.Select[Any]:
+        return sa.select(objects).where(
+            objects.c.mount_id == sa.bindparam("mount_id"),
+            objects.c.key.in_(sa.bindparam("keys", expanding=True)),
         )
-        return info, row["checked_at"]
 
     async def delete_object_meta(self, mount_id: int, key: str) -> None:
         query = sa.delete(objects).where(objects.c.mount_id == mount_id, objects.c.key == key)

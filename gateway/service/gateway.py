@@ -8,7 +8,6 @@ fetches from the store while filling the cache (one fetch for concurrent misses)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import time
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 from gateway import errors, metrics
 from gateway.cache import BlockKey, PageStore
 from gateway.cluster.placement import Node
-from gateway.meta import MetaStore, MetaUnavailable
+from gateway.meta import MetaStore
 from gateway.service.buckets import Buckets
 from gateway.service.conditions import ByteRange, Conditions, check_conditions
 from gateway.service.fleet import Fleet, PeerUnavailable
@@ -188,12 +187,11 @@ class Gateway:
         it into the in-process cache if it is there."""
         if handle.ttl >= 0:
             return False
-        with contextlib.suppress(MetaUnavailable):
-            found = await self.meta.get_object_meta(handle.id, key)
-            if found is not None:
-                self.metadata.put(handle.id, key, found[0], time.monotonic())
-                return True
-        return False
+        found = await self.recorder.lookup(handle.id, key)
+        if found is None:
+            return False
+        self.metadata.put(handle.id, key, found, time.monotonic())
+        return True
 
     async def head_object(
         self, bucket: str, key: str, rng: ByteRange | None, cond: Conditions
