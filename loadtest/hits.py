@@ -39,16 +39,19 @@ def _sizes(text: str) -> list[int]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--sizes", type=_sizes, default=_sizes("4KiB,1MiB,64MiB"), help="(4KiB,1MiB,64MiB)"
+        "--sizes",
+        type=_sizes,
+        default=_sizes("4KiB,64KiB,1MiB,64MiB"),
+        help="(4KiB,64KiB,1MiB,64MiB)",
     )
     p.add_argument("--connections", default="1,64", help="connection counts (1,64)")
     p.add_argument(
         "--large-connections",
         default="1,8",
         help="connection counts for objects of 16 MiB and more (1,8): 64 connections on 64 MiB "
-        "objects finish no request in a 5 s run",
+        "objects finish no request in a 4 s run",
     )
-    p.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run (5)")
+    p.add_argument("--duration", type=float, default=4.0, help="seconds per wrk run (4)")
     p.add_argument("--repeats", type=int, default=3, help="runs per figure; median kept (3)")
     p.add_argument("--objects", type=int, default=64, help="objects per size (64; 4 at 64 MiB)")
     p.add_argument(
