@@ -376,3 +376,42 @@ def test_files_outside_the_layout_are_left_alone(root: str) -> None:
 
 def test_no_stats_before_a_janitor_ran(root: str) -> None:
     assert read_stats(root) is None
+
+
+def open_files_under(root: str) -> list[str]:
+    fds = Path("/proc/self/fd")
+    targets = []
+    for fd in fds.iterdir():
+        try:
+            targets.append(os.readlink(fd))
+        except OSError:
+            continue
+    return [t for t in targets if t.startswith(os.path.realpath(root))]
+
+
+def test_a_janitor_interrupted_while_loading_leaves_nothing_open(
+    root: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C (or a failing scan) while the index is built: no journal stays open, and the
+    lock is free for the next janitor."""
+    fill_blocks(root, 1, range(5))
+    before = open_files_under(root)
+
+    def interrupted(root: str) -> Iterator[tuple[float, int, str, int]]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("gateway.cache.janitor.scan_blocks", interrupted)
+    janitor = Janitor(root, 100 * SIZE, 0)
+    with pytest.raises(KeyboardInterrupt):
+        janitor.run_once()
+    assert not janitor.is_janitor
+    janitor.stop()
+    assert open_files_under(root) == before
+    monkeypatch.undo()
+
+    again = Janitor(root, 100 * SIZE, 0)
+    again.run_once()
+    assert again.is_janitor
+    stats = read_stats(root)
+    assert stats is not None and stats.entries == 5
+    again.stop()

@@ -254,6 +254,12 @@ class Janitor:
         try:
             self._load()
         except BaseException:
+            # Interrupted while loading (a signal, a failed scan): no journal left open.
+            if self._journal is not None:
+                self._journal.close()
+            if self._reader is not None:
+                self._reader.close()
+            self._journal = self._reader = None
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
             raise
         self.is_janitor = True
@@ -298,9 +304,13 @@ class Janitor:
     def _from_scan(self) -> tuple[Policy, JournalReader]:
         policy = Policy(self.capacity, quotas=self._quotas)
         reader = JournalReader(self.root)
-        reader.skip_to_end()  # what the journals said so far, the scan sees on disk
-        for _, mount, name, size in sorted(scan_blocks(self.root)):
-            policy.add(mount, name, size)  # oldest first: mtime is the order a scan knows
+        try:
+            reader.skip_to_end()  # what the journals said so far, the scan sees on disk
+            for _, mount, name, size in sorted(scan_blocks(self.root)):
+                policy.add(mount, name, size)  # oldest first: mtime is the order a scan knows
+        except BaseException:
+            reader.close()
+            raise
         return policy, reader
 
     def _retire(self) -> None:
