@@ -15,6 +15,7 @@ from urllib.parse import SplitResult, unquote
 import aiohttp
 from aiobotocore.session import AioSession, get_session
 from botocore.config import Config
+from botocore.credentials import Credentials
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 from botocore.handlers import add_expect_header
 from botocore.utils import parse_timestamp as botocore_parse_timestamp
@@ -35,6 +36,7 @@ from gateway.stores.base import (
     VersionChanged,
 )
 from gateway.stores.s3_body import checksums_of
+from gateway.stores.s3_get import FastGet, body_chunks
 from gateway.stores.s3_write import S3Writes
 
 # Large enough that per-chunk overhead vanishes, small enough to start streaming early.
@@ -96,6 +98,7 @@ class S3Store(S3Writes):
         self._options = options
         self._stack = contextlib.AsyncExitStack()
         self._client: Any = None
+        self._fast: FastGet | None = None
         self._lock = asyncio.Lock()
         self._bucket_seen = False
 
@@ -142,8 +145,44 @@ class S3Store(S3Writes):
                     # a pooled connection the origin has closed in a task nobody awaits; without
                     # it that failure is an ordinary one, retried while the body can be resent.
                     client.meta.events.unregister("before-call.s3", add_expect_header)
+                    self._fast = await self._fast_get(client)
                     self._client = client
         return self._client
+
+    async def _fast_get(self, client: Any) -> FastGet | None:
+        """Reads without botocore's pipeline (s3_get.py), where the credentials are static."""
+        o = self._options
+        if not o.get("access_key"):
+            return None
+        probe = "k"
+        url = await client.generate_presigned_url(
+            "get_object", Params={"Bucket": self.bucket, "Key": probe}
+        )
+        base = url.split("?", 1)[0]
+        if not base.endswith("/" + probe):
+            return None
+        return FastGet(
+            base[: -len(probe)],
+            client.meta.region_name,
+            Credentials(o["access_key"], o["secret_key"], o.get("session_token") or None),
+            connect_timeout=float(o.get("connect_timeout", 5)),
+            read_timeout=float(o.get("read_timeout", 30)),
+        )
+
+    async def _get(self, key: str, args: dict[str, str]) -> tuple[Mapping[str, Any], Any]:
+        """GetObject: (the answer's fields, its body as an async generator of chunks) or
+        botocore's ClientError / transport errors."""
+        client = await self._s3()
+        if self._fast is not None:
+            headers = {"Range": args["Range"]} if "Range" in args else {}
+            if "IfMatch" in args:
+                headers["If-Match"] = args["IfMatch"]
+            answered = await self._fast.get(self.prefix + key, headers)
+            if answered is not None:
+                found, response = answered
+                return found, body_chunks(response, CHUNK_SIZE)
+        response = await client.get_object(Bucket=self.bucket, Key=self.prefix + key, **args)
+        return response, _botocore_chunks(response["Body"])
 
     async def prepare(self) -> None:
         """Load botocore's S3 models on a thread, then make the client, so that neither the
@@ -153,6 +192,9 @@ class S3Store(S3Writes):
 
     async def close(self) -> None:
         client, self._client = self._client, None
+        fast, self._fast = self._fast, None
+        if fast is not None:
+            await fast.close()
         if client is not None:
             await self._stack.aclose()
             self._stack = contextlib.AsyncExitStack()
@@ -271,21 +313,21 @@ class S3Store(S3Writes):
             return
         if not key:
             raise ObjectNotFound(key)
-        args = {"Bucket": self.bucket, "Key": self.prefix + key}
+        args = {}
         # No Range for the whole object: S3 answers 416 to any range of an empty one.
         if start > 0 or end is not None:
             args["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
         if if_match is not None:
             args["IfMatch"] = if_match
         try:
-            response = await (await self._s3()).get_object(**args)
+            _, body = await self._get(key, args)
         except ClientError as exc:
             if _status(exc) == 416:
                 return  # the range starts at or past the end: [start, end) is empty
             raise self._error(exc, key) from None
         except _TRANSPORT_ERRORS as exc:
             raise self._error(exc, key) from None
-        async with contextlib.aclosing(self._chunks(response["Body"], key)) as chunks:
+        async with contextlib.aclosing(self._chunks(body, key)) as chunks:
             async for chunk in chunks:
                 yield chunk
 
@@ -294,13 +336,13 @@ class S3Store(S3Writes):
     ) -> tuple[ObjectInfo, AsyncGenerator[bytes, None]]:
         if not key:
             raise ObjectNotFound(key)
-        args = {"Bucket": self.bucket, "Key": self.prefix + key}
+        args = {}
         if length is not None:
             # A range answers with Content-Range: bytes 0-N/TOTAL, so one request still tells
             # the whole object's size along with its first block.
             args["Range"] = f"bytes=0-{max(length, 1) - 1}"
         try:
-            response = await (await self._s3()).get_object(**args)
+            response, body = await self._get(key, args)
         except ClientError as exc:
             if length is not None and _status(exc) == 416:
                 # Any range of an empty object is unsatisfiable: it has no bytes to send.
@@ -314,22 +356,20 @@ class S3Store(S3Writes):
         total = _total_size(response.get("ContentRange"))
         if total is not None:
             info = dataclasses.replace(info, size=total)
-        return info, self._chunks(response["Body"], key)
+        return info, self._chunks(body, key)
 
-    async def _chunks(self, body: Any, key: str) -> AsyncGenerator[bytes, None]:
-        try:
-            async with contextlib.aclosing(body.iter_chunks(CHUNK_SIZE)) as chunks:
-                while True:
-                    try:
-                        chunk = await anext(chunks)
-                    except StopAsyncIteration:
-                        break
-                    except _TRANSPORT_ERRORS as exc:
-                        raise self._error(exc, key) from None
-                    yield chunk
-        finally:
-            # Closes the connection rather than pooling it when the body was not read to the end.
-            body.close()
+    async def _chunks(
+        self, body: AsyncGenerator[bytes, None], key: str
+    ) -> AsyncGenerator[bytes, None]:
+        async with contextlib.aclosing(body) as chunks:
+            while True:
+                try:
+                    chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                except _TRANSPORT_ERRORS as exc:
+                    raise self._error(exc, key) from None
+                yield chunk
 
     async def list_page(
         self,
@@ -422,6 +462,16 @@ def _total_size(content_range: str | None) -> int | None:
         return None
     _, slash, total = content_range.rpartition("/")
     return int(total) if slash and total.isdigit() else None
+
+
+async def _botocore_chunks(body: Any) -> AsyncGenerator[bytes, None]:
+    try:
+        async with contextlib.aclosing(body.iter_chunks(CHUNK_SIZE)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+    finally:
+        # Closes the connection rather than pooling it when the body was not read to the end.
+        body.close()
 
 
 async def _no_bytes() -> AsyncGenerator[bytes, None]:
