@@ -25,6 +25,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 import aiohttp
+import yarl
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
@@ -101,7 +102,11 @@ class FastGet:
         self._signer.add_auth(request)
         try:
             response = await self._client().get(
-                url, headers=dict(request.headers.items()), allow_redirects=False
+                # As signed: yarl would otherwise decode escapes and resolve "." and ".."
+                # segments, which are ordinary characters of an S3 key.
+                yarl.URL(url, encoded=True),
+                headers=dict(request.headers.items()),
+                allow_redirects=False,
             )
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             log.debug("fast GET of %s failed, asking botocore: %r", full_key, exc)
