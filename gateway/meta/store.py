@@ -347,8 +347,8 @@ class MetaStore(MultipartUploads):
         found: dict[tuple[int, str], ObjectInfo] = {}
         async with self._connect() as conn:
             for mount_id, keys in by_mount.items():
-                query = self._objects_in.params(mount_id=mount_id, keys=keys)
-                for row in (await conn.execute(query)).mappings():
+                rows = await conn.execute(self._objects_in, {"mount_id": mount_id, "keys": keys})
+                for row in rows.mappings():
                     found[(mount_id, row["key"])] = _object_info(row)
         return found
 
