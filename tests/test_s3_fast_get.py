@@ -153,3 +153,21 @@ async def test_the_lean_get_reads_what_botocore_reads(
             assert fast.get("ContentRange") == slow.get("ContentRange")
     finally:
         await store.close()
+
+
+async def test_a_lean_get_refused_where_botocore_succeeds_is_given_up(
+    node: GatewayNode, through_gateway: S3Store
+) -> None:
+    """Say a proxy rewrites what the lean GET signed: its 403 while botocore's request
+    succeeds means every read would be asked twice; the store stops using it."""
+    from botocore.auth import S3SigV4Auth
+    from botocore.credentials import Credentials
+
+    node.client().put_object(Bucket="plain", Key="deep/given-up", Body=b"ok")
+    await through_gateway.prepare()
+    fast = through_gateway._fast
+    assert fast is not None
+    fast._signer = S3SigV4Auth(Credentials(ACCESS_KEY, "not-what-was-signed"), "s3", "us-east-1")
+    assert await read_all(through_gateway, "given-up") == b"ok"
+    assert through_gateway._fast is None
+    assert await read_all(through_gateway, "given-up") == b"ok"

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import logging
 from collections.abc import AsyncGenerator, Mapping
 from datetime import UTC, datetime
 from email.utils import format_datetime, parsedate_to_datetime
@@ -38,6 +39,8 @@ from gateway.stores.base import (
 from gateway.stores.s3_body import checksums_of
 from gateway.stores.s3_get import FastGet, body_chunks
 from gateway.stores.s3_write import S3Writes
+
+log = logging.getLogger("gateway.stores")
 
 # Large enough that per-chunk overhead vanishes, small enough to start streaming early.
 CHUNK_SIZE = 512 * 1024
@@ -173,15 +176,22 @@ class S3Store(S3Writes):
         """GetObject: (the answer's fields, its body as an async generator of chunks) or
         botocore's ClientError / transport errors."""
         client = await self._s3()
-        if self._fast is not None:
+        fast = self._fast
+        if fast is not None:
             headers = {"Range": args["Range"]} if "Range" in args else {}
             if "IfMatch" in args:
                 headers["If-Match"] = args["IfMatch"]
-            answered = await self._fast.get(self.prefix + key, headers)
+            answered = await fast.get(self.prefix + key, headers)
             if answered is not None:
                 found, response = answered
                 return found, body_chunks(response, CHUNK_SIZE)
         response = await client.get_object(Bucket=self.bucket, Key=self.prefix + key, **args)
+        if fast is not None and fast.refused and self._fast is fast:
+            # Refused what botocore was given: the lean GET is built wrong for this origin (a
+            # region, an endpoint, a proxy that rewrites paths). Stop paying for it twice.
+            log.warning("%r: lean GETs refused where botocore's succeed; using botocore", self)
+            self._fast = None
+            await fast.close()
         return response, _botocore_chunks(response["Body"])
 
     async def prepare(self) -> None:

@@ -39,6 +39,9 @@ _META = "x-amz-meta-"
 # raises them (a ClientError with the code from the body), not asked again.
 _FINAL = frozenset({304, 404, 412, 416})
 _ERROR_BODY_MAX = 64 << 10
+# Answers that may mean this request was built wrong (signature, region, endpoint) rather than
+# that the object is out of reach: if botocore then succeeds, the lean GET is given up.
+_REFUSALS = frozenset({301, 307, 400, 403})
 _CHECKSUMS = {
     "x-amz-checksum-crc32": "ChecksumCRC32",
     "x-amz-checksum-crc32c": "ChecksumCRC32C",
@@ -77,6 +80,7 @@ class FastGet:
         self._timeout = aiohttp.ClientTimeout(sock_connect=connect_timeout, sock_read=read_timeout)
         self._connections = connections
         self._session: aiohttp.ClientSession | None = None
+        self.refused = False  # the last GET was refused (see _REFUSALS)
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -97,6 +101,7 @@ class FastGet:
         """(the answer's fields in botocore's names, the open response) for a 200 or 206;
         botocore's ClientError for a 304, 404, 412 or 416; None for anything else (the caller
         asks botocore, which retries what is worth it), the response closed."""
+        self.refused = False
         url = self.url(full_key)
         request = AWSRequest(method="GET", url=url, headers=dict(headers))
         self._signer.add_auth(request)
@@ -114,6 +119,7 @@ class FastGet:
         if response.status in _FINAL:
             raise await _client_error(response)
         if response.status not in (200, 206):
+            self.refused = response.status in _REFUSALS
             response.release()
             return None
         try:
