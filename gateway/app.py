@@ -18,7 +18,7 @@ from gateway.cluster.registry import NodeFigures
 from gateway.config import Settings, build_settings
 from gateway.internal import InternalApp
 from gateway.meta import MetaStore, SecretBox
-from gateway.metrics import watch_cache
+from gateway.metrics import publish_forever, shared_dir, watch_cache
 from gateway.s3.app import S3App
 from gateway.s3.http import Receive, Scope, Send
 from gateway.service.fleet import Fleet
@@ -102,6 +102,8 @@ class Node:
             asyncio.create_task(gateway.namespace.run(s.refresh_interval)),
             asyncio.create_task(gateway.multipart.run_janitor(min(3600.0, s.multipart_max_age))),
         ]
+        if (folder := shared_dir()) is not None:  # one of several workers
+            self._tasks.append(asyncio.create_task(publish_forever(pages, folder)))
         self.gateway = gateway
         self.s3 = S3App(gateway, s.region, s.base_domain, s.access_log)
 

@@ -135,6 +135,7 @@ def serve(**kwargs: Any) -> None:
 
     from gateway.app import SETTINGS_ENV, Node, settings_to_json
     from gateway.logs import setup_logging
+    from gateway.metrics import prepare_shared_dir
 
     settings = _settings(kwargs)
     setup_logging(settings.log_level)
@@ -142,8 +143,10 @@ def serve(**kwargs: Any) -> None:
     click.echo(banner)
     sys.stdout.flush()
     if settings.workers > 1:
-        # Each worker process builds its own Node from the settings resolved here.
+        # Each worker process builds its own Node from the settings resolved here, and
+        # shares its metrics with the others (gateway/metrics.py).
         os.environ[SETTINGS_ENV] = settings_to_json(settings)
+        prepare_shared_dir(Path(settings.data_dir))
         app: Any = "gateway.app:node_from_environment"
     else:
         app = Node(settings)

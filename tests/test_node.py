@@ -263,3 +263,48 @@ def test_awscli_ranged_get_object(cli_node: GatewayNode, tmp_path: Path) -> None
                "--range", "bytes=10-19", str(out))  # fmt: skip
     assert out.read_bytes() == b"\x02" * 10
     assert '"ContentRange": "bytes 10-19/5000"' in meta.stdout
+
+
+def _samples(text: str) -> dict[str, float]:
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+
+
+def test_metrics_of_several_workers_count_the_whole_node(tmp_path: Path) -> None:
+    """A scrape reaches one worker; it must answer for all of them: every request any worker
+    served, every cache hit, whichever worker accepted the scrape."""
+    import time
+
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "obj.bin").write_bytes(b"w" * 5000)
+    node = start_gateway(tmp_path / "n", args=("--workers", "2"))
+    try:
+        node.cli("mount", "add", "multi", files.as_uri())
+        url = node.client().generate_presigned_url(
+            "get_object", Params={"Bucket": "multi", "Key": "obj.bin"}
+        )
+
+        def every_worker_knows_the_mount() -> None:
+            for _ in range(10):  # each worker refreshes its mounts on its own
+                assert httpx.get(url).status_code == 200
+
+        _eventually(every_worker_knows_the_mount)
+        before = _samples(httpx.get(f"{node.url}/metrics").text)
+        got = 'gateway_requests_total{op="GetObject",status="200"}'
+        start = before.get(got, 0.0)
+        served = 40
+        for _ in range(served):  # a connection each: the kernel spreads them over the workers
+            with httpx.Client() as fresh:
+                assert fresh.get(url).content == b"w" * 5000
+        time.sleep(2.5)  # the workers publish their cache figures once a second
+        for _ in range(10):
+            with httpx.Client() as fresh:
+                samples = _samples(fresh.get(f"{node.url}/metrics").text)
+            assert samples[got] - start == served
+            assert samples["gateway_cache_hits_total"] >= served
+    finally:
+        node.stop()

@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.metrics import REGISTRY
+from gateway import metrics as node_metrics
 
 ADMIN_PATHS = ("/healthz", "/metrics")
 
@@ -22,7 +22,7 @@ def admin_app(ready: Callable[[], bool]) -> Starlette:
         return JSONResponse({"status": "ok"})
 
     async def metrics(request: Request) -> Response:
-        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(node_metrics.scrape()), media_type=CONTENT_TYPE_LATEST)
 
     return Starlette(
         routes=[
