@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
+import time
 
 from loadtest.common import Options, Run, finish, measure, prime, row_of
 from loadtest.data import gateway_targets, origin_targets, seed_large, seed_objects
@@ -68,6 +69,7 @@ class _Phases:
     ) -> None:
         self.run, self.report, self.client = run, report, client
         self.origin, self.timeout = origin, timeout
+        self.several_workers = False  # the gateway being read has more than one worker
 
     def read(
         self,
@@ -80,6 +82,8 @@ class _Phases:
         readers: int = 1,
     ) -> Row:
         before, conns = self.origin.bytes_sent(), self.origin.connections()
+        if gw is not None and self.several_workers:
+            time.sleep(1.5)  # what the workers did before (priming) published first
         counters = _metrics(gw) if gw else {}
         jobs = [Job(target)] * readers
         moto = CpuMeter(self.origin.pid)
@@ -94,6 +98,8 @@ class _Phases:
         if conns is not None:
             row["origin reqs"] = (self.origin.connections() or 0) - conns
         if gw is not None:
+            if self.several_workers:
+                time.sleep(1.5)  # every worker's cache figures published (once a second)
             row.update({m: v - counters[m] for m, v in _metrics(gw).items()})
         self.run.log(
             f"{path} {label}: {row['seconds']:.2f} s, {row['MB/s']:.0f} MB/s, first byte "
@@ -172,9 +178,9 @@ def run(options: Options, args: argparse.Namespace) -> None:
             first = prime(phases.client, gw.url, primer)
             r.log(f"{name}: primed, first byte of its first miss {first:.0f} ms")
             firsts.append(round(first))
-            # /metrics are one worker's, whichever answers: no counts from several.
-            counted = gw if workers == 1 else None
-            report.add(**phases.read(name, "cold", gw.url, target, gw.pid, counted, readers=n))
+            # /metrics answer for every worker; theirs are published once a second.
+            phases.several_workers = workers > 1
+            report.add(**phases.read(name, "cold", gw.url, target, gw.pid, gw, readers=n))
             phases.warm(name, gw.url, target, gw.pid, args.warm_reads, n)
             gw.stop()  # its CPU and memory go back to the next variant
         if shutil.which("nginx"):
@@ -193,7 +199,7 @@ def run(options: Options, args: argparse.Namespace) -> None:
         report.notes.append(
             "origin reqs: connections the origin accepted (moto answers one request on each); "
             "fills / prefetches: blocks the gateway fetched and kept / fills started by "
-            "read-ahead (from its /metrics; none with several workers: each has its own)"
+            "read-ahead (from its /metrics, all workers together)"
         )
         finish(r, report)
 
