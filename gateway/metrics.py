@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.cache import PageStore
+
+log = logging.getLogger("gateway.metrics")
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -94,6 +97,7 @@ _GAUGES = (
     ("gateway_cache_fills_in_flight", "Block fills in flight", "fills_in_flight"),
     ("gateway_cache_memory_bytes", "Bytes in the memory tier", "memory_bytes"),
 )
+_GAUGE_FIELDS = frozenset(field for _, _, field in _GAUGES)
 
 
 def shared_dir() -> Path | None:
@@ -133,11 +137,9 @@ _logged: set[str] = set()
 
 
 def log_once(message: str) -> None:
-    import logging
-
     if message not in _logged:
         _logged.add(message)
-        logging.getLogger("gateway.metrics").warning("%s", message)
+        log.warning("%s", message)
 
 
 def _alive(pid: int) -> bool:
@@ -165,7 +167,7 @@ def _node_figures(pages: PageStore, folder: Path) -> dict[str, float]:
                 continue  # being replaced, or gone
         live = pid == os.getpid() or _alive(pid)
         for name, value in figures.items():
-            if name in total and (live or name not in ("fills_in_flight", "memory_bytes")):
+            if name in total and (live or name not in _GAUGE_FIELDS):
                 total[name] += value
     return total
 

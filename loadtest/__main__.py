@@ -6,8 +6,10 @@ import argparse
 import shlex
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType, ModuleType
+from typing import NoReturn
 
 from loadtest import epochs, fleet, hits, listing, ranges, rebuild, sequential
 from loadtest.common import Options
@@ -126,12 +128,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def exit_with(entry: Callable[[], int]) -> NoReturn:
+    """Run a command line's entry point: Ctrl-C and --max-minutes end it with their own exit
+    codes, after every `finally` has stopped what the run started."""
     try:
-        sys.exit(main())
+        sys.exit(entry())
     except KeyboardInterrupt:
         print("interrupted; everything started was stopped", file=sys.stderr)
         sys.exit(130)
     except TimeoutError as exc:
         print(f"{exc}; everything started was stopped", file=sys.stderr)
         sys.exit(124)
+
+
+if __name__ == "__main__":
+    exit_with(main)

@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from loadtest.data import seed_large, seed_objects
 from loadtest.httpclient import Job, LoadClient, Tally
 from loadtest.procs import Cleanup, CpuMeter, CpuUse
 from loadtest.report import RESULTS, Report, Row
+from loadtest.sizes import fmt_size
 from loadtest.wan import Origin, WanSettings, start_origin
 
 MiB = 1024 * 1024
@@ -69,6 +71,21 @@ class Run:
         origin, shape = start_origin(self.cleanup, self.workdir, self.options.wan)
         self.log(f"origin (moto) at {origin.url}, seeding through {origin.seed_url}")
         return origin, shape
+
+    def origin_with_large(
+        self, key: str, size: int, primer: str, report: Report
+    ) -> tuple[Origin, Path]:
+        """The origin holding one large object (and the same bytes in a local folder, which
+        is returned) and a 4 KiB `primer`, seeded before the WAN is shaped."""
+        origin, shape = self.origin()
+        files = self.workdir / "files"
+        self.log(f"seeding one {fmt_size(size)} object")
+        seed_large(origin.seed_url, key, size, files, self.log)
+        seed_objects(origin.seed_url, [primer], 4096)
+        shape()
+        report.wan = origin.description
+        self.log(f"WAN: {origin.description}")
+        return origin, files
 
     def client(self) -> LoadClient:
         client = LoadClient(self.options.processes)

@@ -21,7 +21,6 @@ import random
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -48,7 +47,7 @@ from loadtest.servers import (
 )
 from loadtest.sizes import fmt_size, parse_size
 from loadtest.wan import Origin
-from loadtest.wrk import write_targets, wrk
+from loadtest.wrk import WrkCounts, write_targets, wrk
 
 SUMMARY = "fleets of 1-3 nodes: hit req/s spread over nodes, cost of a forwarding hop, epochs"
 _CPU = ["CPU per node", "server CPU", "CPU us/req", "machine CPU %"]
@@ -208,20 +207,12 @@ class _Meter:
         return cores, min(100.0, 100 * busy / (wall * (os.cpu_count() or 1)))
 
 
-@dataclass(frozen=True)
-class _Result:
-    requests: int
-    bytes: int
-    seconds: float
-    errors: int
-    p50_ms: float
-    p99_ms: float
+@dataclass(frozen=True, slots=True)
+class _Result(WrkCounts):
+    """A run over the fleet, with the CPU of every metered node meanwhile."""
+
     cores: list[float]  # per metered node
     machine_pct: float
-
-    @property
-    def rps(self) -> float:
-        return self.requests / self.seconds
 
 
 def _cpu_cells(cores: list[float], machine_pct: float, rps: float) -> Row:
@@ -251,7 +242,7 @@ def _wrk(
     meter = _Meter(metered)
     w = wrk(to[0].url, files, connections, seconds, hosts=[n.hostport for n in to])
     cores, machine = meter.stop()
-    return _Result(w.requests, w.bytes, w.seconds, w.errors, w.p50_ms, w.p99_ms, cores, machine)
+    return _Result(**asdict(w), cores=cores, machine_pct=machine)
 
 
 def _median_row(runs: list[_Result], **labels: object) -> Row:
@@ -621,11 +612,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted; everything started was stopped", file=sys.stderr)
-        sys.exit(130)
-    except TimeoutError as exc:
-        print(f"{exc}; everything started was stopped", file=sys.stderr)
-        sys.exit(124)
+    from loadtest.__main__ import exit_with
+
+    exit_with(main)

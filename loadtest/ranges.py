@@ -20,8 +20,6 @@ from loadtest.data import (
     gateway_targets,
     origin_targets,
     random_ranges,
-    seed_large,
-    seed_objects,
 )
 from loadtest.httpclient import Job
 from loadtest.procs import CpuMeter
@@ -78,14 +76,7 @@ def run(options: Options, args: argparse.Namespace) -> None:
     )
     key = f"ranges/{fmt_size(size)}.bin"
     with Run("ranges", options) as r:
-        origin, shape = r.origin()
-        files = r.workdir / "files"
-        r.log(f"seeding one {fmt_size(size)} object")
-        seed_large(origin.seed_url, key, size, files, r.log)
-        seed_objects(origin.seed_url, [PRIMER], 4096)
-        shape()
-        report.wan = origin.description
-        r.log(f"WAN: {origin.description}")
+        origin, files = r.origin_with_large(key, size, PRIMER, report)
         client = r.client()
 
         def phase(

@@ -18,7 +18,7 @@ import statistics
 import time
 
 from loadtest.common import Options, Run, finish, measure, prime, row_of
-from loadtest.data import gateway_targets, origin_targets, seed_large, seed_objects
+from loadtest.data import gateway_targets, origin_targets
 from loadtest.httpclient import Job, LoadClient
 from loadtest.procs import CpuMeter
 from loadtest.report import Report, Row
@@ -151,14 +151,7 @@ def run(options: Options, args: argparse.Namespace) -> None:
     )
     key = f"sequential/{fmt_size(size)}.bin"
     with Run("sequential", options) as r:
-        origin, shape = r.origin()
-        files = r.workdir / "files"
-        r.log(f"seeding one {fmt_size(size)} object")
-        seed_large(origin.seed_url, key, size, files, r.log)
-        seed_objects(origin.seed_url, [PRIMER], 4096)
-        shape()
-        report.wan = origin.description
-        r.log(f"WAN: {origin.description}")
+        origin, files = r.origin_with_large(key, size, PRIMER, report)
         phases = _Phases(r, report, r.client(), origin, options.phase_timeout)
         direct = origin_targets(origin.url, [key])[0]
         for i in range(1, args.direct_reads + 1):

@@ -8,7 +8,7 @@ import json
 import os
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from loadtest.procs import CpuMeter, CpuUse
@@ -29,18 +29,6 @@ class WrkCounts:
     p99_ms: float
     mean_ms: float
 
-
-@dataclass(frozen=True, slots=True)
-class WrkResult:
-    requests: int
-    bytes: int
-    seconds: float
-    errors: int
-    p50_ms: float
-    p99_ms: float
-    mean_ms: float
-    cpu: CpuUse
-
     @property
     def rps(self) -> float:
         return self.requests / self.seconds
@@ -48,6 +36,13 @@ class WrkResult:
     @property
     def mbps(self) -> float:
         return self.bytes / self.seconds / 1e6
+
+
+@dataclass(frozen=True, slots=True)
+class WrkResult(WrkCounts):
+    """A run on one server, with that server's CPU meanwhile."""
+
+    cpu: CpuUse
 
 
 def write_targets(path: Path, targets: Sequence[str]) -> None:
@@ -122,13 +117,4 @@ def run_wrk(
     meter = CpuMeter(server_pid)
     w = wrk(base_url, [targets_file], connections, seconds, timeout=timeout)
     cpu = meter.stop()
-    return WrkResult(
-        requests=w.requests,
-        bytes=w.bytes,
-        seconds=w.seconds,
-        errors=w.errors,
-        p50_ms=w.p50_ms,
-        p99_ms=w.p99_ms,
-        mean_ms=w.mean_ms,
-        cpu=cpu,
-    )
+    return WrkResult(**asdict(w), cpu=cpu)

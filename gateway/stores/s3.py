@@ -168,11 +168,13 @@ class S3Store(S3Writes):
             base[: -len(probe)],
             client.meta.region_name,
             Credentials(o["access_key"], o["secret_key"], o.get("session_token") or None),
-            connect_timeout=float(o.get("connect_timeout", 5)),
-            read_timeout=float(o.get("read_timeout", 30)),
+            connect_timeout=client.meta.config.connect_timeout,
+            read_timeout=client.meta.config.read_timeout,
         )
 
-    async def _get(self, key: str, args: dict[str, str]) -> tuple[Mapping[str, Any], Any]:
+    async def _get(
+        self, key: str, args: dict[str, str]
+    ) -> tuple[Mapping[str, Any], AsyncGenerator[bytes, None]]:
         """GetObject: (the answer's fields, its body as an async generator of chunks) or
         botocore's ClientError / transport errors."""
         client = await self._s3()
