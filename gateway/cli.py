@@ -1,4 +1,6 @@
-"""`gateway` command line: serve, migrate, mount add|list|remove, keys create|list|delete.
+"""`gateway` command line: serve, migrate, mount add|list|remove, keys create|list|delete,
+users create|list|delete, policies create|delete|attach|detach|list|show, status, load,
+jobs list|show|wait|cancel.
 
 Every option is also read from GATEWAY_<NAME> and from the TOML file named by --config;
 flags win over the environment, which wins over the file (see docs/configuration.md).
@@ -7,6 +9,7 @@ flags win over the environment, which wins over the file (see docs/configuration
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -19,9 +22,19 @@ from typing import Any, TypeVar
 import click
 
 from gateway.config import Settings, build_settings
-from gateway.meta import AccessKeyExists, MetaStore, MountExists
+from gateway.meta import (
+    ADMIN_USER,
+    AccessKeyExists,
+    InUse,
+    MetaStore,
+    MountExists,
+    NoSuchPolicy,
+    NoSuchUser,
+    PolicyExists,
+    UserExists,
+)
 from gateway.service.buckets import bucket_name_problem
-from gateway.service.namespace import store_options
+from gateway.service.namespace import own_paths, store_options
 from gateway.stores import open_store
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -62,14 +75,27 @@ _SERVE_OPTIONS: list[tuple[str, str]] = [
     ("bucket_store", "Where CreateBucket makes buckets: file:///dir or s3:// (none: refused)."),
     ("bucket_store_options", "Options of the bucket store: endpoint_url=...,secret_key=..."),
     ("multipart_max_age", "Seconds after which an unfinished multipart upload is aborted."),
+    ("write_lease", "Seconds a node's own store upload stays claimed unrenewed (then aborted)."),
+    ("job_takeover_delay", "Seconds a node is gone before others take over its job shares."),
     ("tls_cert", "Serve HTTPS: the certificate chain (PEM)."),
     ("tls_key", "Serve HTTPS: the private key (PEM)."),
+    ("fleet_ca", "CA bundle (PEM) peers' certificates are checked against; default: system's."),
+    ("max_request_line", "Largest request target (path and query), e.g. 16KiB: 414 past it."),
+    ("max_header_bytes", "Largest header section (names and values), e.g. 32KiB: 431 past it."),
+    ("max_headers", "Most header fields in one request: 431 past it."),
+    ("head_timeout", "Seconds to receive a request head: 408 past it (silent: closed)."),
+    ("keepalive_timeout", "Seconds an idle connection is kept open between requests."),
+    ("max_connections", "Open connections per port and worker: 503 SlowDown past it."),
+    ("local_socket", "Unix socket for short-circuit reads (default: <data-dir>/gateway.sock)."),
+    ("local_socket_uids", "Uids that may read cache files through it (default: the node's)."),
     ("admin_access_key", "An access key to ensure at start (with --admin-secret-key)."),
     ("admin_secret_key", "The secret of --admin-access-key."),
     ("log_level", "debug, info, warning or error."),
 ]
 _FLAGS: list[tuple[str, str]] = [
     ("access_log", "Log one JSON line per request."),
+    ("fast_hits", "Answer plain GETs of small objects in memory at the HTTP edge."),
+    ("short_circuit", "Hand cached block files to clients on this host (Unix socket)."),
     ("demo", "Mount a folder of sample files as bucket 'demo' if it is not mounted."),
 ]
 
@@ -108,7 +134,7 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 async def _with_meta(settings: Settings, work: Callable[[MetaStore], Coroutine[Any, Any, T]]) -> T:
-    from gateway.app import open_meta
+    from gateway.node import open_meta
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     meta = open_meta(settings)
@@ -133,25 +159,32 @@ def serve(**kwargs: Any) -> None:
     """Run one gateway node."""
     import uvicorn
 
-    from gateway.app import SETTINGS_ENV, Node, settings_to_json
+    from gateway.admin.metrics import prepare_shared_dir
+    from gateway.edge import EdgeConfig, EdgeLimits
     from gateway.logs import setup_logging
-    from gateway.metrics import prepare_shared_dir
+    from gateway.node import SETTINGS_ENV, Node, settings_to_json
 
     settings = _settings(kwargs)
+    try:
+        limits = EdgeLimits.from_settings(settings)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     setup_logging(settings.log_level)
     banner = _run(_with_meta(settings, lambda meta: _bootstrap(meta, settings)))
     click.echo(banner)
     sys.stdout.flush()
     if settings.workers > 1:
         # Each worker process builds its own Node from the settings resolved here, and
-        # shares its metrics with the others (gateway/metrics.py).
+        # shares its metrics with the others (gateway/admin/metrics.py).
         os.environ[SETTINGS_ENV] = settings_to_json(settings)
         prepare_shared_dir(Path(settings.data_dir))
-        app: Any = "gateway.app:node_from_environment"
+        app: Any = "gateway.node:node_from_environment"
     else:
         app = Node(settings)
-    config = uvicorn.Config(
+    # The same config, limits and TLS for both listening sockets: the S3 port and the fleet's.
+    config = EdgeConfig(
         app,
+        limits,
         factory=settings.workers > 1,
         workers=settings.workers,
         host=settings.host,
@@ -161,12 +194,16 @@ def serve(**kwargs: Any) -> None:
         log_config=None,
         server_header=False,
         timeout_graceful_shutdown=10,
+        # A worker answers the supervisor's health pings only once it has imported the
+        # gateway; on a busy machine that takes longer than uvicorn's default of 5 s, and a
+        # worker killed for it is started again, and again.
+        timeout_worker_healthcheck=30,
         ssl_certfile=settings.tls_cert,
         ssl_keyfile=settings.tls_key,
     )
     sockets = [config.bind_socket()]
     if settings.fleet_secret:
-        # The fleet's internal API listens on a port of its own (gateway/internal.py).
+        # The fleet's internal API listens on a port of its own (gateway/cluster/peer_api.py).
         sockets.append(_bind(settings.host, settings.effective_internal_port))
     if settings.workers > 1:
         from uvicorn.supervisors import Multiprocess
@@ -220,14 +257,18 @@ async def _bootstrap(meta: MetaStore, s: Settings) -> str:
     created = None
     if s.admin_access_key and s.admin_secret_key:
         existing = await meta.get_key(s.admin_access_key)
-        if existing is None:
-            await meta.create_key(s.admin_access_key, s.admin_secret_key, "admin (configured)")
-        elif existing.secret_key != s.admin_secret_key:
+        if existing is not None and (
+            existing.secret_key != s.admin_secret_key or not existing.admin
+        ):
             await meta.delete_key(s.admin_access_key)
-            await meta.create_key(s.admin_access_key, s.admin_secret_key, "admin (configured)")
+            existing = None
+        if existing is None:
+            await meta.create_key(
+                s.admin_access_key, s.admin_secret_key, "admin (configured)", admin=True
+            )
     keys = await meta.list_keys()
     if not keys:
-        created = await meta.create_key(description="created at first start")
+        created = await meta.create_key(description="created at first start", admin=True)
         keys = [created]
     if s.demo and await meta.get_mount("demo") is None:
         folder = (s.data_dir / "demo").resolve()
@@ -276,13 +317,25 @@ def _parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
     return options
 
 
-def _validate_mount(uri: str, options: dict[str, str]) -> None:
-    """The store checks its own options and URI; the gateway checks the rest."""
+def _validate_mount(uri: str, options: dict[str, str], settings: Settings) -> None:
+    """The store checks its own options and URI; the gateway checks the rest, and that the
+    mount leaves its own files out (each node checks again when it loads the mount)."""
     try:
         float(options.get("metadata_ttl", "0"))
-        _run(open_store(uri, store_options(options)).close())
+        store = open_store(uri, store_options(options))
+        _run(store.close())
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="URI or --option") from None
+    try:
+        own_paths(settings).check(store)
+    except ValueError as exc:
+        raise click.BadParameter(f"{uri}: {exc}", param_hint="URI") from None
+
+
+_MOUNT_OPTIONS = [
+    *_DB_OPTIONS,
+    ("cache_dir", "The node's cache folder, kept out of mounts; default <data-dir>/cache."),
+]
 
 
 @main.group()
@@ -294,13 +347,17 @@ def mount() -> None:
 @click.argument("bucket")
 @click.argument("uri")
 @click.option("--option", "-o", "pairs", multiple=True, metavar="KEY=VALUE", help="Mount option.")
-@_options(_DB_OPTIONS)
+@_options(_MOUNT_OPTIONS)
 def mount_add(bucket: str, uri: str, pairs: tuple[str, ...], **kwargs: Any) -> None:
-    """Mount URI (file:///abs/path, s3://bucket[/prefix]) as BUCKET."""
+    """Mount URI (file:///abs/path, s3://bucket[/prefix]) as BUCKET.
+
+    A file:// folder that holds the gateway's data dir or cache dir, or lies inside one, is
+    refused: clients would read (and write) the gateway's database and secret key.
+    """
     validate_bucket(bucket)
     options = _parse_options(pairs)
-    _validate_mount(uri, options)
     settings = _settings(kwargs)
+    _validate_mount(uri, options, settings)
     try:
         m = _run(_with_meta(settings, lambda meta: meta.add_mount(bucket, uri, options)))
     except MountExists:
@@ -345,27 +402,51 @@ def keys() -> None:
 @click.option("--access-key", default=None, help="Access key id (default: generated).")
 @click.option("--secret-key", default=None, help="Secret (default: generated).")
 @click.option("--description", default="", help="A note kept with the key.")
+@click.option("--admin", is_flag=True, help="May also use the operator API (/_gateway/jobs).")
+@click.option("--user", default=None, help="The user it belongs to (default: admin).")
 @_options(_DB_OPTIONS)
 def keys_create(
-    access_key: str | None, secret_key: str | None, description: str, **kwargs: Any
+    access_key: str | None,
+    secret_key: str | None,
+    description: str,
+    admin: bool,
+    user: str | None,
+    **kwargs: Any,
 ) -> None:
     """Create an access key and print it with its secret (the only time it is printed)."""
     settings = _settings(kwargs)
     try:
         key = _run(
-            _with_meta(settings, lambda meta: meta.create_key(access_key, secret_key, description))
+            _with_meta(
+                settings,
+                lambda meta: meta.create_key(
+                    access_key, secret_key, description, admin=admin, user=user
+                ),
+            )
         )
     except AccessKeyExists:
         raise click.ClickException(f"access key {access_key!r} exists") from None
+    except NoSuchUser:
+        raise click.ClickException(f"no user {user!r}: `gateway users create` it") from None
     click.echo(f"access key: {key.access_key}\nsecret key: {key.secret_key}")
+    click.echo(f"user: {user or ADMIN_USER}")
 
 
 @keys.command("list")
 @_options(_DB_OPTIONS)
 def keys_list(**kwargs: Any) -> None:
-    """List access key ids (never their secrets)."""
-    for key in _run(_with_meta(_settings(kwargs), lambda meta: meta.list_keys())):
-        click.echo(f"{key.access_key}\t{key.created_at.isoformat()}\t{key.description}".rstrip())
+    """List access key ids (never their secrets), each with its user."""
+
+    async def read(meta: MetaStore) -> tuple[list[Any], dict[int, str]]:
+        users = {u.id: u.name for u in await meta.list_users()}
+        return await meta.list_keys(), users
+
+    found, names = _run(_with_meta(_settings(kwargs), read))
+    for key in found:
+        role = "admin" if key.admin else "-"
+        user = ADMIN_USER if key.user_id is None else names.get(key.user_id, "?")
+        line = f"{key.access_key}\t{key.created_at.isoformat()}\t{role}\t{user}\t{key.description}"
+        click.echo(line.rstrip())
 
 
 @keys.command("delete")
@@ -376,6 +457,314 @@ def keys_delete(access_key: str, **kwargs: Any) -> None:
     if not _run(_with_meta(_settings(kwargs), lambda meta: meta.delete_key(access_key))):
         raise click.ClickException(f"no access key {access_key!r}")
     click.echo(f"deleted {access_key}")
+
+
+# -- users and policies (docs/tenants.md) ------------------------------------------------
+
+_USER_NAME = re.compile(r"[A-Za-z0-9_+=,.@-]{1,64}")
+_POLICY_NAME = re.compile(r"[A-Za-z0-9_+=,.@-]{1,128}")
+
+
+async def _known_policy(meta: MetaStore, name: str) -> None:
+    from gateway.iam import BUILTIN
+
+    if name not in BUILTIN and name not in await meta.custom_policies():
+        raise click.ClickException(
+            f"no policy {name!r}: the built-in ones are {', '.join(BUILTIN)};"
+            " `gateway policies create` makes others"
+        )
+
+
+@main.group()
+def users() -> None:
+    """Manage users: each access key belongs to one, its policies say what it may do."""
+
+
+@users.command("create")
+@click.argument("name")
+@click.option(
+    "--policy", "policy_names", multiple=True,
+    help="A policy to attach (repeatable; default: own, which may create buckets and do"
+    " everything in the buckets it owns).",
+)  # fmt: skip
+@_options(_DB_OPTIONS)
+def users_create(name: str, policy_names: tuple[str, ...], **kwargs: Any) -> None:
+    """Create user NAME (letters, digits and _+=,.@-, as IAM's user names)."""
+    from gateway.iam import DEFAULT_USER_POLICY
+
+    if not _USER_NAME.fullmatch(name):
+        raise click.BadParameter(f"{name!r}: 1-64 of letters, digits, _+=,.@-", param_hint="NAME")
+    wanted = policy_names or (DEFAULT_USER_POLICY,)
+
+    async def work(meta: MetaStore) -> None:
+        for policy in wanted:
+            await _known_policy(meta, policy)
+        await meta.create_user(name, wanted)
+
+    try:
+        _run(_with_meta(_settings(kwargs), work))
+    except UserExists:
+        raise click.ClickException(f"user {name!r} exists") from None
+    click.echo(f"created user {name} with policies {', '.join(wanted)}")
+
+
+@users.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+@_options(_DB_OPTIONS)
+def users_list(as_json: bool, **kwargs: Any) -> None:
+    """List users with their policies, keys and buckets."""
+    found = _run(_with_meta(_settings(kwargs), lambda meta: meta.list_users()))
+    rows = [
+        {"name": u.name, "policies": list(u.policies), "keys": list(u.keys),
+         "buckets": list(u.buckets), "created_at": u.created_at.isoformat()}
+        for u in found
+    ]  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        click.echo(
+            f"{r['name']}\tpolicies={','.join(r['policies']) or '-'}"
+            f"\tkeys={len(r['keys'])}\tbuckets={','.join(r['buckets']) or '-'}"
+        )
+
+
+@users.command("delete")
+@click.argument("name")
+@_options(_DB_OPTIONS)
+def users_delete(name: str, **kwargs: Any) -> None:
+    """Delete user NAME and its keys (refused while it owns buckets)."""
+    try:
+        _run(_with_meta(_settings(kwargs), lambda meta: meta.delete_user(name)))
+    except (NoSuchUser, InUse) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"deleted user {name}")
+
+
+@main.group()
+def policies() -> None:
+    """Manage policies: the built-in own, readonly, readwrite, admin, and custom documents in
+    the IAM JSON grammar."""
+
+
+@policies.command("create")
+@click.argument("name")
+@click.argument("document", metavar="FILE|JSON")
+@_options(_DB_OPTIONS)
+def policies_create(name: str, document: str, **kwargs: Any) -> None:
+    """Create policy NAME from a JSON document, given inline or as a file ('-': stdin)."""
+    from gateway.iam import BUILTIN, MalformedPolicy, compile_policy
+
+    if not _POLICY_NAME.fullmatch(name):
+        raise click.BadParameter(f"{name!r}: 1-128 of letters, digits, _+=,.@-", param_hint="NAME")
+    if name in BUILTIN:
+        raise click.ClickException(f"{name!r} is a built-in policy")
+    if document == "-":
+        text = sys.stdin.read()
+    elif document.lstrip().startswith("{"):
+        text = document
+    else:
+        try:
+            text = Path(document).read_text()
+        except OSError as exc:
+            raise click.BadParameter(str(exc), param_hint="FILE|JSON") from None
+    try:
+        compile_policy(text)
+    except MalformedPolicy as exc:
+        raise click.ClickException(f"MalformedPolicy: {exc}") from None
+    try:
+        _run(_with_meta(_settings(kwargs), lambda meta: meta.create_policy(name, text)))
+    except PolicyExists:
+        raise click.ClickException(f"policy {name!r} exists") from None
+    click.echo(f"created policy {name}")
+
+
+@policies.command("delete")
+@click.argument("name")
+@_options(_DB_OPTIONS)
+def policies_delete(name: str, **kwargs: Any) -> None:
+    """Delete custom policy NAME (refused while a user holds it)."""
+    try:
+        _run(_with_meta(_settings(kwargs), lambda meta: meta.delete_policy(name)))
+    except (NoSuchPolicy, InUse) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"deleted policy {name}")
+
+
+@policies.command("attach")
+@click.argument("policy")
+@click.option("--user", required=True, help="The user to attach it to.")
+@_options(_DB_OPTIONS)
+def policies_attach(policy: str, user: str, **kwargs: Any) -> None:
+    """Attach POLICY to a user (effective on every node within refresh_interval)."""
+
+    async def work(meta: MetaStore) -> bool:
+        await _known_policy(meta, policy)
+        return await meta.attach_policy(user, policy)
+
+    try:
+        added = _run(_with_meta(_settings(kwargs), work))
+    except NoSuchUser as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"attached {policy} to {user}" if added else f"{user} holds {policy} already")
+
+
+@policies.command("detach")
+@click.argument("policy")
+@click.option("--user", required=True, help="The user to detach it from.")
+@_options(_DB_OPTIONS)
+def policies_detach(policy: str, user: str, **kwargs: Any) -> None:
+    """Detach POLICY from a user."""
+    try:
+        gone = _run(_with_meta(_settings(kwargs), lambda meta: meta.detach_policy(user, policy)))
+    except NoSuchUser as exc:
+        raise click.ClickException(str(exc)) from None
+    if not gone:
+        raise click.ClickException(f"{user} does not hold {policy}")
+    click.echo(f"detached {policy} from {user}")
+
+
+@policies.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document, with the documents.")
+@_options(_DB_OPTIONS)
+def policies_list(as_json: bool, **kwargs: Any) -> None:
+    """List the built-in and custom policies, and who holds each."""
+    from gateway.iam import BUILTIN, builtin_document
+
+    async def read(meta: MetaStore) -> tuple[dict[str, str], list[Any]]:
+        return await meta.custom_policies(), await meta.list_users()
+
+    custom, found = _run(_with_meta(_settings(kwargs), read))
+    docs = {name: builtin_document(name) or "" for name in BUILTIN} | custom
+    rows = [
+        {"name": name, "builtin": name in BUILTIN,
+         "users": [u.name for u in found if name in u.policies], "document": json.loads(text)}
+        for name, text in sorted(docs.items())
+    ]  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        kind = "built-in" if r["builtin"] else "custom"
+        click.echo(f"{r['name']}\t{kind}\tusers={','.join(r['users']) or '-'}")
+
+
+# -- sync ----------------------------------------------------------------------------------
+
+
+@main.command("sync")
+@click.argument("target", metavar="BUCKET[/PREFIX]")
+@click.option("--page-size", default=1000, show_default=True, help="Keys a listing request.")
+@click.option(
+    "--parallel", default=4, show_default=True,
+    help="Sub-prefixes (PREFIX/name/) listed at once, where every key lies in one.",
+)  # fmt: skip
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar; the summary line only.")
+@_options(_DB_OPTIONS)
+def sync_command(target: str, page_size: int, parallel: int, quiet: bool, **kwargs: Any) -> None:
+    """List BUCKET[/PREFIX] from its store into the catalog (docs/catalog.md).
+
+    The catalog then answers listings, HEADs and cold GETs under PREFIX on every node. A run
+    that stopped (Ctrl-C, a crash) resumes where it stopped; run again to re-sync, writing
+    only what changed.
+    """
+    from gateway.catalog import Catalog, SyncBusy, SyncProgress, catalog_options, sync_parallel
+
+    bucket, _, prefix = target.partition("/")
+    settings = _settings(kwargs)
+
+    async def work(meta: MetaStore) -> SyncProgress:
+        mount = await meta.get_mount(bucket)
+        if mount is None:
+            raise click.ClickException(f"bucket {bucket!r} is not mounted")
+        if catalog_options(mount.options) is None:
+            raise click.ClickException(
+                f"bucket {bucket!r} is mounted with the catalog off: mount it with -o catalog=on"
+            )
+        store = open_store(mount.uri, store_options(mount.options))
+        try:
+            with _SyncBar(target, quiet) as bar:
+                return await sync_parallel(
+                    Catalog(meta.engine), mount.id, store, prefix, workers=parallel,
+                    page_size=page_size, on_progress=bar.update,
+                )  # fmt: skip
+        finally:
+            await store.close()
+
+    try:
+        done = _run(_with_meta(settings, work))
+    except SyncBusy as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(
+        f"synced {target}: {done.listed} keys listed, {done.changed} written,"
+        f" {done.removed} removed"
+    )
+
+
+@main.command("syncs")
+@click.argument("bucket", required=False)
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+@_options(_DB_OPTIONS)
+def syncs_command(bucket: str | None, as_json: bool, **kwargs: Any) -> None:
+    """The synced prefixes of catalog=on mounts (of BUCKET), and runs in progress."""
+    from gateway.catalog import Catalog, sync_states
+
+    async def read(meta: MetaStore) -> list[dict[str, Any]]:
+        mounts = {m.id: m.bucket for m in await meta.list_mounts()}
+        if bucket is not None and bucket not in mounts.values():
+            raise click.ClickException(f"bucket {bucket!r} is not mounted")
+        rows = []
+        for state in await sync_states(Catalog(meta.engine)):
+            if bucket is None or mounts.get(state.mount_id) == bucket:
+                row = {"bucket": mounts.get(state.mount_id, "?"), **dataclasses.asdict(state)}
+                rows.append({k: v.isoformat() if hasattr(v, "isoformat") else v
+                             for k, v in row.items() if k != "mount_id"})  # fmt: skip
+        return rows
+
+    rows = _run(_with_meta(_settings(kwargs), read))
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    click.echo("BUCKET\tPREFIX\tSYNCED\tRUNNING\tLISTED\tWRITTEN\tREMOVED")
+    for r in rows:
+        running = f"{r['owner'] or 'stopped'} at {r['cursor'] or '-'}" if r["started_at"] else "-"
+        click.echo(
+            f"{r['bucket']}\t{r['prefix'] or '(all)'}\t{r['synced_at'] or 'never'}\t{running}"
+            f"\t{r['listed']}\t{r['changed']}\t{r['removed']}"
+        )
+
+
+class _SyncBar:
+    """A sync's progress on the terminal (stderr), with rich: keys listed, written, removed."""
+
+    def __init__(self, target: str, quiet: bool) -> None:
+        from rich.console import Console
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("[bold]{task.description}"),
+            TextColumn("{task.completed:,} keys listed"),
+            TextColumn("{task.fields[changed]:,} written, {task.fields[removed]:,} removed"),
+            TextColumn("{task.fields[cursor]}", style="dim"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            disable=quiet,
+        )
+        self.task = self.progress.add_task(f"sync {target}", changed=0, removed=0, cursor="")
+
+    def __enter__(self) -> _SyncBar:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def update(self, p: Any) -> None:
+        where = "resumed" if p.resumed and not p.listed else (p.cursor or "")[-40:]
+        self.progress.update(
+            self.task, completed=p.listed, changed=p.changed, removed=p.removed, cursor=where
+        )
 
 
 # -- status ------------------------------------------------------------------------------
@@ -446,3 +835,155 @@ def _size(count: int) -> str:
             return f"{count} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TiB"
+
+
+# -- jobs --------------------------------------------------------------------------------
+
+_JOB_CLIENT_OPTIONS: list[tuple[str, str]] = [
+    *_DB_OPTIONS,
+]
+
+
+def _job_client(fn: F) -> F:
+    """How a jobs command reaches the jobs: --endpoint (a node's API, signed with an admin
+    key) or the database (--database-url, as the other commands)."""
+    fn = click.option(
+        "--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+        help="text for people, json for scripts.",
+    )(fn)  # fmt: skip
+    fn = click.option("--region", default="us-east-1", envvar="AWS_REGION",
+                      help="Region to sign for (with --endpoint).")(fn)  # fmt: skip
+    fn = click.option("--secret-key", envvar="AWS_SECRET_ACCESS_KEY", default=None,
+                      help="Secret of the admin key (with --endpoint).")(fn)  # fmt: skip
+    fn = click.option("--access-key", envvar="AWS_ACCESS_KEY_ID", default=None,
+                      help="An admin access key (with --endpoint).")(fn)  # fmt: skip
+    fn = click.option("--endpoint", envvar="GATEWAY_ENDPOINT", default=None,
+                      help="A node's URL: use its API instead of the database.")(fn)  # fmt: skip
+    return _options(_JOB_CLIENT_OPTIONS)(fn)
+
+
+def _connect(kwargs: dict[str, Any]) -> tuple[Any, bool]:
+    """A connect() for gateway.jobs.commands, and whether the output is JSON."""
+    from gateway.jobs.client import DatabaseClient, HttpClient, JobsClient
+
+    endpoint = kwargs.pop("endpoint")
+    access_key, secret_key = kwargs.pop("access_key"), kwargs.pop("secret_key")
+    region = kwargs.pop("region")
+    as_json = kwargs.pop("fmt") == "json"
+    if endpoint:
+        if not access_key or not secret_key:
+            raise click.UsageError(
+                "--endpoint needs an admin key: --access-key and --secret-key "
+                "(or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+            )
+
+        async def over_http() -> JobsClient:
+            return HttpClient(endpoint, access_key, secret_key, region)
+
+        return over_http, as_json
+    settings = _settings(kwargs)
+
+    async def over_database() -> JobsClient:
+        from gateway.node import open_meta
+
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        meta = open_meta(settings)
+        await meta.migrate()
+        return DatabaseClient(meta)
+
+    return over_database, as_json
+
+
+@main.command()
+@click.argument("target", metavar="BUCKET[/PREFIX]")
+@click.option("--pin", is_flag=True, help="Keep what is loaded from eviction.")
+@click.option("--replicas", type=click.IntRange(1, 8), default=1,
+              help="Fill the first N owners of each block.")  # fmt: skip
+@click.option("--concurrency", type=click.IntRange(1, 256), default=8,
+              help="Blocks in flight per node.")  # fmt: skip
+@click.option("--bandwidth", default=None, metavar="RATE",
+              help="Fleet-wide limit, e.g. 200MiB/s.")  # fmt: skip
+@click.option("--include", multiple=True, metavar="GLOB",
+              help="Only keys (after the prefix) matching one of these.")  # fmt: skip
+@click.option("--exclude", multiple=True, metavar="GLOB",
+              help="Leave out keys (after the prefix) matching any of these.")  # fmt: skip
+@click.option("--verify", is_flag=True, help="Count what is cached, per node; load nothing.")
+@click.option("--metadata-only", is_flag=True, help="Learn versions and sizes; no bytes.")
+@click.option("--refresh", is_flag=True, help="Reload objects whose version changed.")
+@click.option("--detach", is_flag=True, help="Print the job's id and return.")
+@_job_client
+def load(
+    target: str, pin: bool, replicas: int, concurrency: int, bandwidth: str | None,
+    include: tuple[str, ...], exclude: tuple[str, ...], verify: bool, metadata_only: bool,
+    refresh: bool, detach: bool, **kwargs: Any,
+) -> None:  # fmt: skip
+    """Load BUCKET[/PREFIX] into the fleet's caches, each node the blocks it owns.
+
+    Shows a progress bar until the job ends (Ctrl-C: cancel or detach). Exit status: 0 done,
+    1 failed, 3 partial (not everything fit or loaded), 4 cancelled.
+    """
+    from gateway.jobs import commands
+    from gateway.jobs.model import JobSpec, parse_bandwidth
+
+    bucket, _, prefix = target.removeprefix("s3://").partition("/")
+    validate_bucket(bucket)
+    try:
+        spec = JobSpec(
+            bucket, prefix, include=include, exclude=exclude, replicas=replicas,
+            concurrency=concurrency,
+            bandwidth=parse_bandwidth(bandwidth) if bandwidth else None,
+            pin=pin, verify=verify, metadata_only=metadata_only, refresh=refresh,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    connect, as_json = _connect(kwargs)
+    sys.exit(commands.load(connect, spec, detach=detach, as_json=as_json))
+
+
+@main.group()
+def jobs() -> None:
+    """Preload jobs: list, show, wait for, cancel."""
+
+
+@jobs.command("list")
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, help="The newest N.")
+@_job_client
+def jobs_list(limit: int, **kwargs: Any) -> None:
+    """The newest jobs, with their state and progress."""
+    from gateway.jobs import commands
+
+    connect, as_json = _connect(kwargs)
+    sys.exit(commands.list_jobs(connect, as_json=as_json, limit=limit))
+
+
+@jobs.command("show")
+@click.argument("job_id", type=int, metavar="ID")
+@_job_client
+def jobs_show(job_id: int, **kwargs: Any) -> None:
+    """One job: options, progress per node, first errors."""
+    from gateway.jobs import commands
+
+    connect, as_json = _connect(kwargs)
+    sys.exit(commands.show(connect, job_id, as_json=as_json))
+
+
+@jobs.command("wait")
+@click.argument("job_id", type=int, metavar="ID")
+@_job_client
+def jobs_wait(job_id: int, **kwargs: Any) -> None:
+    """Follow a job to its end (the same bar as `load`); exits as `load` does."""
+    from gateway.jobs import commands
+
+    connect, as_json = _connect(kwargs)
+    sys.exit(commands.wait(connect, job_id, as_json=as_json))
+
+
+@jobs.command("cancel")
+@click.argument("job_id", type=int, metavar="ID")
+@_job_client
+def jobs_cancel(job_id: int, **kwargs: Any) -> None:
+    """Cancel a job; what it loaded stays cached."""
+    from gateway.jobs import commands
+
+    connect, as_json = _connect(kwargs)
+    sys.exit(commands.cancel(connect, job_id, as_json=as_json))

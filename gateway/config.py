@@ -7,6 +7,7 @@ flag/env part) and from the optional TOML file given by --config / GATEWAY_CONFI
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import tomllib
 from collections.abc import Mapping
@@ -47,7 +48,7 @@ class Settings:
     cache_block_size: int = 4 << 20  # objects are cached in blocks of this size (per mount too)
     readahead_blocks: int = 4  # blocks fetched ahead of a sequential reader
     fill_concurrency: int = 16  # store fetches for the cache in flight per process
-    verify_sample: float = 0.01  # share of cache reads that re-verify a block's checksum
+    verify_sample: float = 1.0  # share of cache reads from disk that check their checksums
     workers: int = 1  # uvicorn worker processes sharing the node's cache
     # -- the fleet (docs/fleet.md); without a PostgreSQL database_url a node runs alone
     node_id: str | None = None  # default: kept in <data_dir>/node-id
@@ -66,12 +67,31 @@ class Settings:
     multipart_max_age: float = 7 * 86400.0  # abandoned uploads are aborted after this
     tls_cert: Path | None = None  # serve HTTPS with this certificate chain (PEM)
     tls_key: Path | None = None
+    fleet_ca: Path | None = None  # CA bundle peers' certificates are checked against; None: system
+    # -- the HTTP edge (gateway/edge.py), on the S3 port and the fleet's port alike
+    max_request_line: int = 16 << 10  # bytes of a request's target (path and query): 414 past it
+    max_header_bytes: int = 32 << 10  # bytes of its header fields' names and values: 431 past it
+    max_headers: int = 128  # header fields in one request: 431 past it
+    head_timeout: float = 10.0  # seconds to receive a request head: 408 (silence: closed) past it
+    keepalive_timeout: int = 5  # seconds an idle connection is kept open between requests
+    max_connections: int = 1024  # open connections per port and worker: 503 SlowDown past it
     admin_access_key: str | None = None  # ensured to exist at start (with admin_secret_key)
     admin_secret_key: str | None = None
     access_log: bool = True
+    short_circuit: bool = True  # hand cached block files to clients on this host (s3/local.py)
+    local_socket: Path | None = None  # None: <data_dir>/gateway.sock
+    local_socket_uids: str | None = None  # uids allowed, comma-separated; None: the node's own
+    fast_hits: bool = True  # plain hits from memory answered at the edge (gateway/s3/fast.py)
     log_level: str = "info"
     demo: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # Seconds an upload a node opens at a store on its own behalf (an S3 origin's multipart
+    # upload of a large PUT) stays claimed without renewal: a writer renews it every third of
+    # this; a janitor aborts it once it has run out (its writer died).
+    write_lease: float = 60.0
+    # A node gone from the fleet this long has its unfinished share of preload jobs taken
+    # over by the others; one back sooner (a restart) takes it up itself (docs/jobs.md).
+    job_takeover_delay: float = 60.0
 
     @property
     def effective_database_url(self) -> str:
@@ -93,12 +113,23 @@ class Settings:
         return self.internal_port or self.port + 1
 
     @property
+    def effective_local_socket(self) -> Path:
+        return self.local_socket or self.data_dir / "gateway.sock"
+
+    @property
+    def allowed_local_uids(self) -> frozenset[int]:
+        if not self.local_socket_uids:
+            return frozenset({os.getuid()})
+        return frozenset(int(u) for u in self.local_socket_uids.split(",") if u.strip())
+
+    @property
     def effective_cache_dir(self) -> Path:
         return self.cache_dir or self.data_dir / "cache"
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name != "extra"}
 _SIZES = {n for n in _FIELDS if n.startswith("cache_") and n != "cache_dir"}
+_SIZES |= {"max_request_line", "max_header_bytes"}
 _NUMBERS = {"node_weight", "verify_sample"}
 
 
@@ -116,7 +147,10 @@ def _coerce(name: str, value: Any) -> Any:
         return int(value)
     if isinstance(default, float) or name in _NUMBERS:
         return float(value)
-    if name in {"data_dir", "cache_dir", "encryption_key_file", "tls_cert", "tls_key"}:
+    if name in {
+        "data_dir", "cache_dir", "encryption_key_file", "tls_cert", "tls_key", "fleet_ca",
+        "local_socket",
+    }:  # fmt: skip
         return Path(value)
     return str(value)
 

@@ -6,7 +6,23 @@ rendered once, by `gateway.s3.app`, as the XML body S3 clients parse.
 
 from __future__ import annotations
 
+import re
 from xml.sax.saxutils import escape
+
+# Characters XML 1.0 cannot carry even as references (C0 controls but tab, CR and LF; lone
+# surrogates; U+FFFE and U+FFFF). A key or header value echoed back may hold them.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def xml_text(value: str) -> str:
+    """`value` escaped for an XML text node, characters XML cannot hold shown as %XX."""
+    if _NOT_XML.search(value):
+        value = _NOT_XML.sub(lambda m: "".join(f"%{b:02X}" for b in _bytes(m.group())), value)
+    return escape(value)
+
+
+def _bytes(char: str) -> bytes:
+    return char.encode("utf-8", "surrogatepass")
 
 
 class S3Error(Exception):
@@ -24,11 +40,11 @@ class S3Error(Exception):
         self.headers: dict[str, str] = {}
 
     def to_xml(self, request_id: str, resource: str = "") -> bytes:
-        extra = "".join(f"<{k}>{escape(v)}</{k}>" for k, v in self.fields.items())
+        extra = "".join(f"<{k}>{xml_text(v)}</{k}>" for k, v in self.fields.items())
         return (
             '<?xml version="1.0" encoding="UTF-8"?>\n'
-            f"<Error><Code>{self.code}</Code><Message>{escape(self.detail)}</Message>"
-            f"{extra}<Resource>{escape(resource)}</Resource>"
+            f"<Error><Code>{self.code}</Code><Message>{xml_text(self.detail)}</Message>"
+            f"{extra}<Resource>{xml_text(resource)}</Resource>"
             f"<RequestId>{request_id}</RequestId></Error>"
         ).encode()
 
@@ -40,6 +56,8 @@ def _error(code: str, status: int, message: str) -> type[S3Error]:
 # 3xx / 4xx / 5xx in the order of S3's own error table.
 NotModified = _error("NotModified", 304, "Not Modified")
 AccessDenied = _error("AccessDenied", 403, "Access Denied")
+AccessForbidden = _error("AccessForbidden", 403, "CORSResponse: This CORS request is not allowed.")
+BadRequest = _error("BadRequest", 400, "Bad Request")
 AuthorizationHeaderMalformed = _error(
     "AuthorizationHeaderMalformed", 400, "The authorization header is malformed."
 )
@@ -101,18 +119,36 @@ InvalidChunkSizeError = _error(
     "Only the last chunk is allowed to have a size less than 8192 bytes",
 )
 InvalidDigest = _error("InvalidDigest", 400, "The Content-MD5 you specified is not valid.")
+InvalidPartNumber = _error("InvalidPartNumber", 416, "The requested partnumber is not satisfiable")
 InvalidRange = _error("InvalidRange", 416, "The requested range is not satisfiable")
 InvalidRequest = _error("InvalidRequest", 400, "Invalid Request")
+InvalidTag = _error("InvalidTag", 400, "The tag provided was not a valid tag.")
+InvalidEncryptionAlgorithmError = _error(
+    "InvalidEncryptionAlgorithmError",
+    400,
+    "The encryption request you specified is not valid. The valid value is AES256.",
+)
+NoSuchCORSConfiguration = _error(
+    "NoSuchCORSConfiguration", 404, "The CORS configuration does not exist"
+)
+NoSuchTagSet = _error("NoSuchTagSet", 404, "The TagSet does not exist")
+KeyTooLongError = _error("KeyTooLongError", 400, "Your key is too long")
 MalformedXML = _error(
     "MalformedXML",
     400,
     "The XML you provided was not well-formed or did not validate against our published schema.",
+)
+MalformedPolicy = _error(
+    "MalformedPolicy", 400, "Policies must be valid JSON and the first byte must be '{'"
 )
 MalformedTrailerError = _error(
     "MalformedTrailerError",
     400,
     "The request contained trailing data that was not well-formed or did not conform to our"
     " published schema.",
+)
+MetadataTooLarge = _error(
+    "MetadataTooLarge", 400, "Your metadata headers exceed the maximum allowed metadata size."
 )
 MethodNotAllowed = _error(
     "MethodNotAllowed", 405, "The specified method is not allowed against this resource."
@@ -123,6 +159,7 @@ MissingContentLength = _error(
 MissingSecurityHeader = _error(
     "MissingSecurityHeader", 400, "Your request is missing a required header."
 )
+NoSuchBucketPolicy = _error("NoSuchBucketPolicy", 404, "The bucket policy does not exist")
 NoSuchBucket = _error("NoSuchBucket", 404, "The specified bucket does not exist")
 NoSuchKey = _error("NoSuchKey", 404, "The specified key does not exist.")
 NoSuchUpload = _error(
@@ -158,3 +195,20 @@ XAmzContentSHA256Mismatch = _error(
 InternalError = _error("InternalError", 500, "We encountered an internal error. Please try again.")
 ServiceUnavailable = _error("ServiceUnavailable", 503, "Please reduce your request rate.")
 SlowDown = _error("SlowDown", 503, "Please reduce your request rate.")
+# Answered by the HTTP edge (gateway/edge.py) before a request reaches the S3 layer. S3 uses
+# 400 for RequestHeaderSectionTooLarge and RequestTimeout and has no code for a long URI; the
+# edge answers with the precise HTTP status and an S3-style code.
+RequestHeaderSectionTooLarge = _error(
+    "RequestHeaderSectionTooLarge",
+    431,
+    "Your request header section exceeds the maximum allowed size.",
+)
+RequestURITooLong = _error(
+    "RequestURITooLong", 414, "Your request's URI exceeds the maximum allowed size."
+)
+RequestTimeout = _error(
+    "RequestTimeout",
+    408,
+    "Your socket connection to the server was not read from or written to within the timeout"
+    " period.",
+)

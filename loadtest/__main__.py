@@ -11,7 +11,7 @@ from pathlib import Path
 from types import FrameType, ModuleType
 from typing import NoReturn
 
-from loadtest import epochs, fleet, hits, listing, ranges, rebuild, sequential
+from loadtest import epochs, fleet, hits, inprocess, listing, ranges, rebuild, sequential
 from loadtest.common import Options
 from loadtest.report import RESULTS
 from loadtest.servers import nginx_missing
@@ -26,6 +26,7 @@ SCENARIOS: dict[str, ModuleType] = {
     "list": listing,
     "fleet": fleet,  # fleets of 1-3 nodes on PostgreSQL: hits over all nodes, one hop, epochs
     "rebuild": rebuild,  # no servers: the page store's index, by loadtest/rebuild.py
+    "inprocess": inprocess,  # no servers: CPU per hit inside one node process
 }
 _NEEDS_NGINX = {"hits"}
 

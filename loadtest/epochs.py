@@ -4,22 +4,38 @@ epoch in a new shuffled order by K concurrent readers, through each path:
 - direct: the origin itself, behind the WAN;
 - gateway: epoch 1 cold (every read a miss), then warm;
 - local: the same bytes as files on local disk, read by the same client (the limit);
-- nginx static: the same files over HTTP (what any HTTP server can do here), if nginx exists.
+- nginx static: the same files over HTTP (what any HTTP server can do here), if nginx exists;
+- with --preload, gateway+preload: a fresh gateway where `gateway load` starts at t=0, as
+  epoch 1 starts: the epoch against the same epoch direct, the load against the WAN's rate.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import shutil
 import statistics
+import subprocess
+import threading
+import time
+from typing import Any
 
 from loadtest.common import Options, Run, finish, measure, row_of
 from loadtest.data import gateway_targets, origin_targets, seed_objects
-from loadtest.httpclient import Job
+from loadtest.httpclient import CLIENT, Job
 from loadtest.report import Report, Row
-from loadtest.servers import BUCKET, start_gateway, start_nginx
+from loadtest.servers import (
+    ACCESS_KEY,
+    BIN,
+    BUCKET,
+    SECRET_KEY,
+    base_env,
+    start_gateway,
+    start_nginx,
+)
 from loadtest.sizes import fmt_size, parse_size
+from loadtest.wan import rate_bps
 
 SUMMARY = (
     "small objects read once per epoch in shuffled order: direct, gateway cold/warm, local files"
@@ -35,6 +51,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--object-size", type=parse_size, default=parse_size("100KiB"))
     p.add_argument("--readers", type=int, default=16, help="concurrent readers K (16)")
     p.add_argument("--epochs", type=int, default=3)
+    p.add_argument(
+        "--no-client",
+        dest="client",
+        action="store_false",
+        help="leave out the rows of the gateway's client library (short-circuit and HTTP)",
+    )
+    p.add_argument(
+        "--preload", action="store_true",
+        help="also: gateway load at t=0, as epoch 1 starts, on a fresh gateway",
+    )  # fmt: skip
+    p.add_argument("--preload-concurrency", type=int, default=32, help="the load's (32)")
+    p.add_argument("--only-preload", action="store_true", help="direct and gateway+preload only")
+    p.add_argument(
+        "--no-client-http", dest="client_http", action="store_false",
+        help="leave out the client library's HTTP rows (botocore, ~1 ms of client CPU an object)",
+    )  # fmt: skip
+    p.add_argument(
+        "--client-nofile", type=int, default=0,
+        help="the client rows' processes' descriptor limit (ulimit -n; raising it needs root)",
+    )  # fmt: skip
+    p.add_argument(
+        "--only-client", action="store_true",
+        help="the client library's rows, with the gateway's (which warm its cache) and local",
+    )  # fmt: skip
 
 
 def _epoch_row(path: str, epoch: int, row: Row) -> Row:
@@ -53,6 +93,7 @@ def run(options: Options, args: argparse.Namespace) -> None:
         "processes": options.processes,
         "metadata_ttl": options.metadata_ttl,
         "gateway_args": list(options.gateway_args),
+        "client_nofile": args.client_nofile,
     }
     report.load_generator = (
         f"loadtest.httpclient: {options.processes} processes x asyncio/uvloop raw HTTP/1.1, "
@@ -78,13 +119,52 @@ def run(options: Options, args: argparse.Namespace) -> None:
             ("gateway", gateway.url, gateway_targets(gateway.url, keys), gateway.pid),
             ("local", None, [str(files / BUCKET / k) for k in keys], None),
         ]
+        preloaded = None
+        if args.preload:
+            preloaded = start_gateway(
+                r.cleanup, r.workdir, origin.url, options.metadata_ttl,
+                list(options.gateway_args), name="gateway-preload",
+            )  # fmt: skip
+            paths.append(("gateway+preload", preloaded.url,
+                          gateway_targets(preloaded.url, keys), preloaded.pid))  # fmt: skip
+        if args.only_preload:
+            paths = [p for p in paths if p[0] in ("direct", "gateway+preload")]
+            nginx = None
+        if args.only_client:
+            paths = [p for p in paths if p[0] in ("gateway", "local")]
+            nginx = None
         if nginx is not None:
             paths.append(
                 ("nginx static", nginx.static_url, [f"/{BUCKET}/{k}" for k in keys], nginx.pid)
             )
+        if args.client and not args.only_preload:
+            # The gateway's client library against the same node, after the gateway's own
+            # epochs (its cache is warm): reads of the node's block files handed over its
+            # socket, and ranged GETs (routed to the owner; one node here).
+            creds: dict[str, Any] = {
+                "endpoint_url": gateway.url,
+                "key": ACCESS_KEY,
+                "secret": SECRET_KEY,
+                "dataset": f"{BUCKET}/epochs",
+            }
+            if args.client_nofile:
+                creds["nofile"] = args.client_nofile
+            socket_path = str(gateway.data_dir / "gateway.sock")
+            paths_of = [f"{BUCKET}/{k}" for k in keys]
+            for name, opts in (
+                ("client short-circuit", {**creds, "local_socket": socket_path}),
+                ("client http", creds),
+            ):
+                if name == "client http" and not args.client_http:
+                    continue
+                paths.append((name, CLIENT + json.dumps(opts), paths_of, gateway.pid))
         client = r.client()
+        load: dict[str, Any] = {}
         for name, base_url, targets, pid in paths:
             for epoch in range(1, args.epochs + 1):
+                if name == "gateway+preload" and epoch == 1:
+                    assert preloaded is not None
+                    loader = _start_load(preloaded.data_dir, args.preload_concurrency, load)
                 order = list(range(len(keys)))
                 random.Random(epoch).shuffle(order)  # the same order for every path
                 jobs = [Job(targets[i]) for i in order]
@@ -93,13 +173,16 @@ def run(options: Options, args: argparse.Namespace) -> None:
                     client, base_url, jobs, args.readers, options.phase_timeout, pid
                 )
                 row = report.add(**_epoch_row(name, epoch, row_of(tally, cpu)))
+                if name == "gateway+preload" and epoch == 1:
+                    loader.join()
+                    _load_row(report, load, origin.description, options.wan.rate)
                 if conns is not None:
                     row["origin reqs"] = (origin.connections() or 0) - conns
                 r.log(
                     f"{name} epoch {epoch}: {row['seconds']:.1f} s, {row['objects/s']:.0f} obj/s, "
                     f"{row['MB/s']:.0f} MB/s, server CPU {cpu.server_cores}"
                 )
-        report.ratios = _ratios(report.rows)
+        report.ratios = {**_ratios(report.rows), **report.ratios}
         report.notes.append(
             "server CPU: cores used by the server process (gateway, moto for direct, nginx); "
             "local has no server (the client reads files; see machine CPU)"
@@ -108,6 +191,39 @@ def run(options: Options, args: argparse.Namespace) -> None:
             "origin reqs: connections the origin accepted (moto closes each after one answer)"
         )
         finish(r, report)
+
+
+def _start_load(data_dir: object, concurrency: int, out: dict[str, Any]) -> threading.Thread:
+    """`gateway load` of the whole bucket, timed from its start to the job's end."""
+    cmd = [str(BIN / "gateway"), "load", BUCKET, "--data-dir", str(data_dir), "--format",
+           "json", "--concurrency", str(concurrency)]  # fmt: skip
+
+    def run() -> None:
+        t0 = time.monotonic()
+        done = subprocess.run(cmd, capture_output=True, text=True, env=base_env(), timeout=3600)
+        out["seconds"] = time.monotonic() - t0
+        job = json.loads(done.stdout)
+        out["bytes"], out["objects"] = job["loaded_bytes"], job["loaded_objects"]
+        out["state"] = f"{job['state']} ({job['message']})"
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def _load_row(report: Report, load: dict[str, Any], wan: str, rate: str) -> None:
+    seconds = load["seconds"]
+    mb_s = load["bytes"] / seconds / 1e6
+    if rate_bps(rate) > 0:
+        report.ratios["gateway load / WAN bandwidth"] = mb_s * 8e6 / rate_bps(rate)
+    report.notes.append(
+        f"gateway load (at t=0, with epoch 1 reading): {load['objects']:.0f} objects, "
+        f"{load['bytes'] / 1e6:.0f} MB in {seconds:.1f} s = {mb_s:.0f} MB/s, "
+        f"state {load['state']}; WAN {wan}"
+    )
+    report.settings["preload_seconds"] = round(seconds, 2)
+    report.settings["preload_MB/s"] = round(mb_s, 1)
+    print(report.notes[-1], flush=True)
 
 
 def _median(rows: list[Row], path: str, epochs: range | None = None) -> float:
@@ -119,6 +235,11 @@ def _median(rows: list[Row], path: str, epochs: range | None = None) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def _seconds(rows: list[Row], path: str, epoch: int) -> float:
+    found = [row["seconds"] for row in rows if row["path"] == path and row["epoch"] == epoch]
+    return float(found[0]) if found else float("nan")
+
+
 def _ratios(rows: list[Row]) -> dict[str, float]:
     warm = _median(rows, "gateway", range(2, 10**6))
     cold = _median(rows, "gateway", range(1, 2))
@@ -127,6 +248,18 @@ def _ratios(rows: list[Row]) -> dict[str, float]:
         "gateway cold / direct (objects/s)": cold / _median(rows, "direct"),
         "gateway warm / direct (objects/s)": warm / _median(rows, "direct"),
     }
+    if any(row["path"] == "client short-circuit" for row in rows):
+        local = _median(rows, "local")
+        ratios["client short-circuit warm / local (objects/s)"] = (
+            _median(rows, "client short-circuit", range(2, 10**6)) / local
+        )
+        ratios["client http warm / local (objects/s)"] = (
+            _median(rows, "client http", range(2, 10**6)) / local
+        )
+    if any(row["path"] == "gateway+preload" for row in rows):
+        ratios["gateway+preload epoch 1 / direct epoch 1 (seconds)"] = _seconds(
+            rows, "gateway+preload", 1
+        ) / _seconds(rows, "direct", 1)
     if any(row["path"] == "nginx static" for row in rows):
         ratios["gateway warm / nginx static (objects/s)"] = warm / _median(rows, "nginx static")
     return ratios

@@ -1,5 +1,6 @@
-"""Fixtures shared by the end-to-end tests: a real S3 origin (moto behind a counting proxy)
-and gateway nodes started as subprocesses."""
+"""Session fixtures for every kind of test (tests/unit: in-process; tests/store: the stores on
+their real servers; tests/e2e: gateway subprocesses and real clients): the real servers (moto
+behind a counting proxy, Azurite, fake-gcs-server, WebHDFS) and both metadata databases."""
 
 from __future__ import annotations
 
@@ -93,10 +94,6 @@ def database_url(backend: str, tmp_path: Path) -> Iterator[str]:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "slow: takes more than a few seconds")
 
 
 @pytest.fixture(scope="module")

@@ -1,1 +1,1 @@
-"""Operator endpoints beside the S3 API: health (and, later, metrics and the dashboard)."""
+"""Operator endpoints beside the S3 API: health and the node's Prometheus metrics."""

@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway import metrics as node_metrics
+from gateway.admin import metrics as node_metrics
 
 ADMIN_PATHS = ("/healthz", "/metrics")
 

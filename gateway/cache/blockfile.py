@@ -3,33 +3,50 @@
 A block being filled lives at inflight/<name>, created already locked (flock LOCK_EX) so that
 any process can tell a live fill (lock held) from one whose process died (lock free). Only a
 process holding that lock removes or renames the file, which is what keeps two processes from
-removing each other's fills.
+removing each other's fills. A write-through's spooled blocks, .w.<token>.<index>, live as long
+as their writer holds the lock on .w.<token> (also made under a private name and locked before
+it gets its public one). A private name can be seen unlocked for the moment between its
+creation and its lock, so a sweep leaves one alone for PRIVATE_GRACE seconds.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import logging
 import os
 import secrets
+import threading
 import time
 
 from awscrt.checksums import crc32c
 
 from gateway.cache.layout import (
     INFLIGHT_DIR,
+    KEYS_DIR,
+    MAGIC_V1,
+    NAME,
+    PIECE,
+    RETIRED_DIR,
     TRAILER_SIZE,
+    Checksums,
     block_path,
     inflight_path,
+    key_path,
     parse_trailer,
-    trailer,
+    piece_crcs,
+    retired_path,
+    tail_size,
 )
 
 log = logging.getLogger("gateway.cache")
 
 _READ = os.O_RDONLY | os.O_CLOEXEC
 _CREATE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+PRIVATE_GRACE = 10.0  # seconds a private name may stay unlocked before it counts as dead
+_SPOOL = ".w."
+RETIRED_MAX_AGE = 3600.0  # retired blocks older than this belong to a process that died
 
 
 class Corrupt(Exception):
@@ -51,41 +68,84 @@ def _pread_exact(fd: int, length: int, start: int) -> bytes:
     return b"".join(parts)
 
 
-def _check(fd: int, data_len: int) -> None:
-    size = os.fstat(fd).st_size
-    if size != data_len + TRAILER_SIZE:
-        raise Corrupt(f"block file of {size} bytes, expected {data_len + TRAILER_SIZE}")
-
-
 def read(path: str, data_len: int, start: int, length: int, verify: bool) -> bytes:
     """Bytes [start, start+length) of a committed block of `data_len` bytes.
 
-    With `verify`, the whole block is read and its CRC32C checked (~0.25 ms per 4 MiB here).
-    Raises FileNotFoundError for a block that is not there, Corrupt for one that is damaged.
+    With `verify`, the CRC32C of what is read is checked (the whole block, or the pieces that
+    hold the range): ~30 us a MiB here. Raises FileNotFoundError for a block that is
+    not there, Corrupt for one that is damaged.
     """
     fd = os.open(path, _READ)
     try:
-        _check(fd, data_len)
-        if not verify:
-            return _pread_exact(fd, length, start)
-        data = _pread_exact(fd, data_len, 0)
-        _verify(data, _pread_exact(fd, TRAILER_SIZE, data_len))
-        if start == 0 and length == data_len:
-            return data
-        return data[start : start + length]
+        return read_fd(fd, data_len, start, length, verify)
     finally:
         os.close(fd)
 
 
-def _verify(data: bytes, raw_trailer: bytes) -> None:
-    parsed = parse_trailer(raw_trailer)
+def read_fd(fd: int, data_len: int, start: int, length: int, verify: bool) -> bytes:
+    """read(), from a block file opened already (a client given the descriptor by its node)."""
+    if start == 0 and length == data_len:
+        return _read_whole(fd, data_len, verify)
+    return _read_range(fd, data_len, start, length, verify)
+
+
+def _read_whole(fd: int, data_len: int, verify: bool) -> bytes:
+    data = _pread_exact(fd, data_len, 0)
+    # One byte more than the tail: a longer file is no block of ours either.
+    tail = os.pread(fd, tail_size(data_len) + 1, data_len)
+    parsed = parse_trailer(tail[:TRAILER_SIZE])
     if parsed is None:
         raise Corrupt("no block trailer")
-    length, crc, _ = parsed
-    if length != len(data):
-        raise Corrupt(f"trailer says {length} bytes, file holds {len(data)}")
-    if crc32c(data) != crc:
+    magic, length, crc, _, piece = parsed
+    if length != data_len:
+        raise Corrupt(f"trailer says {length} bytes, expected {data_len}")
+    expected = TRAILER_SIZE if magic == MAGIC_V1 else tail_size(data_len)
+    if len(tail) != expected or (magic != MAGIC_V1 and piece != PIECE):
+        raise Corrupt(f"block file of {data_len + len(tail)} bytes, pieces of {piece}")
+    if verify and crc32c(data) != crc:
         raise Corrupt("block checksum mismatch")
+    return data
+
+
+def _read_range(fd: int, data_len: int, start: int, length: int, verify: bool) -> bytes:
+    if length <= 0:
+        return b""
+    if not verify:
+        size = os.fstat(fd).st_size
+        if size not in (data_len + tail_size(data_len), data_len + TRAILER_SIZE):
+            raise Corrupt(f"block file of {size} bytes")
+        return _pread_exact(fd, length, start)
+    first, last = start // PIECE, (start + length - 1) // PIECE
+    head = os.pread(fd, TRAILER_SIZE, data_len)
+    parsed = parse_trailer(head)
+    if parsed is None:
+        raise Corrupt("no block trailer")
+    magic, size, _, _, piece = parsed
+    if size != data_len:
+        raise Corrupt(f"trailer says {size} bytes, expected {data_len}")
+    if magic == MAGIC_V1:
+        # Written before the table: only the whole block can be checked.
+        return _read_whole(fd, data_len, True)[start : start + length]
+    if piece != PIECE:
+        raise Corrupt(f"pieces of {piece} bytes")
+    # The entry of the piece before the first read (the seed; none for the first piece) and
+    # that of the last piece read.
+    before = max(first - 1, 0)
+    raw = os.pread(fd, 4 * (last - before + 1), data_len + TRAILER_SIZE + 4 * before)
+    if len(raw) != 4 * (last - before + 1):
+        raise Corrupt("block file with a short piece table")
+    table = piece_crcs(raw)
+    lo, hi = first * PIECE, min(data_len, (last + 1) * PIECE)
+    data = _pread_exact(fd, hi - lo, lo)
+    if crc32c(data, table[0] if first else 0) != table[-1]:
+        raise Corrupt(f"checksum mismatch in pieces {first}-{last}")
+    if lo == start and hi == start + length:
+        return data
+    return data[start - lo : start - lo + length]
+
+
+def exists(path: str) -> bool:
+    return os.path.exists(path)
 
 
 def remove(path: str) -> None:
@@ -100,6 +160,31 @@ def remove(path: str) -> None:
 def free_bytes(path: str) -> int:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
+
+
+def _held(path: str) -> bool | None:
+    """Whether a process holds the lock on the file at `path` (None: there is no such file)."""
+    try:
+        fd = os.open(path, _READ)
+    except FileNotFoundError:
+        return None
+    try:
+        return filler_alive(fd)
+    finally:
+        os.close(fd)
+
+
+def _private(directory: str, stem: str) -> tuple[int, str]:
+    """A new file under a private name in `directory`, already locked."""
+    path = f"{directory}/.{stem}.{secrets.token_hex(6)}"
+    fd = os.open(path, _CREATE, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        remove(path)
+        raise
+    return fd, path
 
 
 # -- fills ------------------------------------------------------------------------------------
@@ -120,26 +205,27 @@ def claim(root: str, mount_id: int, name: str) -> tuple[str, int | None]:
     for _ in range(100):
         if os.path.exists(final):
             return PRESENT, None
-        private = f"{root}/{INFLIGHT_DIR}/.{name}.{secrets.token_hex(6)}"
-        fd = os.open(private, _CREATE, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fd, private = _private(f"{root}/{INFLIGHT_DIR}", name)
         try:
             os.link(private, public)
         except FileExistsError:
             os.close(fd)
+        except FileNotFoundError:
+            os.close(fd)  # a sweep took our private name for a dead one: make another
+            continue
         except BaseException:
             os.close(fd)
-            os.unlink(private)
+            remove(private)
             raise
         else:
-            os.unlink(private)
+            remove(private)
             # Committed between the check above and the link: someone else already filled it.
             if os.path.exists(final):
                 os.unlink(public)
                 os.close(fd)
                 return PRESENT, None
             return CLAIMED, fd
-        os.unlink(private)
+        remove(private)
         try:
             theirs = os.open(public, _READ)
         except FileNotFoundError:
@@ -161,19 +247,21 @@ def filler_alive(fd: int) -> bool:
     return False
 
 
-def _remove_dead(fd: int, public: str) -> None:
+def _remove_dead(fd: int, public: str) -> bool:
     """Remove a dead filler's file, but only if `public` still names it (and hold its lock while
     looking, so that two processes cleaning up cannot remove a fill a third one just made)."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        return
+        return False
     try:
         mine = os.fstat(fd)
         with contextlib.suppress(FileNotFoundError):
             now = os.stat(public)
             if (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
                 os.unlink(public)
+                return True
+        return False
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
 
@@ -198,19 +286,22 @@ def commit(
     root: str,
     mount_id: int,
     name: str,
+    data: bytes,
     tail: bytes,
-    trailer: bytes,
     sync: bool,
     min_free: int,
+    key: str | None = None,
 ) -> bool:
-    """Write the last bytes and the trailer, rename the block into place, release the lock.
+    """Write the last bytes and the tail (trailer and piece table), rename the block into
+    place, release the lock; with `key` (the block is a block 0), record it as the key's
+    cached version.
 
     Returns False (and keeps nothing) when the disk's free space has dropped below `min_free`.
     fdatasync is optional: a block torn by a power cut fails its checksum and is refetched.
     """
     public = inflight_path(root, name)
     try:
-        write_all(fd, tail + trailer if tail else trailer)
+        write_all(fd, data + tail if data else tail)
         if sync:
             os.fdatasync(fd)
         if min_free and free_bytes(root) < min_free:
@@ -222,13 +313,15 @@ def commit(
         except FileNotFoundError:
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             os.rename(public, dest)
-        return True
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(public)
         raise
     finally:
         os.close(fd)
+    if key is not None:
+        set_key(root, mount_id, key, name)
+    return True
 
 
 def discard(fd: int, root: str, name: str) -> None:
@@ -244,19 +337,157 @@ def close(fd: int) -> None:
         os.close(fd)
 
 
-def spool(root: str, data: bytes, flags: int) -> str:
-    """Write a whole block whose bytes are at hand (a PUT's write-through) under a private
-    name in inflight/; install_all renames it once the version is known."""
-    path = f"{root}/{INFLIGHT_DIR}/.w.{secrets.token_hex(8)}"
+# -- which version of a key is cached ---------------------------------------------------------
+#
+# keys/<mount>/<ab>/<cd>/<key name> is a symlink whose target is the name of the key's block 0
+# (base64, 43 characters: short enough to live in the inode, so a record takes no data block).
+# A record is a hint: it may name a block evicted since (it is then removed when met).
+
+
+def _target(name: str) -> str:
+    return base64.urlsafe_b64encode(bytes.fromhex(name)).rstrip(b"=").decode()
+
+
+def _name_of(target: str) -> str | None:
+    try:
+        return base64.urlsafe_b64decode(target + "=").hex()
+    except ValueError:
+        return None
+
+
+def set_key(root: str, mount_id: int, key: str, block0: str) -> None:
+    """Record block0 as the cached version of `key` (best effort: a record is a hint)."""
+    path = key_path(root, mount_id, key)
+    tmp = f"{os.path.dirname(path)}/.{key}.{secrets.token_hex(6)}"
+    try:
+        try:
+            os.symlink(_target(block0), tmp)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.symlink(_target(block0), tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        remove(tmp)
+        log.info("cache: could not record the cached version of a key: %s", exc)
+
+
+STALE = "stale"  # find_key(remove_stale=False): a record names a block that is gone
+
+
+def find_key(root: str, mount_id: int, key: str, remove_stale: bool = True) -> str | None:
+    """The name of the cached block 0 of `key`, if its record names one that is there. A
+    record of a block gone is removed, or with `remove_stale=False` (a caller on the event
+    loop, which only reads) answered with STALE."""
+    path = key_path(root, mount_id, key)
+    try:
+        name = _name_of(os.readlink(path))
+    except OSError:
+        return None
+    if name is not None and os.path.exists(block_path(root, mount_id, name)):
+        return name
+    if not remove_stale:
+        return STALE
+    remove(path)  # its block is gone: the record is of no use
+    return None
+
+
+def drop_key(root: str, mount_id: int, key: str, block0: str) -> None:
+    """Remove the record of `key` if it names block0."""
+    path = key_path(root, mount_id, key)
+    with contextlib.suppress(OSError):
+        if os.readlink(path) == _target(block0):
+            os.unlink(path)
+
+
+def sweep_keys(root: str, stop: threading.Event | None = None) -> int:
+    """Remove the records whose block 0 is gone (and private names a crash left). Returns how
+    many went."""
+    removed = 0
+    now = time.time()
+    top = f"{root}/{KEYS_DIR}"
+    with contextlib.suppress(FileNotFoundError), os.scandir(top) as mounts:
+        for m in mounts:
+            if not (m.name.isdigit() and m.is_dir(follow_symlinks=False)):
+                continue
+            for d1 in _dirs(m.path):
+                if stop is not None and stop.is_set():
+                    return removed
+                for d2 in _dirs(d1.path):
+                    with os.scandir(d2.path) as entries:
+                        for entry in entries:
+                            if entry.name.startswith("."):
+                                if _age(entry, now) > PRIVATE_GRACE:
+                                    remove(entry.path)
+                                    removed += 1
+                            elif NAME.fullmatch(entry.name) and not _names_a_block(
+                                root, int(m.name), entry.path
+                            ):
+                                remove(entry.path)
+                                removed += 1
+    return removed
+
+
+def _names_a_block(root: str, mount_id: int, record: str) -> bool:
+    try:
+        name = _name_of(os.readlink(record))
+    except OSError:
+        return False
+    return name is not None and os.path.exists(block_path(root, mount_id, name))
+
+
+def _dirs(path: str) -> list[os.DirEntry[str]]:
+    with os.scandir(path) as entries:
+        return [e for e in entries if len(e.name) == 2 and e.is_dir(follow_symlinks=False)]
+
+
+def _age(entry: os.DirEntry[str], now: float) -> float:
+    try:
+        return now - entry.stat(follow_symlinks=False).st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
+# -- write-through ----------------------------------------------------------------------------
+
+
+def spool_lock(root: str) -> tuple[int, str]:
+    """The lock a writer holds while it spools blocks: (fd, its path .w.<token>). Spooled blocks
+    are named <path>.<index>."""
+    directory = f"{root}/{INFLIGHT_DIR}"
+    fd, private = _private(directory, "lock")
+    path = f"{directory}/{_SPOOL}{secrets.token_hex(8)}"
+    try:
+        os.rename(private, path)
+    except BaseException:
+        os.close(fd)
+        remove(private)
+        raise
+    return fd, path
+
+
+def spool(lock: str, index: int, data: bytes, flags: int) -> str:
+    """Write a whole block whose bytes are at hand (a PUT's write-through) under its writer's
+    lock; install_all renames it once the version is known."""
+    path = f"{lock}.{index}"
+    sums = Checksums()
+    sums.update(data)
     fd = os.open(path, _CREATE, 0o644)
     try:
-        write_all(fd, data + trailer(len(data), crc32c(data), flags))
+        write_all(fd, data + sums.tail(flags))
     except BaseException:
         os.close(fd)
         remove(path)
         raise
     os.close(fd)
     return path
+
+
+def unlock_spool(fd: int, lock: str) -> None:
+    """The writer is done: its spooled blocks are installed or removed."""
+    try:
+        remove(lock)
+    finally:
+        os.close(fd)
 
 
 def install_all(moves: list[tuple[str, str]]) -> None:
@@ -274,27 +505,70 @@ def remove_all(paths: list[str]) -> None:
         remove(path)
 
 
-def clean_inflight(root: str) -> int:
-    """At start: remove in-flight files whose filler is dead and private files left by a crash
-    (a private name older than a minute cannot belong to a live claim). Returns how many."""
+# -- invalidated versions ---------------------------------------------------------------------
+
+
+def retire_all(root: str, mount_id: int, names: list[str], key: str) -> None:
+    """Move the blocks of an invalidated version out of blocks/ (no new read finds them there)
+    into retired/ (a read of that version under way still does), and drop the key's record
+    if it names this version."""
+    for name in names:
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(block_path(root, mount_id, name), retired_path(root, name))
+    drop_key(root, mount_id, key, names[0])
+
+
+def sweep_retired(root: str, older_than: float = RETIRED_MAX_AGE) -> int:
+    """Remove retired blocks moved there more than `older_than` seconds ago (their process
+    died before it removed them). Returns how many went."""
     removed = 0
-    directory = f"{root}/{INFLIGHT_DIR}"
-    with os.scandir(directory) as entries:
+    now = time.time()
+    with contextlib.suppress(FileNotFoundError), os.scandir(f"{root}/{RETIRED_DIR}") as entries:
         for entry in entries:
-            if entry.name.startswith("."):
-                with contextlib.suppress(FileNotFoundError):
-                    if time.time() - entry.stat().st_mtime > 60:
-                        os.unlink(entry.path)
-                        removed += 1
-                continue
             try:
-                fd = os.open(entry.path, _READ)
+                moved = entry.stat(follow_symlinks=False).st_ctime  # a rename sets it
             except FileNotFoundError:
                 continue
-            try:
-                if not filler_alive(fd):
-                    _remove_dead(fd, entry.path)
-                    removed += 1
-            finally:
-                os.close(fd)
+            if now - moved > older_than:
+                remove(entry.path)
+                removed += 1
+    return removed
+
+
+# -- leftovers --------------------------------------------------------------------------------
+
+
+def sweep_inflight(root: str) -> int:
+    """Remove what dead processes left in inflight/: fills whose filler is dead, spooled blocks
+    whose writer is gone, and private names unlocked for longer than PRIVATE_GRACE. Safe while
+    other processes fill and write: nothing live is touched. Returns how many went."""
+    removed = 0
+    now = time.time()
+    directory = f"{root}/{INFLIGHT_DIR}"
+    with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
+        for entry in entries:
+            name = entry.name
+            if name.startswith(_SPOOL):
+                lock, dot, _ = name[len(_SPOOL) :].partition(".")
+                # A spooled block is made after its lock is held; a lock is locked before it
+                # gets this name: either unlocked (or gone) means its writer is.
+                if _held(f"{directory}/{_SPOOL}{lock}" if dot else entry.path):
+                    continue
+            elif name.startswith("."):
+                if _age(entry, now) <= PRIVATE_GRACE or _held(entry.path):
+                    continue
+            else:
+                try:
+                    fd = os.open(entry.path, _READ)
+                except FileNotFoundError:
+                    continue
+                try:
+                    if not filler_alive(fd) and _remove_dead(fd, entry.path):
+                        removed += 1
+                finally:
+                    os.close(fd)
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+                removed += 1
     return removed

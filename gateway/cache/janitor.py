@@ -1,6 +1,8 @@
 """The one process per node that evicts: it follows every worker's journal into a Policy, keeps
 the cache within its capacity and the disk above its free-space floor, and publishes its
-figures in stats.json. Every worker process runs a Janitor; the one holding janitor.lock acts.
+figures in stats.json. It also sweeps what dead processes left in inflight/ and retired/ (every
+minute) and the key records whose block is gone (with its hourly rescan). Every worker process
+runs a Janitor; the one holding janitor.lock acts.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from gateway.cache.blockfile import sweep_inflight, sweep_keys, sweep_retired
 from gateway.cache.journal import (
     ACCESS,
     DROP,
@@ -42,7 +45,7 @@ from gateway.cache.policy import Policy
 log = logging.getLogger("gateway.cache")
 
 _HEX2 = re.compile(r"[0-9a-f]{2}")
-_LOG_INTERVAL = 60.0  # seconds between two log lines about evictions
+_LOG_INTERVAL = 60.0  # seconds between two log lines about evictions (or failed passes)
 _NOTHING: dict[bytes, int] = {}
 
 Found = tuple[float, int, bytes, int]  # mtime, mount, name, size of one block file
@@ -138,6 +141,13 @@ class _Rescan:
             log.warning("cache: rescan of the blocks failed", exc_info=True)
             return
         self.found = found
+        try:
+            removed = sweep_keys(self._root, self._stop)
+        except OSError:
+            log.warning("cache: sweep of the key records failed", exc_info=True)
+            return
+        if removed:
+            log.info("cache: removed %d records of keys whose blocks are gone", removed)
 
     def done(self) -> bool:
         return not self._thread.is_alive()
@@ -165,6 +175,7 @@ class Janitor:
         interval: float = 0.5,
         snapshot_interval: float = 60.0,
         rescan_interval: float = 3600.0,
+        sweep_interval: float = 60.0,
     ) -> None:
         self.root = os.path.abspath(root)
         self.capacity = capacity
@@ -173,6 +184,7 @@ class Janitor:
         self._interval = interval
         self._snapshot_interval = snapshot_interval
         self._rescan_interval = rescan_interval
+        self._sweep_interval = sweep_interval
         self._settings = threading.Lock()
         self._quotas: dict[int, int] = {}
         self._new_quotas: dict[int, int] | None = None
@@ -183,11 +195,13 @@ class Janitor:
         self._reader: JournalReader | None = None
         self._journal: JournalWriter | None = None  # our evictions, for whoever comes next
         self._rescan: _Rescan | None = None
-        self._next_rescan = self._next_snapshot = 0.0
+        self._next_rescan = self._next_snapshot = self._next_sweep = 0.0
         self._dirty = False  # changed since the last snapshot
         self._covered: dict[str, int] = {}  # journal offsets of the last snapshot
         self._evictions = self._evicted_bytes = 0
         self._unlogged = [0, 0, time.monotonic()]  # evictions, bytes, since
+        self._failed_passes = 0
+        self._failure_logged = 0.0
 
     def set_quotas(self, quotas: Mapping[int, int]) -> None:
         """Bytes per mount id, from the next pass on. Thread-safe."""
@@ -213,7 +227,7 @@ class Janitor:
             try:
                 self.run_once()
             except Exception:
-                log.exception("cache: janitor pass failed")
+                self._pass_failed()
             self._stop.wait(self._interval)
         try:
             self._retire()
@@ -236,9 +250,23 @@ class Janitor:
         self._check_rescan(now)
         free = self._evict()
         self._publish(free)
+        if now >= self._next_sweep:
+            self._next_sweep = now + self._sweep_interval
+            removed = sweep_inflight(self.root) + sweep_retired(self.root)
+            if removed:
+                log.info("cache: removed %d files of fills and writes dead processes left", removed)
         if now >= self._next_snapshot:
             self._next_snapshot = now + self._snapshot_interval  # failed or not: not at once
             self._snapshot()
+
+    def _pass_failed(self) -> None:
+        """Log a failing pass (a full disk fails every one), but not twice a second."""
+        self._failed_passes += 1
+        now = time.monotonic()
+        if now - self._failure_logged >= _LOG_INTERVAL:
+            self._failure_logged = now
+            count, self._failed_passes = self._failed_passes, 0
+            log.exception("cache: janitor pass failed (%d since the last such line)", count)
 
     # -- becoming and ceasing to be the janitor -------------------------------------------------
 

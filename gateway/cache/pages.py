@@ -8,9 +8,15 @@ per block on the node: the filler claims inflight/<name> (blockfile.claim), stre
 from the store to every reader as they arrive while writing them, and renames the finished
 file into place. A reader in another process follows the in-flight file as it grows.
 
+A fill never fails its readers for the cache's sake: when the disk cannot take the block (full,
+failing), or another process's fill of it ends without it, the bytes come from the store and
+the block is not kept. Only the store's own failures reach a reader.
+
 Which blocks exist and how much room they take is the janitor's business (janitor.py): one
 process of the node evicts, the others tell it what they filled and used through their
 journals. A worker therefore keeps no index of its own: a block is present if its file opens.
+What it keeps on disk besides the blocks is, per key, the name of the cached block 0
+(blockfile.set_key), so that a restarted process knows what it holds without the store.
 """
 
 from __future__ import annotations
@@ -21,13 +27,12 @@ import hashlib
 import logging
 import os
 import random
+import time
 from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-
-from awscrt.checksums import crc32c
 
 from gateway.cache import blockfile
 from gateway.cache.janitor import Janitor, JanitorStats, read_stats
@@ -37,9 +42,11 @@ from gateway.cache.layout import (
     FLAG_PINNED,
     INFLIGHT_DIR,
     JOURNAL_DIR,
+    RETIRED_DIR,
+    Checksums,
     block_path,
     file_size,
-    trailer,
+    retired_path,
 )
 from gateway.cache.memory import MemoryTier
 
@@ -47,11 +54,29 @@ log = logging.getLogger("gateway.cache")
 T = TypeVar("T")
 
 _NAME_DOMAIN = b"gateway.cache.block.v1\x00"
+_KEY_DOMAIN = b"gateway.cache.key.v1\x00"
 WRITE_BATCH = 1 << 20  # a fill writes to its file in batches of this size
 FOLLOW_POLL = 0.005  # seconds between looks at another process's fill that has no new bytes
 FOLLOW_STALL = 120.0  # a fill that shows no progress this long is given up on
 JOURNAL_FLUSH = 0.5
 _VERIFIED_MAX = 1 << 20
+_SETTLE_TRIES = 3  # a block found committed, then gone, is claimed this often before streaming
+_WARN_EVERY = 60.0  # seconds between two warnings about the cache's disk
+
+
+def _hashed(domain: bytes, parts: tuple[str, ...]) -> bytes:
+    digest = hashlib.sha256(domain)
+    for part in parts:
+        # Length prefixes make the encoding unambiguous whatever bytes a key or ETag holds.
+        raw = part.encode("utf-8", "surrogatepass")
+        digest.update(len(raw).to_bytes(8, "big"))
+        digest.update(raw)
+    return digest.digest()
+
+
+def key_name(mount_id: int, key: str) -> str:
+    """The name under which the cached version of a key is recorded."""
+    return _hashed(_KEY_DOMAIN, (str(mount_id), key)).hex()
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,16 +92,17 @@ class BlockKey:
     name: str = field(init=False, repr=False, compare=False)  # its hex: the file's name
 
     def __post_init__(self) -> None:
-        digest = hashlib.sha256(_NAME_DOMAIN)
         parts = (str(self.mount_id), self.key, self.etag, str(self.block_size), str(self.index))
-        for part in parts:
-            # Length prefixes make the encoding unambiguous whatever bytes a key or ETag holds.
-            raw = part.encode("utf-8", "surrogatepass")
-            digest.update(len(raw).to_bytes(8, "big"))
-            digest.update(raw)
-        raw = digest.digest()
+        raw = _hashed(_NAME_DOMAIN, parts)
         object.__setattr__(self, "digest", raw)
         object.__setattr__(self, "name", raw.hex())
+
+    @property
+    def version(self) -> Version:
+        return (self.mount_id, self.key, self.etag, self.block_size)
+
+
+Version = tuple[int, str, str, int]  # mount id, key, ETag, block size: one object version
 
 
 @dataclass(slots=True)
@@ -91,13 +117,15 @@ class PageStats:
     prefetches: int = 0
     corrupt: int = 0  # damaged block files found and dropped
     written: int = 0  # blocks entered by write-through
+    unkept: int = 0  # blocks served from the store but not kept: the disk failed (full...)
 
 
 class FillFailed(Exception):
     """The fill of a block ended without all its bytes (the store failed, or its filler died)."""
 
 
-Fetch = Callable[[], AsyncGenerator[bytes, None]]
+# The block's bytes from an offset in it to its end, from the store.
+Fetch = Callable[[int], AsyncGenerator[bytes, None]]
 
 
 class _Fill:
@@ -131,6 +159,12 @@ class _Fill:
     def _wake(self) -> None:
         event, self._event = self._event, asyncio.Event()
         event.set()
+
+    async def started(self) -> BaseException | None:
+        """Wait for the first bytes or the end; the error of a fill that ended without any."""
+        while not self.received and not self.done:
+            await self._event.wait()
+        return self.error if not self.received else None
 
     async def read(self, start: int, end: int) -> AsyncGenerator[bytes, None]:
         """Bytes [start, end) of the block as they arrive."""
@@ -171,9 +205,11 @@ class PageStore:
         fsync: bool = False,
         io_threads: int = 8,
         fill_concurrency: int = 16,
-        verify_sample: float = 0.01,
+        verify_sample: float = 1.0,
         janitor: bool = True,
         janitor_interval: float = 0.5,
+        sweep_interval: float = 60.0,
+        drop_delay: float = 30.0,
     ) -> None:
         if min(capacity_bytes, min_free_bytes, memory_bytes) < 0:
             raise ValueError("cache sizes must not be negative")
@@ -185,37 +221,59 @@ class PageStore:
         self._fsync = fsync
         self._io_threads = io_threads
         self._verify_sample = verify_sample
+        self._drop_delay = drop_delay
         self.memory = MemoryTier(memory_bytes, memory_object_max)
         self.stats = PageStats()
         self._fills: dict[str, _Fill] = {}
+        self._fill_ended: asyncio.Future[None] | None = None  # for waiters on any fill's end
         self._verified: dict[str, None] = {}
+        self._held: dict[Version, int] = {}  # versions read now -> readers
+        # Versions invalidated here, their blocks in retired/ -> (size, when they may go).
+        self._retired: dict[Version, tuple[int, float]] = {}
+        self._timers: dict[Version, asyncio.TimerHandle] = {}  # their drop_delay running
         self._prefetch_slots = max(1, fill_concurrency)
         self._prefetching = 0
         self._io: ThreadPoolExecutor | None = None
         self._journal: JournalWriter | None = None
         self._janitor = (
-            Janitor(self.root, capacity_bytes, min_free_bytes, interval=janitor_interval)
+            Janitor(
+                self.root,
+                capacity_bytes,
+                min_free_bytes,
+                interval=janitor_interval,
+                sweep_interval=sweep_interval,
+            )
             if janitor
             else None
         )
         self._flusher: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._warned = 0.0
 
     # -- life cycle -----------------------------------------------------------------------------
 
     async def open(self) -> None:
         if self._io is not None:
             raise RuntimeError("page store is already open")
-        for sub in (BLOCKS_DIR, INFLIGHT_DIR, JOURNAL_DIR):
+        for sub in (BLOCKS_DIR, INFLIGHT_DIR, JOURNAL_DIR, RETIRED_DIR):
             os.makedirs(os.path.join(self.root, sub), exist_ok=True)
         self._io = ThreadPoolExecutor(self._io_threads, thread_name_prefix="cache-io")
-        removed = await self._hop(blockfile.clean_inflight, self.root)
+        removed = await self._hop(blockfile.sweep_inflight, self.root)
+        removed += await self._hop(blockfile.sweep_retired, self.root)
         if removed:
-            log.info("cache: removed %d fills a crash left behind", removed)
-        self._journal = await asyncio.to_thread(JournalWriter, self.root)
+            log.info("cache: removed %d files of fills and writes a crash left behind", removed)
+        await self._open_journal()
         if self._janitor is not None:
             self._janitor.start()
         self._flusher = asyncio.create_task(self._flush_journal())
+
+    async def _open_journal(self) -> None:
+        try:
+            self._journal = await asyncio.to_thread(JournalWriter, self.root)
+        except OSError as exc:
+            # A full disk must not keep the node from serving: the janitor's rescan finds
+            # what goes unjournaled; the journal is tried again at each flush.
+            self._disk_trouble("could not open a journal", exc)
 
     async def close(self) -> None:
         if self._io is None:
@@ -227,6 +285,10 @@ class PageStore:
         pending += list(self._tasks)
         if pending:
             await asyncio.wait(pending, timeout=5)
+        for version in list(self._retired):
+            self._remove_retired(version)  # no reader is left to wait for
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=5)
         if self._flusher is not None:
             self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -249,11 +311,20 @@ class PageStore:
     def fills_in_flight(self) -> int:
         return len(self._fills)
 
+    async def any_fill_ended(self) -> None:
+        """Wait until a fill in flight in this process ends (at once if there is none)."""
+        if not self._fills:
+            return
+        if self._fill_ended is None:
+            self._fill_ended = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._fill_ended)
+
     async def settle(self) -> None:
-        """Wait until no fill is in flight in this process (the blocks read are on disk)."""
-        while self._fills:
+        """Wait until no fill and no file task (a retirement, a removal) is in flight in this
+        process: the blocks read are on disk, the invalidated ones moved."""
+        while self._fills or self._tasks:
             tasks = [f.task for f in self._fills.values() if f.task is not None]
-            await asyncio.wait(tasks)
+            await asyncio.wait([*tasks, *self._tasks])
 
     def set_quotas(self, quotas: Mapping[int, int]) -> None:
         if self._janitor is not None:
@@ -279,9 +350,41 @@ class PageStore:
         return data
 
     def known(self, bkey: BlockKey) -> bool:
-        """In memory or verified on disk by this process: a cheap guess that it is cached."""
+        """In memory or read from disk by this process: a cheap guess that it is cached."""
         name = bkey.name
         return name in self.memory or name in self._verified
+
+    def filling(self, bkey: BlockKey) -> bool:
+        """Whether the block is being fetched (or followed) in this process."""
+        return bkey.name in self._fills
+
+    async def fill_ended(self, bkey: BlockKey) -> None:
+        """Wait until this process's fill of the block, if one is in flight, has ended (kept
+        or not): its readers may have all its bytes before it is committed."""
+        fill = self._fills.get(bkey.name)
+        if fill is not None and fill.task is not None:
+            await asyncio.wait([fill.task])
+
+    async def block_file(self, bkey: BlockKey) -> str | None:
+        """The path of the block's committed file, if it is there now (it may go at any time:
+        a descriptor opened on it stays readable); a fill of it in flight is waited for."""
+        await self.fill_ended(bkey)
+        path = block_path(self.root, bkey.mount_id, bkey.name)
+        return path if await self._hop(blockfile.exists, path) else None
+
+    async def cached_version(self, mount_id: int, key: str) -> bool:
+        """Whether the page store recorded a cached version of the key whose block 0 is still
+        there (which version, the store's metadata says): one small file-system look.
+
+        Made on the event loop, not a worker thread: a readlink that finds nothing (every cold
+        miss asks) costs ~3-5 µs here, a thread hop ~80 µs of CPU. A record that names a
+        block gone is removed on a thread."""
+        name = key_name(mount_id, key)
+        found = blockfile.find_key(self.root, mount_id, name, remove_stale=False)
+        if found is blockfile.STALE:
+            await self._hop(blockfile.find_key, self.root, mount_id, name)
+            return False
+        return found is not None
 
     async def read(
         self,
@@ -292,20 +395,34 @@ class PageStore:
         fetch: Fetch,
         *,
         pinned: bool = False,
+        retired_ok: bool = False,
+        cold: bool = False,
     ) -> AsyncGenerator[bytes, None]:
         """Bytes [start, end) of the block (`length` bytes in all), from the cache or, on a
-        miss, from `fetch()` (the whole block from the store), caching it on the way."""
+        miss, from `fetch` (the block from the store), caching it on the way.
+
+        `retired_ok`: the caller has begun sending this version, so a retired block of it (the
+        version was invalidated since) is good, and better than the store's new version.
+        `cold`: the block is very likely not on disk (its version was just learnt from the
+        store): no read of the disk first; the fill's claim finds a block that is there, and
+        reads it (one thread hop a miss fewer)."""
         data = self.peek(bkey, pinned)
         if data is not None:
             yield data if (start, end) == (0, length) else data[start:end]
             return
-        fill = self._fills.get(bkey.name)
-        if fill is None:
-            data = await self._read_disk(bkey, length, start, end, pinned)
+        if retired_ok and bkey.version in self._retired:
+            data = await self._read_retired(bkey, length, start, end)
             if data is not None:
                 yield data
                 return
-            fill = self._fills.get(bkey.name)
+        fill = self._fills.get(bkey.name)
+        if fill is None:
+            if not cold:
+                data = await self._read_disk(bkey, length, start, end, pinned)
+                if data is not None:
+                    yield data
+                    return
+                fill = self._fills.get(bkey.name)
             if fill is None:
                 fill = self._start_fill(bkey, length, fetch, pinned)
             else:
@@ -313,8 +430,37 @@ class PageStore:
         else:
             self.stats.joins += 1
         self.stats.misses += 1
-        async for chunk in fill.read(start, end):
-            yield chunk
+        sent = False
+        try:
+            async for chunk in fill.read(start, end):
+                sent = True
+                yield chunk
+        except Exception:
+            # The store no longer has the version (another process invalidated it): its
+            # retired block, if still there.
+            if sent or not retired_ok:
+                raise
+            data = await self._read_retired(bkey, length, start, end)
+            if data is None:
+                raise
+            yield data
+
+    async def _read_retired(
+        self, bkey: BlockKey, length: int, start: int, end: int
+    ) -> bytes | None:
+        path = retired_path(self.root, bkey.name)
+        try:
+            data = await self._hop(blockfile.read, path, length, start, end - start, True)
+        except blockfile.Corrupt as exc:
+            log.warning("cache: dropped damaged retired block %s: %s", bkey.name, exc)
+            self.stats.corrupt += 1
+            await self._hop(blockfile.remove, path)
+            return None
+        except OSError:
+            return None
+        self.stats.hits += 1
+        self.stats.hit_bytes += len(data)
+        return data
 
     async def read_hit(
         self, bkey: BlockKey, length: int, start: int, end: int, *, pinned: bool = False
@@ -333,6 +479,8 @@ class PageStore:
         name = bkey.name
         if name in self._fills or name in self.memory or self._prefetching >= self._prefetch_slots:
             return False
+        if self._retired and bkey.version in self._retired:
+            return False  # gone from the store: its readers take it from retired/
         self._prefetching += 1
         self.stats.prefetches += 1
         fill = self._start_fill(bkey, length, fetch, pinned, prefetch=True)
@@ -343,12 +491,23 @@ class PageStore:
     def _prefetch_done(self, _: asyncio.Task[None]) -> None:
         self._prefetching -= 1
 
+    async def started(self, bkey: BlockKey) -> BaseException | None:
+        """If the block is being filled in this process: wait for its first bytes, and return
+        the error of a fill that ended without any (the store's answer: gone, changed...)."""
+        fill = self._fills.get(bkey.name)
+        return None if fill is None else await fill.started()
+
     async def _read_disk(
         self, bkey: BlockKey, length: int, start: int, end: int, pinned: bool = False
     ) -> bytes | None:
         name = bkey.name
         small = self.memory.accepts(length)
-        verify = small or name not in self._verified or random.random() < self._verify_sample
+        verify = (
+            small
+            or self._verify_sample >= 1.0
+            or name not in self._verified
+            or random.random() < self._verify_sample
+        )
         first, size = (0, length) if small else (start, end - start)
         path = block_path(self.root, bkey.mount_id, name)
         try:
@@ -363,10 +522,13 @@ class PageStore:
             if self._journal is not None:
                 self._journal.drop(bkey.digest, bkey.mount_id)
             return None
-        if verify:
-            if len(self._verified) >= _VERIFIED_MAX:
-                self._verified.clear()
-            self._verified[name] = None
+        except OSError as exc:
+            # Unreadable now (EIO, out of descriptors): not served, fetched; kept for later.
+            self._disk_trouble(f"could not read block {name}", exc)
+            return None
+        if len(self._verified) >= _VERIFIED_MAX:
+            self._verified.clear()
+        self._verified[name] = None
         if self._journal is not None:
             self._journal.access(bkey.digest, bkey.mount_id, pinned)
         self.stats.hits += 1
@@ -390,21 +552,13 @@ class PageStore:
         self, fill: _Fill, bkey: BlockKey, fetch: Fetch, pinned: bool, prefetch: bool
     ) -> None:
         try:
-            how, fd = await self._hop(blockfile.claim, self.root, bkey.mount_id, bkey.name)
-            if how == blockfile.PRESENT:
-                # Another process committed it: read it for whoever joined this fill (a
-                # prefetch too: a reader may have joined it, and the read verifies the block).
-                data = await self._read_disk(bkey, fill.length, 0, fill.length, pinned)
-                if data is None:
-                    raise FillFailed(f"block {bkey.name} vanished as it was committed")
-                fill.append(data)
-                fill.finish()
-            elif how == blockfile.FOLLOW:
-                assert fd is not None
-                await self._follow(fill, fd)
-            else:
-                assert fd is not None
-                await self._lead(fill, bkey, fd, fetch, pinned)
+            try:
+                await self._bring(fill, bkey, fetch, pinned)
+            except Exception:
+                # The store failed before the first byte: if the block was committed meanwhile
+                # (a write-through, another process), it is as good.
+                if fill.received or not await self._from_disk(fill, bkey, pinned):
+                    raise
         except BaseException as exc:
             self.stats.fill_failures += 1
             fill.finish(exc)
@@ -415,55 +569,125 @@ class PageStore:
         finally:
             if self._fills.get(bkey.name) is fill:
                 del self._fills[bkey.name]
+            ended, self._fill_ended = self._fill_ended, None
+            if ended is not None and not ended.done():
+                ended.set_result(None)
+
+    async def _bring(self, fill: _Fill, bkey: BlockKey, fetch: Fetch, pinned: bool) -> None:
+        """The block's bytes into `fill`: from its file if it is committed, following another
+        process's fill, or fetched and kept; fetched and not kept when the disk fails."""
+        for _ in range(_SETTLE_TRIES):
+            try:
+                how, fd = await self._hop(blockfile.claim, self.root, bkey.mount_id, bkey.name)
+            except OSError as exc:
+                self._disk_trouble(f"could not claim block {bkey.name}", exc)
+                break
+            if how == blockfile.PRESENT:
+                # Committed by another process: read for whoever joined this fill (a prefetch
+                # too: a reader may have joined it). Gone again (dropped as damaged, evicted,
+                # invalidated): claim it anew.
+                if await self._from_disk(fill, bkey, pinned):
+                    return
+                continue
+            assert fd is not None
+            if how == blockfile.FOLLOW:
+                await self._follow(fill, fd, fetch)
+            else:
+                await self._lead(fill, bkey, fd, fetch, pinned)
+            return
+        self.stats.unkept += 1
+        await self._stream(fill, fetch)
+
+    async def _from_disk(self, fill: _Fill, bkey: BlockKey, pinned: bool) -> bool:
+        data = await self._read_disk(bkey, fill.length, 0, fill.length, pinned)
+        if data is None:
+            return False
+        fill.append(data)
+        fill.finish()
+        return True
 
     async def _lead(self, fill: _Fill, bkey: BlockKey, fd: int, fetch: Fetch, pinned: bool) -> None:
-        owned: int | None = fd
+        owned: int | None = fd  # ours to write, until committed or given up
+        kept = False
         try:
-            crc = 0
+            sums = Checksums()
             batch: list[bytes] = []
             batched = 0
-            async with aclosing(fetch()) as source:
+            async with aclosing(fetch(0)) as source:
                 async for chunk in source:
                     if fill.received + len(chunk) > fill.length:
                         raise FillFailed(f"the store sent more than {fill.length} bytes")
                     fill.append(chunk)
-                    crc = crc32c(chunk, crc)
+                    if owned is None:
+                        continue
+                    sums.update(chunk)
                     batch.append(chunk)
                     batched += len(chunk)
                     if batched >= WRITE_BATCH:
                         data, batch, batched = b"".join(batch), [], 0
-                        await self._hop(blockfile.write_all, fd, data)
+                        try:
+                            await self._hop(blockfile.write_all, owned, data)
+                        except OSError as exc:
+                            # The readers go on from the store; the block is not kept.
+                            self._disk_trouble(f"could not write block {bkey.name}", exc)
+                            await self._give_up(bkey, owned)
+                            owned = None
             if fill.received != fill.length:
                 raise FillFailed(f"the store sent {fill.received} of {fill.length} bytes")
-            flags = FLAG_PINNED if pinned else 0
-            owned = None  # commit closes it whatever happens
-            kept = await self._hop(
-                blockfile.commit,
-                fd,
-                self.root,
-                bkey.mount_id,
-                bkey.name,
-                b"".join(batch),
-                trailer(fill.length, crc, flags),
-                self._fsync,
-                self.min_free,
-            )
+            if self.memory.accepts(fill.length):
+                # At once: the next read of a small block is a hit, not a join of this fill
+                # while its file is written.
+                self.memory.put(bkey.name, b"".join(fill.chunks))
+            if owned is not None:
+                committing, owned = owned, None  # commit closes it whatever happens
+                record = key_name(bkey.mount_id, bkey.key) if bkey.index == 0 else None
+                try:
+                    kept = await self._hop(
+                        blockfile.commit,
+                        committing,
+                        self.root,
+                        bkey.mount_id,
+                        bkey.name,
+                        b"".join(batch),
+                        sums.tail(FLAG_PINNED if pinned else 0),
+                        self._fsync,
+                        self.min_free,
+                        record,
+                    )
+                except OSError as exc:
+                    self._disk_trouble(f"could not commit block {bkey.name}", exc)
+                else:
+                    if not kept:
+                        log.warning("cache: block not kept, free disk space is below the floor")
         finally:
             if owned is not None:
-                await asyncio.shield(self._hop(blockfile.discard, owned, self.root, bkey.name))
+                await self._give_up(bkey, owned)
         fill.finish()
         if not kept:
-            log.warning("cache: block not kept, free disk space is below the floor")
+            self.stats.unkept += 1
             return
         self.stats.fills += 1
         self._verified[bkey.name] = None
-        if self.memory.accepts(fill.length):
-            self.memory.put(bkey.name, b"".join(fill.chunks))
         if self._journal is not None:
             self._journal.fill(bkey.digest, file_size(fill.length), bkey.mount_id, pinned)
 
-    async def _follow(self, fill: _Fill, fd: int) -> None:
-        """Tail another process's fill of this block until it has all the bytes."""
+    async def _give_up(self, bkey: BlockKey, fd: int) -> None:
+        await asyncio.shield(self._hop(blockfile.discard, fd, self.root, bkey.name))
+
+    async def _stream(self, fill: _Fill, fetch: Fetch) -> None:
+        """The rest of the block from the store, into `fill` only: nothing is kept."""
+        async with aclosing(fetch(fill.received)) as source:
+            async for chunk in source:
+                if fill.received + len(chunk) > fill.length:
+                    raise FillFailed(f"the store sent more than {fill.length} bytes")
+                fill.append(chunk)
+        if fill.received != fill.length:
+            raise FillFailed(f"the store sent {fill.received} of {fill.length} bytes")
+        fill.finish()
+
+    async def _follow(self, fill: _Fill, fd: int, fetch: Fetch) -> None:
+        """Tail another process's fill of this block until it has all the bytes; if that fill
+        ends without them (its filler died, its disk failed), fetch the rest itself."""
         loop = asyncio.get_running_loop()
         try:
             idle_since = loop.time()
@@ -478,15 +702,42 @@ class PageStore:
                     # Its filler died or gave up: one last look, the lock goes after the write.
                     data, _ = await self._hop(blockfile.follow, fd, fill.received, want)
                     if not data:
-                        raise FillFailed("the process filling this block gave up on it")
+                        break
                     fill.append(data)
                     continue
                 if loop.time() - idle_since > FOLLOW_STALL:
-                    raise FillFailed("the fill of this block stalled")
+                    break
                 await asyncio.sleep(FOLLOW_POLL)
-            fill.finish()
         finally:
             await asyncio.shield(self._hop(blockfile.close, fd))
+        if fill.received < fill.length:
+            log.info("cache: the fill of block %s in another process ended short", fill.name)
+            await self._stream(fill, fetch)
+        else:
+            fill.finish()
+
+    def _disk_trouble(self, what: str, exc: OSError) -> None:
+        now = time.monotonic()
+        if now - self._warned >= _WARN_EVERY:
+            self._warned = now
+            log.warning("cache: %s: %s (reads go on from the store)", what, exc)
+
+    # -- versions being read ----------------------------------------------------------------------
+
+    def hold(self, version: Version) -> None:
+        """A reader has begun on this version: if the version is invalidated meanwhile (in
+        this process), its retired blocks stay until the reader is done."""
+        self._held[version] = self._held.get(version, 0) + 1
+
+    def release(self, version: Version) -> None:
+        left = self._held[version] - 1
+        if left:
+            self._held[version] = left
+            return
+        del self._held[version]
+        retired = self._retired.get(version)
+        if retired is not None and retired[1] <= asyncio.get_running_loop().time():
+            self._remove_retired(version)
 
     # -- writes and invalidation ----------------------------------------------------------------
 
@@ -496,23 +747,43 @@ class PageStore:
         return BlockWriter(self, mount_id, block_size, size, pinned)
 
     def invalidate(self, mount_id: int, key: str, etag: str, size: int, block_size: int) -> None:
-        """Forget every block of this version now (memory at once, files in the background)."""
-        names = [
-            BlockKey(mount_id, key, etag, block_size, i).name
-            for i in range(max(1, -(-size // block_size)))
-        ]
+        """Forget every block of this version: from memory at once; its files are moved to
+        retired/ (no new read of any process finds them), where the reads of it under way in
+        this node still do for `drop_delay` seconds, and as long as one in this process goes
+        on; then they are removed."""
+        version = (mount_id, key, etag, block_size)
+        names = _names(version, size)
         for name in names:
             self.memory.discard(name)
             self._verified.pop(name, None)
-        self.spawn(self._drop_files(mount_id, names))
+        self.spawn(self._retire(version, size, names))
 
-    async def _drop_files(self, mount_id: int, names: list[str]) -> None:
-        paths = [block_path(self.root, mount_id, name) for name in names]
-        await self._hop(blockfile.remove_all, paths)
-        # After the unlink: the janitor forgets a dropped block only once its file is gone.
+    async def _retire(self, version: Version, size: int, names: list[str]) -> None:
+        mount_id, key = version[0], version[1]
+        await self._hop(blockfile.retire_all, self.root, mount_id, names, key_name(mount_id, key))
+        # After the move: the janitor forgets a block only once it is gone from blocks/.
         if self._journal is not None:
             for name in names:
                 self._journal.drop(bytes.fromhex(name), mount_id)
+        loop = asyncio.get_running_loop()
+        timer = self._timers.pop(version, None)
+        if timer is not None:
+            timer.cancel()  # retired before, and written anew since (the same bytes again)
+        self._retired[version] = (size, loop.time() + self._drop_delay)
+        self._timers[version] = loop.call_later(self._drop_delay, self._due, version)
+
+    def _due(self, version: Version) -> None:
+        del self._timers[version]
+        if version not in self._held:  # else its last reader removes it
+            self._remove_retired(version)
+
+    def _remove_retired(self, version: Version) -> None:
+        size, _ = self._retired.pop(version)
+        timer = self._timers.pop(version, None)
+        if timer is not None:
+            timer.cancel()
+        paths = [retired_path(self.root, name) for name in _names(version, size)]
+        self.spawn(self._hop(blockfile.remove_all, paths))
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -538,17 +809,26 @@ class PageStore:
         while True:
             await asyncio.sleep(JOURNAL_FLUSH)
             journal = self._journal
-            if journal is not None:
-                try:
-                    await self._hop(journal.flush)
-                except OSError:
-                    log.warning("cache: could not write the journal", exc_info=True)
+            if journal is None:
+                await self._open_journal()
+                continue
+            try:
+                await self._hop(journal.flush)
+            except OSError as exc:
+                self._disk_trouble("could not write the journal", exc)
+
+
+def _names(version: Version, size: int) -> list[str]:
+    mount_id, key, etag, block_size = version
+    count = max(1, -(-size // block_size))
+    return [BlockKey(mount_id, key, etag, block_size, i).name for i in range(count)]
 
 
 class BlockWriter:
     """A PUT's bytes cut into blocks as they pass; each whole block is written under a private
-    name, and commit() renames them all once the version is known. Never fails the PUT: the
-    caller logs and drops on error."""
+    name (held by this writer's lock, so a sweep never takes it for a dead writer's), and
+    commit() renames them all once the version is known. Never fails the PUT: the caller logs
+    and drops on error."""
 
     def __init__(
         self, pages: PageStore, mount_id: int, block_size: int, size: int, pinned: bool
@@ -561,6 +841,7 @@ class BlockWriter:
         self._buf = bytearray()
         self._blocks: list[bytes] = []  # whole blocks waiting for their name
         self._received = 0
+        self._lock: tuple[int, str] | None = None  # (fd, path) of .w.<token>, once spooling
         self._spooled: list[tuple[str, int, int]] = []  # (private path, index, length)
 
     async def write(self, data: bytes | bytearray | memoryview) -> None:
@@ -574,11 +855,14 @@ class BlockWriter:
             await self._spool(block)
 
     async def _spool(self, block: bytes) -> None:
+        pages = self._pages
+        if self._lock is None:
+            self._lock = await pages._hop(blockfile.spool_lock, pages.root)
         index = len(self._spooled)
         flags = FLAG_PINNED if self._pinned else 0
-        path = await self._pages._hop(blockfile.spool, self._pages.root, block, flags)
+        path = await pages._hop(blockfile.spool, self._lock[1], index, block, flags)
         self._spooled.append((path, index, len(block)))
-        if len(block) <= self._pages.memory.object_max:
+        if len(block) <= pages.memory.object_max:
             self._blocks.append(block)
 
     async def commit(self, key: str, etag: str) -> None:
@@ -592,8 +876,11 @@ class BlockWriter:
         for path, index, length in self._spooled:
             bkey = BlockKey(self._mount_id, key, etag, self._block_size, index)
             named.append((path, block_path(pages.root, self._mount_id, bkey.name), bkey, length))
-        self._spooled = []
         await pages._hop(blockfile.install_all, [(p, d) for p, d, _, _ in named])
+        self._spooled = []
+        await self._unlock()
+        record = key_name(self._mount_id, key)
+        await pages._hop(blockfile.set_key, pages.root, self._mount_id, record, named[0][2].name)
         journal = pages._journal
         for _, _, bkey, length in named:
             pages.stats.written += 1
@@ -608,3 +895,9 @@ class BlockWriter:
         self._buf = bytearray()
         if spooled:
             await self._pages._hop(blockfile.remove_all, [p for p, _, _ in spooled])
+        await self._unlock()
+
+    async def _unlock(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            await self._pages._hop(blockfile.unlock_spool, *lock)

@@ -1,8 +1,11 @@
-"""The fleet: who is in it (membership by heartbeats in the database) and which nodes own a key
-(weighted rendezvous hashing over partitions)."""
+"""The fleet: who is in it (membership by heartbeats in the database), which nodes own a key
+(weighted rendezvous hashing over partitions), and how nodes read blocks from each other (the
+peer client, the peer API it calls, and the signature both check)."""
 
 from .identity import local_node, node_id
 from .membership import Membership
+from .peer_api import BlockServer, PeerApi
+from .peers import Fleet, PeerUnavailable
 from .placement import (
     DEFAULT_MAX_REPLICAS,
     DEFAULT_PARTITIONS,
@@ -17,11 +20,15 @@ from .registry import NodeFigures, NodeRecord, NodeRegistry
 __all__ = [
     "DEFAULT_MAX_REPLICAS",
     "DEFAULT_PARTITIONS",
+    "BlockServer",
+    "Fleet",
     "Membership",
     "Node",
     "NodeFigures",
     "NodeRecord",
     "NodeRegistry",
+    "PeerApi",
+    "PeerUnavailable",
     "Placement",
     "block_key",
     "local_node",

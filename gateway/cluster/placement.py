@@ -30,7 +30,7 @@ _RANK_DOMAIN = b"gw.rank.v1\x00"
 _FRACTION_BITS = 53
 _FRACTION_SCALE = 1.0 / (1 << _FRACTION_BITS)
 
-_OBJECT_TAG = b"o"
+_OBJECT_TAG = b"k"  # "o" named a version (with its ETag) before block 0 was placed by key
 _BLOCK_TAG = b"b"
 
 
@@ -52,9 +52,10 @@ class Node:
             )
 
 
-def object_key(mount_id: int, key: str, etag: str) -> bytes:
-    """The placement key of one object version, for objects stored whole (below a block)."""
-    return _OBJECT_TAG + _encode(mount_id, key, etag)
+def object_key(mount_id: int, key: str) -> bytes:
+    """The placement key of an object's first block (all of an object below a block): the key
+    alone, so that a node that does not know the version yet knows who opens it."""
+    return _OBJECT_TAG + _encode(mount_id, key, "")
 
 
 def block_key(mount_id: int, key: str, etag: str, block: int) -> bytes:
@@ -62,6 +63,13 @@ def block_key(mount_id: int, key: str, etag: str, block: int) -> bytes:
     if block < 0:
         raise ValueError(f"block index must not be negative: {block}")
     return _BLOCK_TAG + _encode(mount_id, key, etag) + block.to_bytes(8, "big")
+
+
+def owner_key(mount_id: int, key: str, etag: str, index: int) -> bytes:
+    """The placement key of block `index` of a version: block 0 (all of an object below a
+    block) by the key alone, the others each on its own. Nodes and clients alike look owners
+    up by this."""
+    return object_key(mount_id, key) if index == 0 else block_key(mount_id, key, etag, index)
 
 
 def _encode(mount_id: int, key: str, etag: str) -> bytes:

@@ -6,7 +6,7 @@ are none and members learn of changes by polling.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,7 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from gateway.meta.store import transaction
-from gateway.meta.tables import nodes
+from gateway.meta.tables import UTCDateTime, nodes
 
 from .placement import Node
 
@@ -90,12 +90,22 @@ class NodeRegistry:
     A node is live while it is UP and its last heartbeat is younger than `heartbeat_timeout`
     seconds. Every method raises MetaUnavailable when the database cannot be reached, as
     MetaStore does.
+
+    `clock` gives the time written with joins, heartbeats and leaves instead of the database's
+    (ages are always the database's): tests use it to write a heartbeat that is already old.
     """
 
-    def __init__(self, engine: AsyncEngine, heartbeat_timeout: float) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        heartbeat_timeout: float,
+        *,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
         self._engine = engine
         self.heartbeat_timeout = heartbeat_timeout
         self._postgres = engine.dialect.name == "postgresql"
+        self._clock = clock
 
     async def join(self, me: Node, figures: NodeFigures) -> list[NodeRecord]:
         """Mark `me` up as just started, tell the fleet, and return every node's record."""
@@ -189,6 +199,8 @@ class NodeRegistry:
 
     def _now(self) -> sa.ColumnElement[Any]:
         """The database's clock, so that no node's clock decides who is live."""
+        if self._clock is not None:
+            return sa.literal(self._clock(), UTCDateTime())
         if self._postgres:
             return sa.func.now()
         return sa.func.strftime(_SQLITE_NOW, "now")

@@ -1,34 +1,53 @@
 """The gateway's database: mounts, access keys, object metadata, uploads; secrets encrypted."""
 
+from . import catalog as catalog  # its tables join the schema (migrations compare with it)
 from .engine import default_database_url, normalize_database_url
 from .migrate import head_revision, migrations_dir, run_migrations
 from .models import (
+    ADMIN_USER,
     SECRET_OPTIONS,
     AccessKey,
     AccessKeyExists,
+    InUse,
     MetaError,
     MetaUnavailable,
     Mount,
     MountExists,
+    NoSuchPolicy,
+    NoSuchUser,
+    PolicyExists,
+    TenancyRows,
+    User,
+    UserExists,
 )
 from .secrets import InvalidSecretKey, SecretBox, WrongSecretKey
 from .store import MetaStore
-from .uploads import PartRecord, UploadGone, UploadRecord
+from .uploads import PartRecord, StoreUploadRecord, UploadGone, UploadLeases, UploadRecord
 
 __all__ = [
+    "ADMIN_USER",
     "SECRET_OPTIONS",
     "AccessKey",
     "AccessKeyExists",
+    "InUse",
     "InvalidSecretKey",
     "MetaError",
     "MetaStore",
     "MetaUnavailable",
     "Mount",
     "MountExists",
+    "NoSuchPolicy",
+    "NoSuchUser",
     "PartRecord",
+    "PolicyExists",
     "SecretBox",
+    "StoreUploadRecord",
+    "TenancyRows",
     "UploadGone",
+    "UploadLeases",
     "UploadRecord",
+    "User",
+    "UserExists",
     "WrongSecretKey",
     "default_database_url",
     "head_revision",

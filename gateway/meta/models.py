@@ -43,6 +43,8 @@ class AccessKey:
     secret_key: str = field(repr=False)
     created_at: datetime
     description: str = ""
+    admin: bool = False  # may use the operator API (/_gateway/jobs) too
+    user_id: int | None = None  # its user (None: the admin user)
 
 
 class MetaError(Exception):
@@ -59,3 +61,50 @@ class AccessKeyExists(MetaError):
 
 class MetaUnavailable(MetaError):
     """The database cannot be reached or is busy; retrying later may help."""
+
+
+ADMIN_USER = "admin"  # the user every key and mount had before there were users (0007)
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    """A tenant: its keys sign requests, its policies say what it may do."""
+
+    id: int
+    name: str
+    created_at: datetime
+    policies: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ()  # access key ids
+    buckets: tuple[str, ...] = ()  # the buckets it owns
+
+
+@dataclass(frozen=True, slots=True)
+class TenancyRows:
+    """What authorization needs, read in one transaction: the request path compiles it."""
+
+    admin_id: int | None
+    users: dict[int, tuple[str, tuple[str, ...]]]  # id -> (name, policy names)
+    key_users: dict[str, int | None]  # access key -> user id (None: the admin user)
+    policies: dict[str, str]  # custom policy name -> document
+    owners: dict[str, int | None]  # bucket -> owner's user id (None: the admin user)
+    bucket_policies: dict[str, str]  # bucket -> document
+
+
+class UserExists(MetaError):
+    """A user of this name exists already."""
+
+
+class NoSuchUser(MetaError):
+    """No user of this name."""
+
+
+class PolicyExists(MetaError):
+    """A custom policy of this name exists already (or the name is a built-in's)."""
+
+
+class NoSuchPolicy(MetaError):
+    """No policy of this name."""
+
+
+class InUse(MetaError):
+    """The user owns buckets, or the policy is attached: the message says which."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import secrets
@@ -26,6 +27,7 @@ from .models import SECRET_OPTIONS, AccessKey, AccessKeyExists, MetaUnavailable,
 from .secrets import SecretBox
 from .tables import access_keys, mounts, objects
 from .uploads import MultipartUploads
+from .users import Tenants
 
 ACCESS_KEY_PREFIX = "GK"
 ACCESS_KEY_LENGTH = 20
@@ -105,10 +107,11 @@ def is_unavailable(error: BaseException) -> bool:
     return False
 
 
-class MetaStore(MultipartUploads):
+class MetaStore(MultipartUploads, Tenants):
     """The gateway's database. Create, `await migrate()` once, use, `await close()`.
 
-    Multipart upload state comes from the MultipartUploads mixin (uploads.py).
+    Multipart upload state comes from the MultipartUploads mixin (uploads.py), users,
+    policies and owners from the Tenants mixin (users.py).
     """
 
     def __init__(self, url: str, box: SecretBox) -> None:
@@ -157,7 +160,10 @@ class MetaStore(MultipartUploads):
 
     # -- mounts
 
-    async def add_mount(self, bucket: str, uri: str, options: Mapping[str, str]) -> Mount:
+    async def add_mount(
+        self, bucket: str, uri: str, options: Mapping[str, str], owner: str | None = None
+    ) -> Mount:
+        """owner: the owning user's name; None: the admin user (NoSuchUser for no user)."""
         for name, value in options.items():
             if not isinstance(name, str) or not isinstance(value, str):
                 raise TypeError(f"mount option {name!r} must map a string to a string")
@@ -170,6 +176,8 @@ class MetaStore(MultipartUploads):
             "updated_at": now,
         }
         async with self._connect() as conn:
+            if owner is not None:  # NULL: the admin user (and a schema before 0007 works)
+                values["owner_id"] = await self.user_id(conn, owner)
             try:
                 result = await conn.execute(sa.insert(mounts).values(values).returning(mounts.c.id))
             except sa_exc.IntegrityError as error:
@@ -225,8 +233,11 @@ class MetaStore(MultipartUploads):
         access_key: str | None = None,
         secret_key: str | None = None,
         description: str = "",
+        admin: bool = False,
+        user: str | None = None,
     ) -> AccessKey:
-        """Store a key pair; missing parts are generated (AWS-shaped, from `secrets`)."""
+        """Store a key pair; missing parts are generated (AWS-shaped, from `secrets`). It
+        belongs to `user` (NoSuchUser if there is none), or, None, to the admin user."""
         if access_key is None:
             tail = ACCESS_KEY_LENGTH - len(ACCESS_KEY_PREFIX)
             access_key = ACCESS_KEY_PREFIX + "".join(
@@ -238,14 +249,18 @@ class MetaStore(MultipartUploads):
             )
         if not access_key or not secret_key:
             raise ValueError("access key and secret key must not be empty")
-        key = AccessKey(access_key, secret_key, _now(), description)
-        values = {
+        key = AccessKey(access_key, secret_key, _now(), description, admin)
+        values: dict[str, Any] = {
             "access_key": key.access_key,
             "secret_enc": self._box.encrypt(key.secret_key),
             "description": key.description,
             "created_at": key.created_at,
+            "admin": admin,
         }
         async with self._connect() as conn:
+            if user is not None:  # NULL: the admin user (and a schema before 0007 works)
+                values["user_id"] = await self.user_id(conn, user)
+                key = dataclasses.replace(key, user_id=values["user_id"])
             try:
                 await conn.execute(sa.insert(access_keys).values(values))
             except sa_exc.IntegrityError as error:
@@ -276,6 +291,8 @@ class MetaStore(MultipartUploads):
             secret_key=self._box.decrypt(row["secret_enc"]),
             created_at=row["created_at"],
             description=row["description"],
+            admin=bool(row["admin"]),
+            user_id=row.get("user_id"),
         )
 
     # -- object metadata
@@ -371,6 +388,31 @@ class MetaStore(MultipartUploads):
 
     def _safe_url(self) -> str:
         return self._engine.url.render_as_string(hide_password=True)
+
+    async def set_mount_option(self, bucket: str, name: str, value: str | None) -> bool:
+        """Set one option of a mount (None removes it), the others as they are, in one
+        transaction; False if there is no such mount. Nodes see it at their next refresh."""
+        async with self._connect() as conn:
+            row = (
+                await conn.execute(
+                    sa.select(mounts.c.options).where(mounts.c.bucket == bucket).with_for_update()
+                )
+            ).first()
+            if row is None:
+                return False
+            options = json.loads(row[0])
+            if value is None:
+                options.pop(name, None)
+            elif name in SECRET_OPTIONS:
+                options[name] = {_ENCRYPTED: self._box.encrypt(value)}
+            else:
+                options[name] = value
+            await conn.execute(
+                sa.update(mounts)
+                .where(mounts.c.bucket == bucket)
+                .values(options=_dumps(options), updated_at=_now())
+            )
+        return True
 
 
 @asynccontextmanager

@@ -65,6 +65,9 @@ mounts = sa.Table(
     sa.Column("options", sa.Text, nullable=False),
     sa.Column("created_at", UTCDateTime, nullable=False),
     sa.Column("updated_at", UTCDateTime, nullable=False),
+    # The user that owns the bucket (users.id; no foreign key, see 0007): its creator, or the
+    # admin user for mounts made by the CLI. NULL: the admin user.
+    sa.Column("owner_id", sa.Integer, nullable=True),
 )
 
 access_keys = sa.Table(
@@ -74,6 +77,47 @@ access_keys = sa.Table(
     sa.Column("secret_enc", sa.Text, nullable=False),
     sa.Column("description", sa.Text, nullable=False, server_default=""),
     sa.Column("created_at", UTCDateTime, nullable=False),
+    # An admin key may also use the operator API (/_gateway/jobs); S3 requests do not ask.
+    sa.Column("admin", sa.Boolean, nullable=False, server_default=sa.false()),
+    # The user the key belongs to (users.id); NULL: the admin user. See docs/tenants.md.
+    sa.Column("user_id", sa.Integer, nullable=True),
+)
+
+# Tenants (docs/tenants.md): users, the custom policies (the built-in ones are in
+# gateway/iam/builtin.py and have no rows), which policies each user holds, bucket policies.
+users = sa.Table(
+    "users",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("name", sa.String(64), nullable=False, unique=True),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+)
+
+policies = sa.Table(
+    "policies",
+    metadata,
+    sa.Column("name", sa.String(128), primary_key=True),
+    sa.Column("document", sa.Text, nullable=False),  # JSON, in the IAM grammar
+    sa.Column("created_at", UTCDateTime, nullable=False),
+)
+
+user_policies = sa.Table(
+    "user_policies",
+    metadata,
+    sa.Column(
+        "user_id", sa.Integer, sa.ForeignKey("users.id", ondelete="CASCADE"), primary_key=True
+    ),
+    sa.Column("policy", sa.String(128), primary_key=True),  # a built-in's or a custom one's
+)
+
+bucket_policies = sa.Table(
+    "bucket_policies",
+    metadata,
+    sa.Column(
+        "mount_id", sa.Integer, sa.ForeignKey("mounts.id", ondelete="CASCADE"), primary_key=True
+    ),
+    sa.Column("document", sa.Text, nullable=False),  # JSON, as PutBucketPolicy was given it
+    sa.Column("updated_at", UTCDateTime, nullable=False),
 )
 
 objects = sa.Table(
@@ -156,4 +200,102 @@ nodes = sa.Table(
     sa.Column("hits", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("misses", sa.BigInteger, nullable=False, server_default="0"),
     sa.CheckConstraint("state IN ('up', 'left')", name="state"),
+)
+
+# Uploads a node opened at an under-store on its own behalf (an S3 origin's multipart upload
+# that streams a large PUT), held under a lease its writer renews: one whose lease ran out
+# (its writer crashed) is aborted by a janitor. Leases run by the database's clock.
+store_uploads = sa.Table(
+    "store_uploads",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column(
+        "mount_id",
+        sa.Integer,
+        sa.ForeignKey("mounts.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    sa.Column("key", object_key_type(), nullable=False),
+    sa.Column("store_upload_id", sa.Text, nullable=False),
+    sa.Column("owner", sa.Text, nullable=False),  # host:pid:token of the holder, for the log
+    sa.Column("expires_at", UTCDateTime, nullable=False),
+    sa.Index("ix_store_uploads_expires_at", "expires_at"),
+)
+
+# Preload jobs (gateway/jobs): a job, the objects its listing found (its work items), and each
+# node's share of each batch of items, taken under a lease like the uploads above. The states
+# are the ones of gateway/jobs/model.py.
+jobs = sa.Table(
+    "jobs",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("bucket", sa.String(255), nullable=False),
+    sa.Column("prefix", object_key_type(), nullable=False),
+    sa.Column("spec", sa.Text, nullable=False),  # JSON: the job's options (model.JobSpec)
+    sa.Column("state", sa.String(10), nullable=False),
+    sa.Column("message", sa.Text, nullable=False, server_default=""),
+    sa.Column("submitted_by", sa.Text, nullable=False),
+    sa.Column("submitted_at", UTCDateTime, nullable=False),
+    sa.Column("started_at", UTCDateTime, nullable=True),
+    sa.Column("ended_at", UTCDateTime, nullable=True),
+    # The listing's holder: the one node that lists the prefix, until its lease runs out.
+    sa.Column("lease_owner", sa.Text, nullable=True),
+    sa.Column("lease_expires", UTCDateTime, nullable=True),
+    sa.Column("total_objects", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("total_bytes", sa.BigInteger, nullable=False, server_default="0"),
+    sa.CheckConstraint(
+        "state IN ('queued', 'listing', 'running', 'done', 'partial', 'failed', 'cancelled')",
+        name="state",
+    ),
+    sa.Index("ix_jobs_state", "state"),
+)
+
+job_items = sa.Table(
+    "job_items",
+    metadata,
+    sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True),  # listing order; batch = seq // batch size
+    sa.Column("key", object_key_type(), nullable=False),
+    sa.Column("size", sa.BigInteger, nullable=False),
+    sa.Column("etag", sa.Text, nullable=False),
+)
+
+# One row per (batch, node): that node's share of the batch (the blocks it owns), done by the
+# node itself, or taken over by another once the node has left the fleet and its lease ran out.
+job_work = sa.Table(
+    "job_work",
+    metadata,
+    sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("batch", sa.Integer, primary_key=True),
+    sa.Column("node_id", sa.Text, primary_key=True),
+    sa.Column("state", sa.String(8), nullable=False),  # pending, leased, done
+    sa.Column("lease_owner", sa.Text, nullable=True),
+    sa.Column("lease_expires", UTCDateTime, nullable=True),
+    sa.Column("cursor", sa.Integer, nullable=False, server_default="0"),  # items done, in order
+    # Counted where the node is a block's first owner: the job's progress adds these up.
+    sa.Column("objects", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("bytes", sa.BigInteger, nullable=False, server_default="0"),
+    # What the node did for its share: fetched from the store, or found cached already.
+    sa.Column("loaded_objects", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("loaded_bytes", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("cached_objects", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("cached_bytes", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("skipped", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("failures", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("unkept_bytes", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("full", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.CheckConstraint("state IN ('pending', 'leased', 'done')", name="state"),
+)
+
+# The first errors of a job, with their keys (a few per job: enough to say what went wrong).
+job_errors = sa.Table(
+    "job_errors",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("node_id", sa.Text, nullable=False),
+    sa.Column("key", object_key_type(), nullable=False),
+    sa.Column("message", sa.Text, nullable=False),
+    sa.Column("at", UTCDateTime, nullable=False),
+    sa.Index("ix_job_errors_job_id", "job_id"),
 )

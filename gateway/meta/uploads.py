@@ -1,25 +1,41 @@
-"""Multipart uploads in progress: the client's upload ids, their parts, listing in S3 order.
+"""Multipart uploads in progress: the client's upload ids, their parts, listing in S3 order;
+and the uploads a node opens at an under-store on its own behalf, under a lease.
 
 The under-store holds the parts' bytes; this is what ListMultipartUploads and ListParts read.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
-from collections.abc import Mapping
+import logging
+import os
+import secrets
+import socket
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
+import anyio
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from gateway.stores.base import UploadJournal
+
 from .models import MetaError
-from .tables import multipart_parts, multipart_uploads
+from .tables import multipart_parts, multipart_uploads, store_uploads
+
+log = logging.getLogger("gateway.meta.uploads")
+
+# Who holds a lease, as the log shows it: this process, on this host.
+OWNER = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+_SQLITE_TIME = "%Y-%m-%d %H:%M:%f"  # how SQLite's clock is written, so that times compare
 
 _PART_PK = ("upload_id", "part_number")
 _MAX_CODE_POINT = 0x10FFFF
@@ -51,6 +67,17 @@ class PartRecord:
 
 class UploadGone(MetaError):
     """The multipart upload does not exist (any more): completed, aborted or never begun."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreUploadRecord:
+    """An upload a node opened at a store on its own behalf, whose lease ran out."""
+
+    id: int
+    mount_id: int
+    key: str
+    store_upload_id: str
+    owner: str  # the holder whose lease ran out
 
 
 class MultipartUploads:
@@ -188,6 +215,75 @@ class MultipartUploads:
             result = await conn.execute(query)
         return result.rowcount > 0
 
+    # -- uploads a node opened at a store on its own behalf ---------------------------------
+
+    def _clock(self, ahead: float = 0.0) -> sa.ColumnElement[Any]:
+        """The database's clock, `ahead` seconds on: no node's clock decides whose lease ran
+        out."""
+        if self.dialect == "postgresql":
+            return sa.func.now() + sa.literal(timedelta(seconds=ahead))
+        return sa.func.strftime(_SQLITE_TIME, "now", f"{ahead:+.3f} seconds")
+
+    async def open_store_upload(
+        self, mount_id: int, key: str, store_upload_id: str, owner: str, lease: float
+    ) -> int:
+        """Record an upload `owner` holds for `lease` seconds from now; its record's id."""
+        values = {
+            "mount_id": mount_id,
+            "key": key,
+            "store_upload_id": store_upload_id,
+            "owner": owner,
+            "expires_at": self._clock(lease),
+        }
+        insert = sa.insert(store_uploads).values(values).returning(store_uploads.c.id)
+        async with self._connect() as conn:
+            return int((await conn.execute(insert)).scalar_one())
+
+    async def renew_store_upload(self, record_id: int, owner: str, lease: float) -> bool:
+        """Hold the lease `lease` seconds more; False if `owner` holds it no longer (another
+        node took it over, when it ran out)."""
+        table = store_uploads
+        query = (
+            sa.update(table)
+            .where(table.c.id == record_id, table.c.owner == owner)
+            .values(expires_at=self._clock(lease))
+        )
+        async with self._connect() as conn:
+            result = await conn.execute(query)
+        return result.rowcount > 0
+
+    async def close_store_upload(self, record_id: int) -> None:
+        """Forget an upload: completed or aborted by its holder, or by the janitor."""
+        async with self._connect() as conn:
+            await conn.execute(sa.delete(store_uploads).where(store_uploads.c.id == record_id))
+
+    async def claim_lapsed_store_uploads(
+        self, owner: str, lease: float, limit: int = 100
+    ) -> list[StoreUploadRecord]:
+        """Uploads whose lease ran out, each taken over by `owner` for `lease` seconds (so that
+        of several janitors one aborts it, and another retries if that one dies too)."""
+        table = store_uploads
+        lapsed = table.c.expires_at < self._clock()
+        query = (
+            sa.select(table.c.id, table.c.mount_id, table.c.key, table.c.store_upload_id,
+                      table.c.owner)
+            .where(lapsed)
+            .order_by(table.c.expires_at)
+            .limit(limit)
+        )  # fmt: skip
+        claimed = []
+        async with self._connect() as conn:
+            rows = (await conn.execute(query)).all()
+            for row in rows:
+                take = (
+                    sa.update(table)
+                    .where(table.c.id == row.id, lapsed)
+                    .values(owner=owner, expires_at=self._clock(lease))
+                )
+                if (await conn.execute(take)).rowcount:
+                    claimed.append(StoreUploadRecord(*row))
+        return claimed
+
     async def stale_uploads(self, older_than: datetime, limit: int = 100) -> list[UploadRecord]:
         """Uploads of any mount begun before `older_than`, oldest first: for the reaper."""
         table = multipart_uploads
@@ -280,3 +376,51 @@ def _plain(value: object) -> object:
     if isinstance(value, Mapping):
         return dict(value)
     raise TypeError(f"{type(value).__name__} in upload attributes is not JSON")
+
+
+class UploadLeases(UploadJournal):
+    """A mount's uploads of its own, recorded under a lease renewed while they are held.
+
+    A holder that dies stops renewing: once the lease has run out, a janitor of any node
+    (service.multipart) aborts the upload. A database that cannot be reached does not fail
+    the write: its upload then goes unrecorded, and is said so in the log.
+    """
+
+    def __init__(self, meta: MultipartUploads, mount_id: int, lease: float) -> None:
+        self._meta = meta
+        self._mount_id = mount_id
+        self._lease = lease
+
+    @contextlib.asynccontextmanager
+    async def holding(self, key: str, upload_id: str) -> AsyncIterator[None]:
+        try:
+            record = await self._meta.open_store_upload(
+                self._mount_id, key, upload_id, OWNER, self._lease
+            )
+        except MetaError as exc:
+            log.warning("upload %s of %r not recorded, kept only while held: %s",
+                        upload_id, key, exc)  # fmt: skip
+            yield
+            return
+        renewing = asyncio.create_task(self._renew(record, key))
+        try:
+            yield
+        finally:
+            renewing.cancel()
+            # Shielded: a cancelled write's record must still go (else a janitor aborts an
+            # upload that is finished, which does nothing, once the lease runs out).
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self._meta.close_store_upload(record)
+                except MetaError as exc:
+                    log.warning("upload %s of %r not forgotten: %s", upload_id, key, exc)
+
+    async def _renew(self, record: int, key: str) -> None:
+        while True:
+            await asyncio.sleep(max(self._lease / 3, 0.05))
+            try:
+                if not await self._meta.renew_store_upload(record, OWNER, self._lease):
+                    log.warning("lease of the upload of %r taken over: it may be aborted", key)
+                    return
+            except MetaError as exc:
+                log.warning("lease of the upload of %r not renewed: %s", key, exc)

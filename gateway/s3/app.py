@@ -10,9 +10,12 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Awaitable, Callable
 
-from gateway import errors, metrics
+from gateway import counters, errors
 from gateway.logs import AccessLog
+from gateway.s3 import handlers_cors, limits
+from gateway.s3.fast import FastHits
 from gateway.s3.handlers import Context
 from gateway.s3.http import (
     Message,
@@ -27,11 +30,19 @@ from gateway.s3.http import (
 from gateway.s3.routing import Operation, route
 from gateway.s3.sigv2 import SigV2Verifier, is_sigv2
 from gateway.s3.sigv4 import AuthResult, SigV4Verifier
-from gateway.service.gateway import Gateway
+from gateway.service import S3Service
 
 log = logging.getLogger("gateway.s3")
 
+DOCUMENTS = "/_gateway/"  # no bucket is named so: "_" may not begin one
+# Documents are never public: anonymous requests for them are refused.
+_DOCUMENT = Operation("GetGatewayDocument", lambda ctx, req: _no_handler(), read_only=False)
+_PREFLIGHT = Operation("PreflightRequest", lambda ctx, req: _no_handler(), read_only=True)
 _CREDENTIAL = re.compile(r"Credential=([^/,\s]+)/")
+
+
+async def _no_handler() -> Reply:
+    raise AssertionError("documents are answered by S3App._document")
 
 
 def _claimed_access_key(req: S3Request) -> str | None:
@@ -79,14 +90,17 @@ def error_reply(exc: errors.S3Error, req: S3Request) -> Reply:
 
 class S3App:
     def __init__(
-        self, gateway: Gateway, region: str, base_domain: str | None, log_access: bool
+        self, service: S3Service, region: str, base_domain: str | None, log_access: bool
     ) -> None:
-        self.gateway = gateway
-        self.ctx = Context(gateway, region)
+        self.service = service
+        self.ctx = Context(service, region)
         self.base_domain = base_domain
         self.access_log = AccessLog() if log_access else None
-        self.verifier = SigV4Verifier(gateway.namespace.secret_for)
-        self.verifier_v2 = SigV2Verifier(gateway.namespace.secret_for)
+        self.verifier = SigV4Verifier(service.secret_for)
+        self.verifier_v2 = SigV2Verifier(service.secret_for)
+        self.fast = FastHits(service, self.verifier, base_domain, self.access_log)
+        # JSON documents for clients at /_gateway/<name> (the node gives them), signed GETs.
+        self.documents: dict[str, Callable[[], Awaitable[bytes]]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
@@ -101,14 +115,31 @@ class S3App:
         req.receive = tracker.receive
         op: Operation | None = None
         try:
-            op = route(req)
-            await self.authenticate(req, op)
-            reply = await op.handler(self.ctx, req)
+            if req.raw_path.startswith(DOCUMENTS):
+                op = _DOCUMENT
+                reply = await self._document(req)
+            elif req.method == "OPTIONS":  # a browser's CORS preflight: no signature, as S3
+                op = _PREFLIGHT
+                reply = handlers_cors.preflight(self.ctx, req)
+            else:
+                try:
+                    op = route(req)
+                except (errors.NotImplementedError_, errors.MethodNotAllowed):
+                    # Who asks comes first, as in S3: an anonymous `GET /bucket?policy` is
+                    # AccessDenied, not NotImplemented.
+                    await self.authenticate(req, None)
+                    raise
+                await self.authenticate(req, op)
+                self.authorize(req, op, scope)
+                limits.check_request(req.key, req.query)
+                reply = await op.handler(self.ctx, req)
         except errors.S3Error as exc:
             reply = error_reply(exc, req)
         except Exception:
             log.exception("internal error", extra={"request_id": req.request_id})
             reply = error_reply(errors.InternalError(), req)
+        if "origin" in req.headers and op is not _PREFLIGHT:
+            handlers_cors.add_headers(self.ctx, req, reply)
         if tracker.unread:
             # The client may still be sending (or, after Expect: 100-continue, holding back)
             # a body we will not read; on a kept-alive connection those bytes would be taken
@@ -124,7 +155,7 @@ class S3App:
         name = op.name if op else "Unknown"
         elapsed = time.perf_counter() - started
         cache = reply.cache or "none"
-        metrics.observe(name, reply.status, cache, sent, elapsed)
+        counters.observe(name, reply.status, cache, sent, elapsed)
         if self.access_log is not None:
             self.access_log.write(
                 {
@@ -141,6 +172,19 @@ class S3App:
                 }
             )
 
+    async def _document(self, req: S3Request) -> Reply:
+        """A document for clients (the fleet's placement...): to signed GETs only."""
+        try:
+            await self.authenticate(req, _DOCUMENT)
+        except errors.NoSuchBucket:  # anonymous: no bucket is named "_gateway"
+            raise errors.AccessDenied() from None
+        produce = self.documents.get(req.raw_path.partition("?")[0][len(DOCUMENTS) :])
+        if produce is None or req.method not in ("GET", "HEAD"):
+            raise errors.NotImplementedError_("No such document on this node.")
+        reply = Reply(body=await produce())
+        reply.header("content-type", "application/json")
+        return reply
+
     def _verify(self, req: S3Request) -> AuthResult | None:
         if is_sigv2(req.headers, req.query_string):
             in_host = req.bucket if req.virtual_host else None
@@ -149,7 +193,12 @@ class S3App:
             )
         return self.verifier.verify(req.method, req.raw_path, req.query_string, req.headers)
 
-    async def authenticate(self, req: S3Request, op: Operation) -> None:
+    async def authenticate(self, req: S3Request, op: Operation | None) -> None:
+        """Set the request's key, or let it through anonymously to a public bucket's reads;
+        else AccessDenied (NoSuchBucket for a bucket there is not, as S3 answers). `op` None:
+        a request no operation takes, let through only when signed."""
+        if req.bucket is not None and not self.service.has_bucket(req.bucket):
+            await self.service.lookup_new_bucket(req.bucket)  # mounted since the last refresh?
         try:
             result = self._verify(req)
         except errors.S3Error as exc:
@@ -157,15 +206,43 @@ class S3App:
                 raise
             # Perhaps created since the last refresh: look again before refusing.
             ak = _claimed_access_key(req)
-            if ak is None or await self.gateway.namespace.lookup_unknown_key(ak) is None:
+            if ak is None or await self.service.lookup_new_key(ak) is None:
                 raise
             result = self._verify(req)
         if result is not None:
             req.access_key = result.access_key
             req.auth = result
             return
-        if op.read_only and req.bucket is not None:
-            handle = self.gateway.namespace.mount(req.bucket)
-            if handle is not None and handle.public_read:
-                return
+        if req.bucket is not None:
+            if not self.service.has_bucket(req.bucket):
+                raise errors.NoSuchBucket(BucketName=req.bucket)
+            if op is not None and op.action:
+                return  # anonymous: what a bucket policy (or public_read) allows, below
         raise errors.AccessDenied()
+
+    def authorize(self, req: S3Request, op: Operation, scope: Scope) -> None:
+        """AccessDenied unless the user's policies, the bucket's policy or owning the bucket
+        allow the operation's action (docs/tenants.md); decided from memory, before anything
+        is looked up, so that the answer says nothing of whether the object exists."""
+        client = scope.get("client")
+        source_ip = client[0] if client else None
+        self.service.enter_caller(req.access_key, source_ip)
+        action = op.action
+        if action == "s3:DeleteObject" and req.key is None:
+            return  # DeleteObjects: each key is decided by the service, alone
+        query = req.query
+        try:
+            self.service.authorize(
+                req.access_key, action, req.bucket, req.key, source_ip,
+                prefix=query.get("prefix") if query else None,
+                delimiter=query.get("delimiter") if query else None,
+            )  # fmt: skip
+        except errors.AccessDenied:
+            bucket = req.bucket
+            if (
+                bucket is not None
+                and action != "s3:CreateBucket"
+                and not self.service.has_bucket(bucket)
+            ):
+                return  # NoSuchBucket from the handler, whoever asks, as S3 answers
+            raise

@@ -10,6 +10,7 @@ import hashlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
+from gateway import decimals
 from gateway.errors import (
     BadDigest,
     EntityTooLarge,
@@ -43,7 +44,7 @@ _DRAIN_SECONDS = 2.0
 class _Plan:
     """What the headers say about the body, validated before a byte of it is read."""
 
-    size: int  # decoded length
+    size: int | None  # decoded length; None for HTTP chunked framing with no length given
     mode: str | None  # the aws-chunked mode, None for a plain body
     sha256: str | None  # x-amz-content-sha256 to check the body against
     md5: bytes | None  # Content-MD5
@@ -90,10 +91,26 @@ class RequestBody:
         self.md5_hex: str | None = None  # set once the whole body is verified
 
     @property
-    def size(self) -> int:
+    def size(self) -> int | None:
         """The decoded length: x-amz-decoded-content-length for aws-chunked, else
-        Content-Length."""
+        Content-Length; None for a plain body sent with Transfer-Encoding: chunked and no
+        length, whose end only its framing tells (`read_unsized` reads it)."""
         return self._prepare().size
+
+    async def read_unsized(self, limit: int) -> bytes:
+        """The whole verified body of unknown length, read into memory: at most `limit`
+        bytes, else MissingContentLength (a store write needs the length before its first
+        byte, and past `limit` the gateway will not hold a body to learn it)."""
+        data = bytearray()
+        async for piece in self:
+            data += piece
+            if len(data) > limit:
+                raise MissingContentLength(
+                    f"A body sent without a Content-Length may be at most {limit} bytes;"
+                    " send its length (Content-Length, or x-amz-decoded-content-length with"
+                    " aws-chunked) for a larger one."
+                )
+        return bytes(data)
 
     @property
     def checksums(self) -> dict[str, str]:
@@ -152,7 +169,7 @@ class RequestBody:
                 " implemented."
             )
         size = self._declared_size(streaming=claim.startswith("STREAMING-"))
-        if size > self._max_size:
+        if size is not None and size > self._max_size:
             raise EntityTooLarge(ProposedSize=str(size), MaxSizeAllowed=str(self._max_size))
         md5 = self._content_md5()
         # S3 decodes aws-chunked only for header-signed SigV4; elsewhere a STREAMING-* value
@@ -179,7 +196,7 @@ class RequestBody:
             return header
         return auth.payload_hash if auth is not None else ""
 
-    def _declared_size(self, *, streaming: bool) -> int:
+    def _declared_size(self, *, streaming: bool) -> int | None:
         if streaming:
             # S3 answers 411 for a missing or malformed decoded length too.
             size = _length(self._headers.get("x-amz-decoded-content-length"))
@@ -189,10 +206,7 @@ class RequestBody:
         raw = self._headers.get("content-length")
         if raw is None:
             if "chunked" in self._headers.get("transfer-encoding", "").lower():
-                raise NotImplementedError_(
-                    "A header you provided implies functionality that is not implemented",
-                    Header="Transfer-Encoding",
-                )
+                return None  # HTTP's framing ends it; boto3 sends this when asked to
             raise MissingContentLength()
         size = _length(raw)
         if size is None:
@@ -231,6 +245,7 @@ class RequestBody:
             updates.append(summer.update)
         decoder = None
         if plan.mode is not None:
+            assert plan.size is not None  # aws-chunked always declares its decoded length
             decoder = AwsChunkedDecoder(plan.size, plan.mode, self._auth, plan.checksum.trailer)
         held: bytes | None = None
         async for piece in self._pieces(plan, decoder, updates):
@@ -331,12 +346,7 @@ class RequestBody:
 
 def _length(raw: str | None) -> int | None:
     """A decimal length; None unless plain ASCII digits (int() would take ' +1_0 ')."""
-    if raw is None:
-        return None
-    raw = raw.strip()
-    if not (0 < len(raw) <= 19 and raw.isascii() and raw.isdigit()):
-        return None
-    return int(raw)
+    return None if raw is None else decimals.parse(raw.strip(), decimals.INT64_MAX)
 
 
 def _short(expected: int, provided: int) -> S3Error:

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gateway import errors
-from gateway.s3 import xml
+from gateway import decimals, errors
+from gateway.s3 import limits, sse, xml
 from gateway.s3.http import Reply, S3Request
-from gateway.service.conditions import ByteRange, Conditions, http_date
-from gateway.service.gateway import Gateway, ObjectResult
-from gateway.stores import ObjectInfo
+from gateway.service import (
+    ByteRange,
+    Conditions,
+    ListQuery,
+    ObjectInfo,
+    ObjectResult,
+    S3Service,
+    check_part_number,
+    http_date,
+)
 
 RESPONSE_OVERRIDES = {
     "response-content-type": "content-type",
@@ -24,7 +32,7 @@ RESPONSE_OVERRIDES = {
 
 @dataclass(frozen=True, slots=True)
 class Context:
-    gateway: Gateway
+    service: S3Service
     region: str
 
 
@@ -32,9 +40,50 @@ class Context:
 
 
 async def list_buckets(ctx: Context, req: S3Request) -> Reply:
-    mounts = ctx.gateway.list_buckets()
-    body = xml.list_buckets(((m.bucket, m.mount.created_at) for m in mounts), ctx.region)
+    prefix = req.query.get("prefix")
+    after = _bucket_token(req.query.get("continuation-token") or None)
+    limit = _max_buckets(req)
+    region = req.query.get("bucket-region")
+    buckets = [
+        b
+        for b in sorted(ctx.service.list_buckets(), key=lambda b: b.name)
+        if b.name.startswith(prefix or "") and (after is None or b.name > after)
+    ]
+    if region is not None and region != ctx.region:
+        buckets = []
+    page = buckets[:limit]
+    more = len(buckets) > limit
+    next_token = base64.urlsafe_b64encode(page[-1].name.encode()).decode() if more else None
+    body = xml.list_buckets(((b.name, b.created_at) for b in page), ctx.region, next_token, prefix)
     return _xml(body)
+
+
+def _max_buckets(req: S3Request) -> int:
+    raw = req.query.get("max-buckets")
+    if raw is None:
+        return 10_000  # S3's most without pagination
+    value = decimals.parse(raw, 10_000)
+    if value is None or value < 1:
+        raise errors.InvalidArgument(
+            "Argument max-buckets must be an integer between 1 and 10000",
+            ArgumentName="max-buckets",
+            ArgumentValue=raw,
+        )
+    return value
+
+
+def _bucket_token(token: str | None) -> str | None:
+    """The last bucket name of the page a ListBuckets continuation token follows."""
+    if token is None:
+        return None
+    try:
+        return base64.urlsafe_b64decode(token.encode("ascii")).decode()
+    except (ValueError, UnicodeError):
+        raise errors.InvalidArgument(
+            "The continuation token provided is incorrect",
+            ArgumentName="continuation-token",
+            ArgumentValue=token,
+        ) from None
 
 
 # -- bucket ------------------------------------------------------------------------------
@@ -42,35 +91,49 @@ async def list_buckets(ctx: Context, req: S3Request) -> Reply:
 
 async def head_bucket(ctx: Context, req: S3Request) -> Reply:
     assert req.bucket is not None
-    ctx.gateway.mount(req.bucket)
+    ctx.service.head_bucket(req.bucket)
     reply = Reply()
     reply.header("x-amz-bucket-region", ctx.region)
     return reply
 
 
+async def get_bucket_versioning(ctx: Context, req: S3Request) -> Reply:
+    assert req.bucket is not None
+    ctx.service.head_bucket(req.bucket)
+    return _xml(xml.versioning())
+
+
 async def get_bucket_location(ctx: Context, req: S3Request) -> Reply:
     assert req.bucket is not None
-    ctx.gateway.mount(req.bucket)
+    ctx.service.head_bucket(req.bucket)
     return _xml(xml.location(ctx.region))
 
 
-def _max_keys(req: S3Request) -> int:
-    raw = req.query.get("max-keys", "1000")
-    try:
-        value = int(raw)
-    except ValueError:
+def int_param(req: S3Request, name: str, default: int, cap: int) -> int:
+    """A count from the query (max-keys, max-parts, ...): ASCII digits up to 2^31 - 1, as S3
+    takes them (else InvalidArgument), then capped at what one page holds."""
+    raw = req.query.get(name)
+    if raw is None:
+        return default
+    value = decimals.parse(raw, decimals.INT32_MAX)
+    if value is None:
         raise errors.InvalidArgument(
-            "Provided max-keys not an integer or within integer range",
-            ArgumentName="max-keys",
+            f"Provided {name} not an integer or within integer range",
+            ArgumentName=name,
             ArgumentValue=raw,
-        ) from None
-    if value < 0:
-        raise errors.InvalidArgument(
+        )
+    return min(value, cap)
+
+
+def _max_keys(req: S3Request) -> int:
+    raw = req.query.get("max-keys", "")
+    if raw.startswith("-") and decimals.parse(raw[1:], decimals.INT32_MAX) is not None:
+        raise errors.InvalidArgument(  # S3 words a negative count differently
             "Argument maxKeys must be an integer between 0 and 2147483647",
             ArgumentName="maxKeys",
             ArgumentValue=raw,
         )
-    return min(value, 1000)
+    return int_param(req, "max-keys", 1000, 1000)
 
 
 def _encoding(req: S3Request) -> bool:
@@ -95,9 +158,8 @@ async def _list(
     delimiter = req.query.get("delimiter") or None
     max_keys = _max_keys(req)
     encode = _encoding(req)
-    page = await ctx.gateway.list_objects(
-        req.bucket, prefix, delimiter, token, start_after, max_keys
-    )
+    query = ListQuery(prefix, delimiter, token, start_after, max_keys)
+    page = await ctx.service.list_objects(req.bucket, query)
     objects = [
         xml.ListedObject(o.key, o.last_modified, o.etag, o.size, o.storage_class)
         for o in page.objects
@@ -117,12 +179,7 @@ async def _list(
 
 
 async def list_objects_v2(ctx: Context, req: S3Request) -> Reply:
-    token = req.query.get("continuation-token")
-    if token is not None and not token:
-        raise errors.InvalidArgument(
-            "The continuation token provided is incorrect",
-            ArgumentName="continuation-token",
-        )
+    token = req.query.get("continuation-token") or None  # empty: none, as S3 takes it
     start_after = req.query.get("start-after") or None
     listing, next_token, _ = await _list(ctx, req, token, None if token else start_after)
     fetch_owner = req.query.get("fetch-owner", "").lower() == "true"
@@ -133,6 +190,26 @@ async def list_objects_v1(ctx: Context, req: S3Request) -> Reply:
     marker = req.query.get("marker", "")
     listing, _, last = await _list(ctx, req, None, marker or None)
     return _xml(xml.list_v1(listing, marker, last if listing.truncated else None))
+
+
+async def list_object_versions(ctx: Context, req: S3Request) -> Reply:
+    """Every bucket is unversioned: each key's one version, "null" (tools' clean-up code and
+    conformance suites list versions to delete them)."""
+    key_marker = req.query.get("key-marker", "")
+    version_marker = req.query.get("version-id-marker")
+    if version_marker not in (None, "", "null"):
+        raise errors.InvalidArgument(
+            "Invalid version id specified", ArgumentName="version-id-marker",
+            ArgumentValue=version_marker,
+        )  # fmt: skip
+    if version_marker and not key_marker:
+        raise errors.InvalidArgument(
+            "A version-id marker cannot be specified without a key marker.",
+            ArgumentName="version-id-marker", ArgumentValue=version_marker,
+        )  # fmt: skip
+    listing, _, last = await _list(ctx, req, None, key_marker or None)
+    next_marker = last if listing.truncated else None
+    return _xml(xml.list_versions(listing, key_marker, version_marker, next_marker))
 
 
 # -- object ------------------------------------------------------------------------------
@@ -150,14 +227,22 @@ def object_headers(reply: Reply, info: ObjectInfo, overrides: dict[str, str]) ->
         "cache-control": info.cache_control,
         "expires": info.expires,
     }
-    plain.update(overrides)
     for name, value in plain.items():
+        if name in overrides:
+            value = overrides[name]  # checked by response_overrides
+        elif value:
+            value = _wire(value)
         if value:
             reply.header(name, value)
     if info.storage_class and info.storage_class != "STANDARD":
-        reply.header("x-amz-storage-class", info.storage_class)
+        reply.header("x-amz-storage-class", _wire(info.storage_class))
     for name, value in info.metadata.items():
-        reply.header(f"x-amz-meta-{name}", _latin1(value))
+        reply.header(f"x-amz-meta-{name}", _wire(value))
+    if info.tag_count:
+        reply.header("x-amz-tagging-count", str(info.tag_count))
+    if info.encryption:
+        for name, value in sse.response_headers(info.encryption).items():
+            reply.header(name, value)
 
 
 def checksum_headers(reply: Reply, checksums: Mapping[str, str]) -> None:
@@ -165,15 +250,32 @@ def checksum_headers(reply: Reply, checksums: Mapping[str, str]) -> None:
         reply.header(f"x-amz-checksum-{algorithm}", value)
 
 
-def _latin1(value: str) -> str:
-    try:
-        value.encode("latin-1")
-    except UnicodeEncodeError:
-        # Non-latin-1 metadata goes out RFC 2047-encoded, as S3 does.
-        import email.header
+def _wire(value: str) -> str:
+    """A value from the store as a header can carry it: as it is, or, when it holds what
+    HTTP/1.1 cannot (non-latin-1 text, control characters), as one RFC 2047 word, as S3
+    answers non-ASCII metadata. Never folded: a line break would end the header."""
+    if limits.is_header_safe(value):
+        return value
+    return f"=?UTF-8?B?{base64.b64encode(value.encode('utf-8', 'surrogatepass')).decode()}?="
 
-        return email.header.Header(value, "utf-8").encode()
-    return value
+
+def response_overrides(req: S3Request) -> dict[str, str]:
+    """The response-* query parameters as the headers they set. Values go back verbatim, so
+    one HTTP/1.1 cannot carry (non-latin-1, or a control character such as CR or LF, which
+    would split the header) is InvalidArgument, not a header."""
+    overrides = {}
+    for param, header in RESPONSE_OVERRIDES.items():
+        value = req.query.get(param)
+        if value is None:
+            continue
+        if not limits.is_header_safe(value):
+            raise errors.InvalidArgument(
+                "Header value cannot be represented using ISO-8859-1.",
+                ArgumentName=param,
+                ArgumentValue=value,
+            )
+        overrides[header] = value
+    return overrides
 
 
 def _conditions(req: S3Request) -> Conditions:
@@ -186,26 +288,105 @@ def _conditions(req: S3Request) -> Conditions:
 
 async def get_object(ctx: Context, req: S3Request) -> Reply:
     assert req.bucket is not None and req.key is not None
+    overrides = response_overrides(req)
     rng = ByteRange.parse(req.headers.get("range"))
     cond = _conditions(req)
-    gw = ctx.gateway
+    service = ctx.service
+    key = sse.customer_key(req.headers)
     try:
-        if req.method == "HEAD":
-            result = await gw.head_object(req.bucket, req.key, rng, cond)
+        if key:  # SSE-C: with the client's key, from the store, never cached
+            head = req.method == "HEAD"
+            result = await service.get_encrypted_object(req.bucket, req.key, rng, cond, key, head)
+        elif req.method == "HEAD":
+            result = await service.head_object(req.bucket, req.key, rng, cond)
         else:
-            result = await gw.get_object(req.bucket, req.key, rng, cond)
+            result = await service.get_object(req.bucket, req.key, rng, cond)
     except errors.InvalidRange as exc:
         exc.headers["content-range"] = f"bytes */{exc.fields.get('ActualObjectSize', '*')}"
         raise
-    return _object_reply(req, result)
+    return _object_reply(req, result, overrides)
 
 
-def _object_reply(req: S3Request, result: ObjectResult) -> Reply:
-    overrides = {
-        header: req.query[param]
-        for param, header in RESPONSE_OVERRIDES.items()
-        if param in req.query
-    }
+async def get_object_part(ctx: Context, req: S3Request) -> Reply:
+    """GET or HEAD with ?partNumber=N. An object not uploaded in parts is one part, the whole
+    object, as S3 has it; the parts of one that was are not known to the gateway."""
+    assert req.bucket is not None and req.key is not None
+    number = check_part_number(req.query["partNumber"])
+    if sse.customer_key(req.headers):
+        raise errors.NotImplementedError_(
+            "partNumber with an SSE-C key is not implemented by this gateway.",
+            Header="x-amz-server-side-encryption-customer-key",
+        )
+    if "range" in req.headers:
+        raise errors.InvalidRequest(
+            "Cannot specify both Range header and partNumber query parameter"
+        )
+    overrides = response_overrides(req)
+    cond = _conditions(req)
+    info = (await ctx.service.head_object(req.bucket, req.key, None, cond)).info
+    count = parts_count(info.etag)
+    # The version just looked at, and all of it (a range of an empty object is no range).
+    pinned = Conditions(info.etag, None, None, None)
+    rng = ByteRange(0, None) if info.size else None
+    if count is not None:
+        if number > count:
+            raise errors.InvalidPartNumber(
+                PartNumberRequested=str(number), ActualPartCount=str(count)
+            )
+        span = await ctx.service.part_range(req.bucket, req.key, info, number)
+        if span is None:
+            raise errors.NotImplementedError_(
+                "partNumber on an object uploaded in parts is not implemented by this gateway"
+                " for this bucket's store: it does not keep its parts' sizes."
+            )
+        start, end = span
+        rng = ByteRange(start, end - 1) if end > start else None
+    elif number != 1:
+        raise errors.InvalidPartNumber(PartNumberRequested=str(number), ActualPartCount="1")
+    if req.method == "HEAD":
+        result = await ctx.service.head_object(req.bucket, req.key, rng, pinned)
+    else:
+        result = await ctx.service.get_object(req.bucket, req.key, rng, pinned)
+    reply = _object_reply(req, result, overrides)
+    if count is not None:
+        reply.header("x-amz-mp-parts-count", str(count))
+    return reply
+
+
+def parts_count(etag: str) -> int | None:
+    """N of a multipart ETag ("<md5>-N"); None for an object not uploaded in parts."""
+    _, dash, count = etag.strip('"').rpartition("-")
+    return decimals.parse(count, 10_000) if dash else None
+
+
+_ATTRIBUTES = frozenset({"ETag", "Checksum", "ObjectParts", "StorageClass", "ObjectSize"})
+
+
+async def get_object_attributes(ctx: Context, req: S3Request) -> Reply:
+    assert req.bucket is not None and req.key is not None
+    raw = req.headers.get("x-amz-object-attributes", "")
+    asked = {a.strip() for a in raw.split(",") if a.strip()}
+    if not asked or not asked <= _ATTRIBUTES:
+        raise errors.InvalidArgument(
+            "Invalid attribute name specified.",
+            ArgumentName="x-amz-object-attributes",
+            ArgumentValue=raw,
+        )
+    info = (await ctx.service.head_object(req.bucket, req.key, None, _conditions(req))).info
+    checksums = {name.upper(): value for name, value in info.checksums.items()}
+    body = xml.object_attributes(
+        info.etag.strip('"') if "ETag" in asked else None,
+        checksums if "Checksum" in asked else None,
+        parts_count(info.etag) if "ObjectParts" in asked else None,
+        (info.storage_class or "STANDARD") if "StorageClass" in asked else None,
+        info.size if "ObjectSize" in asked else None,
+    )
+    reply = _xml(body)
+    reply.header("last-modified", http_date(info.last_modified))
+    return reply
+
+
+def _object_reply(req: S3Request, result: ObjectResult, overrides: dict[str, str]) -> Reply:
     reply = Reply(status=206 if result.partial else 200)
     object_headers(reply, result.info, overrides)
     if result.partial:
@@ -228,3 +409,9 @@ def _xml(body: bytes) -> Reply:
     reply = Reply(body=body)
     reply.header("content-type", "application/xml")
     return reply
+
+
+async def get_object_tagging(ctx: Context, req: S3Request) -> Reply:
+    assert req.bucket is not None and req.key is not None
+    tags = await ctx.service.get_object_tagging(req.bucket, req.key)
+    return _xml(xml.tagging(tags.items()))

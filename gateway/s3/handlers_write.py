@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import replace
 from urllib.parse import unquote
 
 from gateway import errors
-from gateway.s3 import xml, xml_in
+from gateway.s3 import limits, sse, tags, xml, xml_in
 from gateway.s3.body import RequestBody
 from gateway.s3.handlers import Context, _encoding, _xml, checksum_headers
 from gateway.s3.http import Reply, S3Request
-from gateway.service.conditions import Conditions
-from gateway.service.writes import MAX_PUT_SIZE, WriteConditions
-from gateway.stores import WriteAttrs
+from gateway.service import MAX_PUT_SIZE, Conditions, CopySource, WriteAttrs, WriteConditions
 
 _ATTR_HEADERS = (
     "content-type",
@@ -48,8 +47,10 @@ def write_attrs(req: S3Request, body: RequestBody | None = None) -> WriteAttrs:
         # aws-chunked describes the transfer, not the object: S3 drops it.
         kept = [e.strip() for e in encoding.split(",") if e.strip() and e.strip() != "aws-chunked"]
         values["content-encoding"] = ", ".join(kept) or None
-    metadata = {k[len("x-amz-meta-") :]: v for k, v in h.items() if k.startswith("x-amz-meta-")}
+    metadata = limits.user_metadata(h)
     return WriteAttrs(
+        tags=tags.from_header(h.get("x-amz-tagging")),
+        encryption=sse.requested(h),
         content_type=values["content-type"],
         content_encoding=values["content-encoding"],
         content_disposition=values["content-disposition"],
@@ -61,9 +62,26 @@ def write_attrs(req: S3Request, body: RequestBody | None = None) -> WriteAttrs:
     )
 
 
+# A body sent with HTTP chunked framing and no length is read into memory to learn its length
+# (the store wants it before the first byte); past this, it is refused.
+UNSIZED_MAX = 64 << 20
+
+
 def request_body(req: S3Request, max_size: int) -> RequestBody:
     assert req.receive is not None
     return RequestBody(req.receive, req.headers, req.auth, max_size=max_size)
+
+
+async def sized(body: RequestBody) -> tuple[AsyncIterator[bytes], int]:
+    """The body's bytes and its length, read first when only its framing knows it."""
+    if body.size is not None:
+        return aiter(body), body.size
+    data = await body.read_unsized(UNSIZED_MAX)
+    return _once(data), len(data)
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
 
 
 async def read_small_body(req: S3Request, limit: int = xml_in.MAX_XML_BODY) -> bytes:
@@ -81,11 +99,15 @@ def _write_conditions(req: S3Request) -> WriteConditions:
     return WriteConditions(req.headers.get("if-match"), inm is not None)
 
 
-def _etag_reply(etag: str, body: RequestBody | None = None) -> Reply:
+def _etag_reply(
+    etag: str, body: RequestBody | None = None, encryption: Mapping[str, str] | None = None
+) -> Reply:
     reply = Reply()
     reply.header("etag", etag)
     if body is not None:
         checksum_headers(reply, body.checksums)
+    for name, value in sse.response_headers(encryption or {}).items():
+        reply.header(name, value)
     return reply
 
 
@@ -93,19 +115,24 @@ async def put_object(ctx: Context, req: S3Request) -> Reply:
     assert req.bucket is not None and req.key is not None
     if "x-amz-copy-source" in req.headers:
         return await copy_object(ctx, req)
-    ctx.gateway.writer.writable(req.bucket)  # refuse before reading a byte of the body
+    ctx.service.check_writable(req.bucket)  # refuse before reading a byte of the body
+    attrs = write_attrs(req)  # refused before a byte of the body is read
     body = request_body(req, MAX_PUT_SIZE)
-    info = await ctx.gateway.writer.put(
-        req.bucket, req.key, aiter(body), body.size, write_attrs(req, body), _write_conditions(req)
+    data, size = await sized(body)
+    attrs = replace(attrs, checksums=LiveChecksums(body))
+    info = await ctx.service.put_object(
+        req.bucket, req.key, data, size, attrs, _write_conditions(req)
     )
-    return _etag_reply(info.etag, body)
+    return _etag_reply(info.etag, body, info.encryption or attrs.encryption)
 
 
-def copy_source(req: S3Request) -> tuple[str, str]:
+def copy_source(req: S3Request) -> CopySource:
     raw = req.headers["x-amz-copy-source"]
     path, _, query = raw.partition("?")
     if query and query not in ("versionId=null",):
         raise errors.NotImplementedError_("Copying a specific version is not implemented.")
+    if not path.isascii():  # raw UTF-8 rather than percent-escapes: the header came as latin-1
+        path = path.encode("latin-1").decode("utf-8", "replace")
     bucket, sep, key = unquote(path).lstrip("/").partition("/")
     if not bucket or not sep or not key:
         raise errors.InvalidArgument(
@@ -113,10 +140,11 @@ def copy_source(req: S3Request) -> tuple[str, str]:
             ArgumentName="x-amz-copy-source",
             ArgumentValue=raw,
         )
-    return bucket, key
+    limits.check_key(key)
+    return CopySource(bucket, key, _copy_conditions(req))
 
 
-def copy_conditions(req: S3Request) -> Conditions:
+def _copy_conditions(req: S3Request) -> Conditions:
     h = req.headers
     return Conditions(
         h.get("x-amz-copy-source-if-match"),
@@ -128,22 +156,52 @@ def copy_conditions(req: S3Request) -> Conditions:
 
 async def copy_object(ctx: Context, req: S3Request) -> Reply:
     assert req.bucket is not None and req.key is not None
-    src_bucket, src_key = copy_source(req)
+    source = copy_source(req)
     directive = req.headers.get("x-amz-metadata-directive", "COPY").upper()
     if directive not in ("COPY", "REPLACE"):
         raise errors.InvalidArgument(
             "Unknown metadata directive.", ArgumentName="x-amz-metadata-directive"
         )
     attrs = write_attrs(req) if directive == "REPLACE" else None
-    _, new = await ctx.gateway.writer.copy(
-        src_bucket, src_key, req.bucket, req.key, attrs, copy_conditions(req)
-    )
-    return _xml(xml.copy_result(new.etag, new.last_modified))
+    tagging = req.headers.get("x-amz-tagging-directive", "COPY").upper()
+    if tagging not in ("COPY", "REPLACE"):
+        raise errors.InvalidArgument(
+            "Unknown tagging directive.", ArgumentName="x-amz-tagging-directive"
+        )
+    new_tags = tags.from_header(req.headers.get("x-amz-tagging")) if tagging == "REPLACE" else None
+    encryption = sse.requested(req.headers)
+    if sse.copy_source_key(req.headers):
+        raise errors.NotImplementedError_(
+            "Copying an object encrypted with a customer key (SSE-C) is not implemented by"
+            " this gateway.",
+            Header="x-amz-copy-source-server-side-encryption-customer-key",
+        )
+    if attrs is not None:
+        attrs = replace(attrs, tags={}, encryption={})  # given apart, below
+    _, new = await ctx.service.copy_object(source, req.bucket, req.key, attrs, new_tags, encryption)
+    reply = _xml(xml.copy_result(new.etag, new.last_modified))
+    for name, value in sse.response_headers(new.encryption or encryption).items():
+        reply.header(name, value)
+    return reply
+
+
+async def put_object_tagging(ctx: Context, req: S3Request) -> Reply:
+    assert req.bucket is not None and req.key is not None
+    ctx.service.check_writable(req.bucket)
+    new = tags.check(xml_in.tagging(await read_small_body(req, 64 << 10)))
+    await ctx.service.put_object_tagging(req.bucket, req.key, new)
+    return Reply()
+
+
+async def delete_object_tagging(ctx: Context, req: S3Request) -> Reply:
+    assert req.bucket is not None and req.key is not None
+    await ctx.service.put_object_tagging(req.bucket, req.key, {})
+    return Reply(status=204)
 
 
 async def delete_object(ctx: Context, req: S3Request) -> Reply:
     assert req.bucket is not None and req.key is not None
-    await ctx.gateway.writer.delete(req.bucket, req.key)
+    await ctx.service.delete_object(req.bucket, req.key)
     return Reply(status=204)
 
 
@@ -155,9 +213,17 @@ async def delete_objects(ctx: Context, req: S3Request) -> Reply:
         raise errors.InvalidRequest(
             "Missing required header for this request: Content-MD5 or x-amz-checksum-*"
         )
-    ctx.gateway.writer.writable(req.bucket)
+    ctx.service.check_writable(req.bucket)
     keys, quiet = xml_in.delete_objects(await read_small_body(req))
-    outcome = await ctx.gateway.writer.delete_many(req.bucket, keys)
+    # A key S3 would refuse is that key's error, not the batch's, and is not sent on.
+    refused: dict[str, errors.S3Error | None] = {}
+    for key in keys:
+        try:
+            limits.check_key(key)
+        except errors.S3Error as exc:
+            refused[key] = exc
+    kept = [k for k in keys if k not in refused]
+    outcome = [*refused.items(), *await ctx.service.delete_objects(req.bucket, kept)]
     deleted = [] if quiet else [k for k, err in outcome if err is None]
     failed = [(k, err.code, err.detail) for k, err in outcome if err is not None]
     return _xml(xml.delete_result(deleted, failed, _encoding(req)))
@@ -166,7 +232,10 @@ async def delete_objects(ctx: Context, req: S3Request) -> Reply:
 async def create_bucket(ctx: Context, req: S3Request) -> Reply:
     assert req.bucket is not None
     xml_in.create_bucket(await read_small_body(req, 64 << 10))
-    await ctx.gateway.buckets.create(req.bucket)
+    created = await ctx.service.create_bucket(req.bucket)
+    if not created and ctx.region != "us-east-1":
+        # S3 answers us-east-1's CreateBucket of one's own bucket with 200, for old clients.
+        raise errors.BucketAlreadyOwnedByYou(BucketName=req.bucket)
     reply = Reply()
     reply.header("location", f"/{req.bucket}")
     return reply
@@ -174,5 +243,5 @@ async def create_bucket(ctx: Context, req: S3Request) -> Reply:
 
 async def delete_bucket(ctx: Context, req: S3Request) -> Reply:
     assert req.bucket is not None
-    await ctx.gateway.buckets.delete(req.bucket)
+    await ctx.service.delete_bucket(req.bucket)
     return Reply(status=204)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from email.utils import parsedate_to_datetime
 from urllib.parse import unquote
 
-from gateway import errors
+from gateway import decimals, errors
 from gateway.s3.sigv4 import AuthResult
 
 # The query parameters S3 counts as sub-resources in the string to sign.
@@ -39,21 +39,42 @@ def is_sigv2(headers: Mapping[str, str], query_string: str) -> bool:
     return "AWSAccessKeyId=" in query_string and "Signature=" in query_string
 
 
-def _canonical_resource(resource_path: str, query_string: str) -> str:
+def canonical_resource(raw_path: str, bucket_from_host: str | None) -> str:
+    """The path part of S3's CanonicalizedResource: the path exactly as sent, percent-escapes
+    and all (S3 signs it "literally as it appears in the HTTP request"), behind "/bucket" for
+    a virtual-host request; a bucket's own resource is "/bucket/" however the request line
+    writes it.
+
+    Exactly one resource per request: a signature for `/b/a%20b` (the key "a b") does not
+    verify `/b/a%2520b` (the key "a%20b"), as it would if a decoded form were tried too.
+    """
+    path = raw_path.split("?", 1)[0] or "/"
+    if not path.isascii():  # raw UTF-8 on the request line: the client signed the characters
+        path = path.encode("latin-1").decode("utf-8", "replace")
+    if bucket_from_host:
+        return f"/{bucket_from_host}{path}"
+    if path.count("/") == 1 and len(path) > 1:  # "/bucket"
+        return path + "/"
+    return path
+
+
+def _with_subresources(resource: str, query_string: str) -> str:
     subs = []
     for part in query_string.split("&") if query_string else ():
         name, eq, value = part.partition("=")
         if name in SUBRESOURCES:
             subs.append((name, unquote(value) if eq else None))
     if not subs:
-        return resource_path
+        return resource
     subs.sort(key=lambda nv: nv[0])
-    return resource_path + "?" + "&".join(n if v is None else f"{n}={v}" for n, v in subs)
+    return resource + "?" + "&".join(n if v is None else f"{n}={v}" for n, v in subs)
 
 
 def _amz_headers(headers: Mapping[str, str]) -> str:
+    # Repeated headers arrive joined by ',' (each value trimmed), which is S3's combined
+    # form; a comma inside one value ("x-amz-date: Tue, 01 Dec ...") is the value's own.
     amz = sorted((k, v) for k, v in headers.items() if k.startswith("x-amz-"))
-    return "".join(f"{k}:{','.join(p.strip() for p in v.split(','))}\n" for k, v in amz)
+    return "".join(f"{k}:{v.strip()}\n" for k, v in amz)
 
 
 class SigV2Verifier:
@@ -93,32 +114,29 @@ class SigV2Verifier:
             )
             access_key, signature = params.get("AWSAccessKeyId", ""), params.get("Signature", "")
             date = params.get("Expires", "")
-            if not date.isdigit():
-                raise errors.AccessDenied("Query-string authentication requires Expires.")
-            if int(date) < self._clock():
-                raise errors.AccessDenied("Request has expired", Expires=date)
+            self._check_expires(date)
             presigned = True
         secret = self._lookup(access_key)
         if secret is None:
             raise errors.InvalidAccessKeyId(AWSAccessKeyId=access_key)
-        path = raw_path.split("?", 1)[0]
-        if bucket_from_host:
-            path = f"/{bucket_from_host}{path}"
         head = "\n".join(
             (method, headers.get("content-md5", ""), headers.get("content-type", ""), date)
         )
-        amz = _amz_headers(headers)
-        # Clients sign the path as they send it, some decoded; the resource of a bucket is
-        # "/bucket/" even when the request line says "/bucket". Accept each.
-        candidates = [path, unquote(path)]
-        if path.count("/") == 1:
-            candidates.append(path + "/")
-        for candidate in dict.fromkeys(candidates):
-            to_sign = f"{head}\n{amz}{_canonical_resource(candidate, query_string)}"
-            digest = hmac.new(secret.encode(), to_sign.encode("utf-8"), hashlib.sha1).digest()
-            if hmac.compare_digest(base64.b64encode(digest).decode(), signature):
-                return AuthResult(access_key, "UNSIGNED-PAYLOAD", presigned, signature, "", "", b"")
-        raise errors.SignatureDoesNotMatch(AWSAccessKeyId=access_key)
+        resource = canonical_resource(raw_path, bucket_from_host)
+        to_sign = f"{head}\n{_amz_headers(headers)}{_with_subresources(resource, query_string)}"
+        digest = hmac.new(secret.encode(), to_sign.encode("utf-8"), hashlib.sha1).digest()
+        if hmac.compare_digest(base64.b64encode(digest).decode(), signature):
+            return AuthResult(access_key, "UNSIGNED-PAYLOAD", presigned, signature, "", "", b"")
+        raise errors.SignatureDoesNotMatch(AWSAccessKeyId=access_key, StringToSign=to_sign)
+
+    def _check_expires(self, value: str) -> None:
+        if not value:
+            raise errors.AccessDenied("Query-string authentication requires Expires.")
+        expires = decimals.parse(value, decimals.INT64_MAX)
+        if expires is None:
+            raise errors.AccessDenied("Invalid date (should be seconds since epoch)", Expires=value)
+        if expires < self._clock():
+            raise errors.AccessDenied("Request has expired", Expires=value)
 
     def _check_skew(self, value: str | None) -> None:
         if not value:
@@ -127,7 +145,7 @@ class SigV2Verifier:
             )
         try:
             when = parsedate_to_datetime(value).timestamp()
-        except (TypeError, ValueError, IndexError):
+        except (TypeError, ValueError, IndexError, OverflowError):
             raise errors.AccessDenied(
                 "AWS authentication requires a valid Date or x-amz-date header"
             ) from None

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
 
+from gateway import decimals
 from gateway.errors import (
     AccessDenied,
     AuthorizationHeaderMalformed,
@@ -113,6 +114,9 @@ class _Claim(NamedTuple):
     presigned: bool
 
 
+_MEMO_TARGET_MAX = 2048  # longer request targets are verified every time, never kept
+
+
 class SigV4Verifier:
     """Checks SigV4 signatures of S3 requests against secrets found by access key."""
 
@@ -134,6 +138,12 @@ class SigV4Verifier:
         self._keys: dict[tuple[str, str, str, str], SigningKey] = {}
         # Credential strings repeat across a client's requests all day: validate each once.
         self._scopes: dict[tuple[str, bool], _Scope] = {}
+        # Presigned URLs already verified, as sent (a training job's loader or a benchmark
+        # asks for the same URL many times): the result, the secret it was checked with and
+        # when the URL expires. Exactly the same request target, host and method, with no
+        # x-amz-* header beside it, is the same signed request: it verifies again while the
+        # URL is valid and the key keeps its secret.
+        self._presigned: dict[tuple[str, str, str, str | None], tuple[AuthResult, str, float]] = {}
 
     def verify(
         self, method: str, raw_path: str, query_string: str, headers: Mapping[str, str]
@@ -156,10 +166,27 @@ class SigV4Verifier:
             claim = self._header_claim(query_string, headers, authorization)
             return self._check(method, raw_path, headers, claim)
         if "X-Amz-" in query_string:
+            bare = len(query_string) + len(raw_path) <= _MEMO_TARGET_MAX and not any(
+                name.startswith("x-amz-") for name in headers
+            )
+            seen_as = (method, raw_path, query_string, headers.get("host"))
+            if bare:
+                seen = self._presigned.get(seen_as)
+                if seen is not None:
+                    result, secret, until = seen
+                    if self._clock() <= until and self._lookup_secret(result.access_key) == secret:
+                        return result
+                    del self._presigned[seen_as]
             params = presign_params(query_string)
             if not _QUERY_FIELDS.isdisjoint(params):
                 claim = self._query_claim(query_string, headers, params)
-                return self._check(method, raw_path, headers, claim)
+                result = self._check(method, raw_path, headers, claim)
+                checked_with = self._lookup_secret(result.access_key)
+                if bare and checked_with is not None:
+                    until = _seconds(claim.amz_date) + int(params["X-Amz-Expires"])
+                    memo = (result, checked_with, until)
+                    _bounded_put(self._presigned, seen_as, memo, self._cache_size)
+                return result
         if "AWSAccessKeyId=" in query_string and "Signature=" in query_string:
             raise InvalidRequest(_SIGV2)
         return None
@@ -209,8 +236,15 @@ class SigV4Verifier:
         now = self._clock()
         issued = _seconds(amz_date)
         if issued - now > self._max_skew:
-            raise AccessDenied("Request is not yet valid")
-        if now > issued + expires:
+            # S3 gives X-Amz-Date back in epoch milliseconds here.
+            raise AccessDenied(
+                "Request is not yet valid",
+                **{"X-Amz-Date": str(int(issued) * 1000)},
+                Expires=iso8601(issued + expires),
+                ServerTime=iso8601(now),
+            )
+        # X-Amz-Expires=0 is a URL that was never valid: S3 calls it expired.
+        if now > issued + expires or expires == 0:
             raise AccessDenied(
                 "Request has expired",
                 **{"X-Amz-Expires": str(expires)},
@@ -377,16 +411,18 @@ def _presign_expires(params: dict[str, str]) -> int:
             "X-Amz-Date must be in the ISO8601 Long Format \"yyyyMMdd'T'HHmmss'Z'\""
         )
     text = params["X-Amz-Expires"]
-    if not (text.isascii() and text.isdigit()):
+    digits = text[1:] if text.startswith("-") else text
+    if not (digits.isascii() and digits.isdigit()):
         raise AuthorizationQueryParametersError("X-Amz-Expires should be a number")
-    expires = int(text)
-    if expires > MAX_PRESIGN_EXPIRES:
+    if text.startswith("-"):
+        raise AuthorizationQueryParametersError("X-Amz-Expires must be non-negative")
+    expires = decimals.parse(text, MAX_PRESIGN_EXPIRES)
+    if expires is None:
         raise AuthorizationQueryParametersError(
-            "X-Amz-Expires must be less than a week (in seconds) that is 604800 seconds"
+            "X-Amz-Expires must be less than a week (in seconds); that is, the given"
+            " X-Amz-Expires must be less than 604800 seconds"
         )
-    if expires < 1:
-        raise AuthorizationQueryParametersError("X-Amz-Expires must be greater than 0")
-    return expires
+    return expires  # 0 is accepted here and refused as expired, as S3 does
 
 
 def _check_signed(signed: list[str], headers: Mapping[str, str], exempt: str) -> None:

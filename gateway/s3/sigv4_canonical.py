@@ -169,7 +169,12 @@ def parse_amz_date(amz_date: str) -> float | None:
 def http_date_to_amz(value: str | None) -> str | None:
     """An RFC 1123 Date header as the X-Amz-Date the signer put in its string to sign."""
     parsed = parsedate_tz(value) if value else None
-    return None if parsed is None else iso8601(mktime_tz(parsed))
+    if parsed is None:
+        return None
+    try:
+        return iso8601(mktime_tz(parsed))
+    except (ValueError, OverflowError, OSError):  # a year or an hour no clock reaches
+        return None
 
 
 def iso8601(seconds: float) -> str:

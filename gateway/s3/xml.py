@@ -104,16 +104,83 @@ def list_v1(listing: Listing, marker: str, next_marker: str | None) -> bytes:
     return "".join(parts).encode()
 
 
-def list_buckets(buckets: Iterable[tuple[str, datetime]], region: str) -> bytes:
+def list_versions(
+    listing: Listing, key_marker: str, version_marker: str | None, next_marker: str | None
+) -> bytes:
+    """ListObjectVersions of an unversioned bucket: one version of each key, "null", the
+    latest."""
+    e = listing.encode
+    parts = [HEAD, f'<ListVersionsResult xmlns="{NS}">', *_common(listing)]
+    parts.append(f"<KeyMarker>{_enc(key_marker, e)}</KeyMarker>")
+    if version_marker is not None:
+        parts.append(f"<VersionIdMarker>{escape(version_marker)}</VersionIdMarker>")
+    if next_marker is not None:
+        parts.append(f"<NextKeyMarker>{_enc(next_marker, e)}</NextKeyMarker>")
+        if any(o.key == next_marker for o in listing.objects):
+            parts.append("<NextVersionIdMarker>null</NextVersionIdMarker>")
+    own = _owner()
+    for o in listing.objects:
+        parts.append(
+            f"<Version><Key>{_enc(o.key, e)}</Key><VersionId>null</VersionId>"
+            f"<IsLatest>true</IsLatest><LastModified>{iso8601(o.last_modified)}</LastModified>"
+            f"<ETag>{escape(o.etag)}</ETag><Size>{o.size}</Size>{own}"
+            f"<StorageClass>{o.storage_class}</StorageClass></Version>"
+        )
+    for p in listing.prefixes:
+        parts.append(f"<CommonPrefixes><Prefix>{_enc(p, e)}</Prefix></CommonPrefixes>")
+    parts.append("</ListVersionsResult>")
+    return "".join(parts).encode()
+
+
+def list_buckets(
+    buckets: Iterable[tuple[str, datetime]],
+    region: str,
+    next_token: str | None = None,
+    prefix: str | None = None,
+) -> bytes:
     items = "".join(
         f"<Bucket><Name>{escape(name)}</Name><CreationDate>{iso8601(created)}</CreationDate>"
         f"<BucketRegion>{region}</BucketRegion></Bucket>"
         for name, created in buckets
     )
+    tail = (
+        "" if next_token is None else f"<ContinuationToken>{escape(next_token)}</ContinuationToken>"
+    )
+    if prefix is not None:
+        tail += f"<Prefix>{escape(prefix)}</Prefix>"
     return (
         f'{HEAD}<ListAllMyBucketsResult xmlns="{NS}">{_owner()}'
-        f"<Buckets>{items}</Buckets></ListAllMyBucketsResult>"
+        f"<Buckets>{items}</Buckets>{tail}</ListAllMyBucketsResult>"
     ).encode()
+
+
+def versioning() -> bytes:
+    """GetBucketVersioning of a bucket versioning was never enabled on: no Status at all."""
+    return f'{HEAD}<VersioningConfiguration xmlns="{NS}"/>'.encode()
+
+
+def object_attributes(
+    etag: str | None,
+    checksums: dict[str, str] | None,
+    parts_count: int | None,
+    storage_class: str | None,
+    size: int | None,
+) -> bytes:
+    """GetObjectAttributes: each element only when asked for (None: not asked, or unknown)."""
+    parts = [HEAD, f'<GetObjectAttributesResponse xmlns="{NS}">']
+    if etag is not None:
+        parts.append(f"<ETag>{escape(etag)}</ETag>")
+    if checksums:
+        inner = "".join(f"<Checksum{n}>{escape(v)}</Checksum{n}>" for n, v in checksums.items())
+        parts.append(f"<Checksum>{inner}</Checksum>")
+    if parts_count is not None:
+        parts.append(f"<ObjectParts><PartsCount>{parts_count}</PartsCount></ObjectParts>")
+    if storage_class is not None:
+        parts.append(f"<StorageClass>{escape(storage_class)}</StorageClass>")
+    if size is not None:
+        parts.append(f"<ObjectSize>{size}</ObjectSize>")
+    parts.append("</GetObjectAttributesResponse>")
+    return "".join(parts).encode()
 
 
 def location(region: str) -> bytes:
@@ -242,3 +309,9 @@ def list_uploads(
     )
     parts.append("</ListMultipartUploadsResult>")
     return "".join(parts).encode()
+
+
+def tagging(tags: Iterable[tuple[str, str]]) -> bytes:
+    """GetObjectTagging's answer."""
+    inner = "".join(f"<Tag><Key>{escape(k)}</Key><Value>{escape(v)}</Value></Tag>" for k, v in tags)
+    return f'{HEAD}<Tagging xmlns="{NS}"><TagSet>{inner}</TagSet></Tagging>'.encode()

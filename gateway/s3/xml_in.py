@@ -8,7 +8,7 @@ from xml.etree.ElementTree import Element
 import defusedxml.ElementTree as SafeET
 from defusedxml import DefusedXmlException
 
-from gateway import errors
+from gateway import decimals, errors
 
 MAX_XML_BODY = 2 << 20  # S3 caps DeleteObjects at 1000 keys, well under this
 
@@ -59,10 +59,13 @@ def complete_multipart(data: bytes) -> list[tuple[int, str]]:
         raise errors.MalformedXML()
     parts = []
     for part in _children(root, "Part"):
-        number, etag = _text(part, "PartNumber"), _text(part, "ETag")
-        if number is None or etag is None or not number.strip().isdigit():
+        text, etag = _text(part, "PartNumber"), _text(part, "ETag")
+        # Any integer is well-formed (one never uploaded is InvalidPart); '²', '+1' or a
+        # number past 2^31 - 1 is not.
+        number = None if text is None else decimals.parse(text.strip(), decimals.INT32_MAX)
+        if number is None or etag is None:
             raise errors.MalformedXML()
-        parts.append((int(number), etag.strip()))
+        parts.append((number, etag.strip()))
     return parts
 
 
@@ -74,3 +77,22 @@ def create_bucket(data: bytes) -> str | None:
     if _local(root.tag) != "CreateBucketConfiguration":
         raise errors.MalformedXML()
     return _text(root, "LocationConstraint")
+
+
+def tagging(data: bytes) -> list[tuple[str, str]]:
+    """The (key, value) pairs of a PutObjectTagging body, in order (checked by s3.tags)."""
+    root = parse(data)
+    if _local(root.tag) != "Tagging":
+        raise errors.MalformedXML()
+    sets = _children(root, "TagSet")
+    if len(sets) != 1:
+        raise errors.MalformedXML()
+    pairs = []
+    for tag in sets[0]:
+        if _local(tag.tag) != "Tag":
+            raise errors.MalformedXML()
+        key, value = _text(tag, "Key"), _text(tag, "Value")
+        if key is None or value is None:
+            raise errors.MalformedXML()
+        pairs.append((key, value))
+    return pairs

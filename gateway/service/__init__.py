@@ -1,1 +1,38 @@
-"""The S3 operations themselves, free of HTTP: get, head, list, and (later) writes."""
+"""The S3 operations, free of HTTP. The S3 front end imports this package and nothing deeper:
+the one face it calls (S3Service), and the values that cross it."""
+
+from gateway.service.conditions import ByteRange, Conditions, http_date
+from gateway.service.face import Bucket, S3Service
+from gateway.service.inputs import CopySource, ListQuery, UploadsQuery
+from gateway.service.multipart import (
+    MAX_PART_SIZE,
+    PartListing,
+    UploadListing,
+    check_part_number,
+)
+from gateway.service.reads import LocalBlocks, ObjectResult
+from gateway.service.writes import MAX_PUT_SIZE, WriteConditions
+from gateway.stores import ListPage, ObjectInfo, PartInfo, WriteAttrs
+
+__all__ = [
+    "MAX_PART_SIZE",
+    "MAX_PUT_SIZE",
+    "Bucket",
+    "ByteRange",
+    "Conditions",
+    "CopySource",
+    "ListPage",
+    "ListQuery",
+    "LocalBlocks",
+    "ObjectInfo",
+    "ObjectResult",
+    "PartInfo",
+    "PartListing",
+    "S3Service",
+    "UploadListing",
+    "UploadsQuery",
+    "WriteAttrs",
+    "WriteConditions",
+    "check_part_number",
+    "http_date",
+]

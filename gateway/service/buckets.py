@@ -1,20 +1,25 @@
 """CreateBucket and DeleteBucket: a new bucket is a container in the configured bucket store
-(a folder under a file:// root, or a bucket of the same name at an S3 origin) plus its mount."""
+(a folder under a file:// root, or a bucket of the same name at an S3 origin) plus its mount.
+
+Ownership: a bucket belongs to the user whose key created it (`gateway mount add` makes the
+admin user's), so creating a bucket that is mounted and one's own is creating it again, and
+someone else's is BucketAlreadyExists; a container in the bucket store that is not mounted
+belongs to someone else."""
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from gateway import errors
-from gateway.meta import MetaUnavailable, MountExists
+from gateway.meta import MetaUnavailable, MountExists, NoSuchUser
 from gateway.service.namespace import store_options
-from gateway.service.store_errors import store_errors
-from gateway.stores import create_bucket, delete_bucket
+from gateway.service.shared import Shared
+from gateway.service.store_errors import meta_unavailable, store_errors
+from gateway.stores import create_bucket, delete_bucket, open_store
 
-if TYPE_CHECKING:
-    from gateway.service.gateway import Gateway
+log = logging.getLogger("gateway.buckets")
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _IP = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
@@ -44,36 +49,59 @@ def container_uri(bucket_store: str, bucket: str) -> str:
 
 class Buckets:
     def __init__(
-        self, gateway: Gateway, bucket_store: str | None, options: Mapping[str, str]
+        self, shared: Shared, bucket_store: str | None, options: Mapping[str, str]
     ) -> None:
-        self.gw = gateway
+        self.shared = shared
         self.bucket_store = bucket_store
         self.options = dict(options)
 
-    async def create(self, bucket: str) -> None:
+    async def create(self, bucket: str, access_key: str | None = None) -> bool:
+        """Make the bucket, owned by the key's user (None: the admin user); False if it is
+        there already and the caller's (S3 answers that by region: 200 in us-east-1,
+        BucketAlreadyOwnedByYou elsewhere)."""
         problem = bucket_name_problem(bucket)
         if problem:
             raise errors.InvalidBucketName(problem, BucketName=bucket)
-        if self.gw.namespace.mount(bucket) is not None:
-            raise errors.BucketAlreadyOwnedByYou(BucketName=bucket)
+        auth = self.shared.namespace.auth
+        if self.shared.namespace.mount(bucket) is not None:
+            if access_key is not None and not auth.owns(access_key, bucket):
+                raise errors.BucketAlreadyExists(BucketName=bucket)
+            return False
         if self.bucket_store is None:
             raise errors.NotImplementedError_(
                 "This gateway creates no buckets: no bucket_store is configured. Mount an"
                 " existing store instead: gateway mount add BUCKET URI."
             )
         uri = container_uri(self.bucket_store, bucket)
+        folder = open_store(uri, self.options).local_folder()
+        problem = None if folder is None else self.shared.namespace.own.problem(folder)
+        if problem is not None:
+            # The node refuses such a bucket store at start; a symlink changed since can still
+            # lead a new bucket there. The paths go to the log, not to the client.
+            log.error("CreateBucket %s refused: %s", bucket, problem)
+            raise errors.AccessDenied(
+                "The bucket store cannot hold this bucket: its folder would expose the"
+                " gateway's own files."
+            )
         with store_errors(bucket):
             await create_bucket(uri, self.options)
+        principal = auth.principal(access_key)
+        owner = principal.name if principal is not None else None
         try:
-            await self.gw.meta.add_mount(bucket, uri, {**self.options, "owned": "true"})
+            await self.shared.meta.add_mount(
+                bucket, uri, {**self.options, "owned": "true"}, owner=owner
+            )
         except MountExists:
-            raise errors.BucketAlreadyOwnedByYou(BucketName=bucket) from None
+            return False  # mounted meanwhile, by another node or `gateway mount add`
+        except NoSuchUser:  # the user was deleted meanwhile
+            raise errors.AccessDenied() from None
         except MetaUnavailable as exc:
-            raise errors.ServiceUnavailable(f"The metadata store is unavailable: {exc}") from None
-        await self.gw.namespace.refresh_mounts()
+            raise meta_unavailable(exc) from None
+        await self.shared.namespace.refresh_mounts()
+        return True
 
     async def delete(self, bucket: str) -> None:
-        handle = self.gw.writer.writable(bucket)
+        handle = self.shared.writable(bucket)
         with store_errors(""):
             page = await handle.store.list_page(max_keys=1)
         if page.objects or page.common_prefixes:
@@ -82,7 +110,7 @@ class Buckets:
             with store_errors(""):
                 await delete_bucket(handle.mount.uri, store_options(handle.mount.options))
         try:
-            await self.gw.meta.remove_mount(bucket)
+            await self.shared.meta.remove_mount(bucket)
         except MetaUnavailable as exc:
-            raise errors.ServiceUnavailable(f"The metadata store is unavailable: {exc}") from None
-        await self.gw.namespace.refresh_mounts()
+            raise meta_unavailable(exc) from None
+        await self.shared.namespace.refresh_mounts()

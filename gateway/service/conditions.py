@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from email.utils import format_datetime, parsedate_to_datetime
 
-from gateway import errors
+from gateway import decimals, errors
 from gateway.stores.base import ObjectInfo
 
 
@@ -47,7 +47,7 @@ def _http_date(value: str | None) -> datetime | None:
         return None
     try:
         parsed = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):  # year 99999999999: Overflow
         return None  # S3 ignores an unparsable date rather than failing the request
     return parsed if parsed.tzinfo else None
 
@@ -95,25 +95,23 @@ class ByteRange:
 
     @classmethod
     def parse(cls, header: str | None) -> ByteRange | None:
-        """None for no header or one S3 would ignore (bad syntax, several ranges)."""
+        """None for no header or one S3 ignores: a unit other than bytes, several ranges, or
+        a range that does not parse (only ASCII digits count: `+1`, `1_0` or ` 1` make the
+        header invalid, not a number; a position past 2^63 - 1 too) or ends before it
+        starts. Unsatisfiable ranges parse; `resolve` refuses them."""
         if not header:
             return None
-        unit, _, spec = header.strip().partition("=")
-        if unit.strip().lower() != "bytes" or "," in spec:
+        unit, eq, spec = header.strip().partition("=")
+        if not eq or unit.lower() != "bytes":
             return None
-        first_s, dash, last_s = spec.strip().partition("-")
-        if not dash:
+        first_s, dash, last_s = spec.partition("-")
+        if not dash or (not first_s and not last_s):
             return None
-        try:
-            first = int(first_s) if first_s.strip() else None
-            last = int(last_s) if last_s.strip() else None
-        except ValueError:
-            return None
-        if first is None and last is None:
+        first = decimals.parse(first_s, decimals.INT64_MAX) if first_s else None
+        last = decimals.parse(last_s, decimals.INT64_MAX) if last_s else None
+        if (first_s and first is None) or (last_s and last is None):
             return None
         if first is not None and last is not None and last < first:
-            return None
-        if (first is not None and first < 0) or (last is not None and last < 0):
             return None
         return cls(first, last)
 

@@ -1,7 +1,9 @@
-"""The mount table and access keys as the request path sees them: in-process, no database.
+"""The mount table, access keys and who may do what (service/authz.py) as the request path
+sees them: in-process, no database.
 
-Both are re-read from the metadata store every few seconds (and on demand for an unknown
-access key), so `gateway mount add` on any machine reaches a running node without restart.
+All are re-read from the metadata store every few seconds, and on demand for an unknown
+access key or bucket, so `gateway mount add` or `gateway keys create` on any machine is usable
+on every worker of every node as soon as the command returns.
 """
 
 from __future__ import annotations
@@ -9,16 +11,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.config import parse_size
-from gateway.meta import MetaStore, MetaUnavailable, Mount
+from gateway.catalog import OPTIONS as CATALOG_OPTIONS
+from gateway.catalog import CatalogOptions, catalog_options
+from gateway.config import Settings, parse_size
+from gateway.meta import MetaStore, MetaUnavailable, Mount, UploadLeases
+from gateway.meta.engine import sqlite_path
+from gateway.meta.secrets import KEY_FILE_NAME
+from gateway.service.authz import Authorizer, build_authorizer
 from gateway.stores import Store, open_store
 
 log = logging.getLogger("gateway.namespace")
+
+# Re-reads on demand (an unknown key or bucket) start at most this often, so that a flood of
+# requests naming buckets that do not exist costs the database a few small queries a second.
+REREAD_GAP = 0.1
 
 _TRUE = {"1", "true", "yes", "on"}
 # Options the gateway itself reads; every other mount option belongs to the store.
@@ -32,6 +44,8 @@ MOUNT_OPTIONS = {
     "cache_quota": "most bytes of cache this mount may take, e.g. 100GiB",
     "pin": "key prefixes never evicted, separated by '|' (an empty prefix pins the mount)",
     "replicas": "nodes of a fleet that may hold each block (default 1): failover targets",
+    "cors": "the bucket's CORS rules, as PutBucketCors sets them (JSON)",
+    **CATALOG_OPTIONS,
 }
 _MIN_BLOCK, _MAX_BLOCK = 64 << 10, 1 << 30
 # Stores of a changed or removed mount stay open this long for requests still reading them.
@@ -53,6 +67,7 @@ class MountHandle:
     quota: int | None
     pins: tuple[str, ...]
     replicas: int
+    catalog: CatalogOptions | None = None  # None: the catalog is off for this mount
 
     @property
     def id(self) -> int:
@@ -66,20 +81,84 @@ class MountHandle:
         return bool(self.pins) and key.startswith(self.pins)
 
 
+@dataclass(frozen=True, slots=True)
+class OwnPaths:
+    """The gateway's own folders and files (real paths, symlinks resolved): no file mount or
+    bucket store may lie inside such a folder or contain any of them, or clients could read
+    the database and the secret key, or write over them."""
+
+    folders: tuple[tuple[str, str], ...] = ()  # (what it is, real path)
+    files: tuple[tuple[str, str], ...] = ()
+    # Folders inside the data dir that the gateway makes for mounting (--demo's sample files).
+    mountable: tuple[str, ...] = ()
+
+    def problem(self, folder: str) -> str | None:
+        """Why a store over `folder` would expose the gateway's own files, or None."""
+        real = os.path.realpath(folder)
+        if real in self.mountable:
+            return None
+        # The widest of the gateway's folders it holds, or the narrowest it lies inside.
+        held = [(len(p), w, p) for w, p in (*self.folders, *self.files) if _within(p, real)]
+        if held:
+            _, what, path = min(held)
+            if path == real:
+                return f"the folder {folder} is the gateway's {what}"
+            return f"the folder {folder} contains the gateway's {what} {path}"
+        around = [(len(p), w, p) for w, p in self.folders if _within(real, p)]
+        if around:
+            _, what, path = max(around)
+            return f"the folder {folder} lies inside the gateway's {what} {path}"
+        return None
+
+    def check(self, store: Store) -> None:
+        """ValueError, saying why, if `store` serves files of this machine that it must not."""
+        folder = store.local_folder()
+        problem = None if folder is None else self.problem(folder)
+        if problem is not None:
+            raise ValueError(f"{problem}; mount a folder beside it instead")
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def own_paths(settings: Settings) -> OwnPaths:
+    """What of the gateway lives on this machine, by the node's (or the CLI's) settings."""
+    data = os.path.realpath(settings.data_dir)
+    folders = [("data dir", data), ("cache dir", os.path.realpath(settings.effective_cache_dir))]
+    files: list[tuple[str, str]] = []
+    key_file = settings.encryption_key_file or settings.data_dir / KEY_FILE_NAME
+    files.append(("encryption key file", os.path.realpath(key_file)))
+    database = sqlite_path(settings.effective_database_url)
+    if database is not None:
+        files.append(("database", os.path.realpath(database)))
+    if settings.tls_key is not None:
+        files.append(("TLS key", os.path.realpath(settings.tls_key)))
+    return OwnPaths(tuple(folders), tuple(files), (os.path.join(data, "demo"),))
+
+
 def store_options(options: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in options.items() if k not in MOUNT_OPTIONS}
 
 
-def make_handle(mount: Mount, default_ttl: float, default_block_size: int = 4 << 20) -> MountHandle:
+def make_handle(
+    mount: Mount,
+    default_ttl: float,
+    default_block_size: int = 4 << 20,
+    own: OwnPaths = OwnPaths(),  # noqa: B008 - frozen, so shared safely
+) -> MountHandle:
+    """The handle of a mount; ValueError, saying why, for one that cannot be served."""
     opts = mount.options
     block_size = parse_size(opts.get("block_size", default_block_size))
     if not _MIN_BLOCK <= block_size <= _MAX_BLOCK:
         raise ValueError(f"block_size must be between 64KiB and 1GiB, not {block_size}")
     quota = parse_size(opts["cache_quota"]) if opts.get("cache_quota") else None
     pins = tuple(opts["pin"].split("|")) if "pin" in opts else ()
+    store = open_store(mount.uri, store_options(opts))
+    own.check(store)
     return MountHandle(
         mount=mount,
-        store=open_store(mount.uri, store_options(opts)),
+        store=store,
         ttl=float(opts.get("metadata_ttl", default_ttl)),
         public_read=opts.get("public_read", "").lower() in _TRUE,
         cache_enabled=opts.get("cache", "on").lower() not in {"off", "false", "0", "no"},
@@ -89,7 +168,58 @@ def make_handle(mount: Mount, default_ttl: float, default_block_size: int = 4 <<
         quota=quota,
         pins=pins,
         replicas=max(1, int(opts.get("replicas", 1))),
+        catalog=catalog_options(opts),
     )
+
+
+class Reread:
+    """On-demand re-reads of one table, coalesced: whoever asks waits for a re-read that began
+    after they asked (so it sees whatever was committed before), and one re-read answers all
+    who asked meanwhile; a new one starts at most every REREAD_GAP seconds."""
+
+    def __init__(
+        self,
+        read: Callable[[], Coroutine[Any, Any, None]],
+        then: Callable[[], Coroutine[Any, Any, None]] | None = None,
+    ) -> None:
+        self._read = read
+        self._then = then  # after a re-read on demand (the periodic refresh does it itself)
+        self._began = -REREAD_GAP  # when the last re-read began (monotonic)
+        self._task: asyncio.Task[None] | None = None
+
+    async def read(self) -> None:
+        """A re-read now, for the periodic refresh (errors to the caller)."""
+        self._began = time.monotonic()
+        await self._read()
+
+    async def fresh(self) -> None:
+        """Return once a re-read that began after this call has ended (or failed: the
+        database is down, and the last state stands)."""
+        asked = time.monotonic()
+        while self._began < asked:
+            if self._task is None or self._task.done():
+                self._task = asyncio.create_task(self._after(self._began + REREAD_GAP))
+            task = self._task
+            with contextlib.suppress(Exception):
+                await asyncio.shield(task)
+            if task.cancelled() or task.exception() is not None:
+                return
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _after(self, at: float) -> None:
+        delay = at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)  # rate limit, not a wait for an outcome
+        try:
+            await self.read()
+            if self._then is not None:
+                await self._then()
+        except MetaUnavailable as exc:
+            log.warning("re-read on demand failed, serving last known state: %s", exc)
+            raise
 
 
 class Namespace:
@@ -109,9 +239,37 @@ class Namespace:
         self._mounts: dict[str, MountHandle] = {}
         self._by_id: dict[int, MountHandle] = {}
         self._secrets: dict[str, str] = {}
-        self._keys_refreshed = 0.0
-        self._key_refresh: asyncio.Task[None] | None = None
+        self._keys = Reread(self._read_keys, self.refresh_auth)
+        self._mounts_reread = Reread(self._read_mounts, self.refresh_auth)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.own = OwnPaths()
+        self.write_lease = Settings.write_lease
+        self._refused: dict[str, Mount] = {}  # mounts not served, each logged once
+        # Users, policies, owners: replaced whole at each refresh, read without I/O.
+        self.auth = Authorizer()
+
+    def configure(self, settings: Settings) -> None:
+        """Take what the node's settings say of its own files (kept out of every mount) before
+        the first refresh; ValueError, saying why, for a bucket store that would expose them."""
+        self.own = own_paths(settings)
+        if settings.write_lease <= 0:
+            raise ValueError(
+                f"write_lease must be a positive number of seconds, not {settings.write_lease}"
+            )
+        self.write_lease = settings.write_lease
+        if not settings.bucket_store:
+            return
+        try:
+            store = open_store(settings.bucket_store, settings.bucket_store_option_map)
+        except ValueError:
+            return  # a malformed URI is reported where it is used, by CreateBucket
+        folder = store.local_folder()
+        problem = None if folder is None else self.own.problem(folder)
+        if problem is not None:
+            raise ValueError(
+                f"bucket_store {settings.bucket_store}: {problem}, and new buckets would be"
+                " made there; choose a folder beside it"
+            )
 
     def mount(self, bucket: str) -> MountHandle | None:
         return self._mounts.get(bucket)
@@ -126,10 +284,40 @@ class Namespace:
         return self._secrets.get(access_key)
 
     async def refresh(self) -> None:
-        await self.refresh_mounts()
-        await self.refresh_keys()
+        await self.refresh_mounts(auth=False)
+        await self.refresh_keys(auth=False)
+        await self.refresh_auth()
 
-    async def refresh_mounts(self) -> None:
+    async def refresh_auth(self) -> None:
+        """Re-read users, policies, keys' users, owners and bucket policies, and compile them."""
+        rows = await self._meta.read_tenancy()
+        self.auth = build_authorizer(
+            rows, [h.bucket for h in self._mounts.values() if h.public_read]
+        )
+
+    async def refresh_mounts(self, auth: bool = True) -> None:
+        await self._mounts_reread.read()
+        if auth:
+            await self.refresh_auth()
+
+    async def refresh_keys(self, auth: bool = True) -> None:
+        await self._keys.read()
+        if auth:
+            await self.refresh_auth()
+
+    async def lookup_unknown_key(self, access_key: str) -> str | None:
+        """A key perhaps created since the last refresh: wait for a re-read of the keys."""
+        if access_key not in self._secrets:
+            await self._keys.fresh()
+        return self._secrets.get(access_key)
+
+    async def lookup_unknown_mount(self, bucket: str | None = None, mount_id: int = -1) -> None:
+        """A mount perhaps added since the last refresh (by the CLI, another worker or node),
+        named by bucket or by id: wait for a re-read of the mounts."""
+        if bucket not in self._mounts and mount_id not in self._by_id:
+            await self._mounts_reread.fresh()
+
+    async def _read_mounts(self) -> None:
         mounts = await self._meta.list_mounts()
         current = self._mounts
         fresh: dict[str, MountHandle] = {}
@@ -138,12 +326,18 @@ class Namespace:
             if old is not None and old.mount == m:
                 fresh[m.bucket] = old
                 continue
-            try:
-                fresh[m.bucket] = make_handle(m, self._default_ttl, self._default_block_size)
-            except ValueError as exc:
-                log.error("mount %s skipped: %s", m.bucket, exc)
+            if self._refused.get(m.bucket) == m:
                 continue
+            try:
+                handle = make_handle(m, self._default_ttl, self._default_block_size, self.own)
+            except ValueError as exc:
+                log.error("mount %s (%s) not served: %s", m.bucket, m.uri, exc)
+                self._refused[m.bucket] = m
+                continue
+            handle.store.journal = UploadLeases(self._meta, m.id, self.write_lease)
+            fresh[m.bucket] = handle
             self._spawn(self._prepare(fresh[m.bucket]))
+        self._refused = {m.bucket: m for m in mounts if self._refused.get(m.bucket) == m}
         self._mounts = fresh
         self._by_id = {h.id: h for h in fresh.values()}
         if self._on_mounts is not None:
@@ -152,19 +346,9 @@ class Namespace:
             if fresh.get(bucket) is not handle:
                 self._spawn(self._close_later(handle.store))
 
-    async def refresh_keys(self) -> None:
+    async def _read_keys(self) -> None:
         keys = await self._meta.list_keys()
         self._secrets = {k.access_key: k.secret_key for k in keys}
-        self._keys_refreshed = time.monotonic()
-
-    async def lookup_unknown_key(self, access_key: str) -> str | None:
-        """A key created since the last refresh: re-read the keys, at most once a second."""
-        if time.monotonic() - self._keys_refreshed >= 1.0:
-            if self._key_refresh is None or self._key_refresh.done():
-                self._key_refresh = asyncio.create_task(self.refresh_keys())
-            with contextlib.suppress(MetaUnavailable):
-                await asyncio.shield(self._key_refresh)
-        return self._secrets.get(access_key)
 
     async def run(self, interval: float) -> None:
         """Refresh forever; a database outage keeps the last known state serving."""
@@ -178,6 +362,8 @@ class Namespace:
                 log.exception("refresh of mounts and keys failed")
 
     async def close(self) -> None:
+        self._keys.close()
+        self._mounts_reread.close()
         for task in list(self._tasks):
             task.cancel()
         for handle in self._mounts.values():

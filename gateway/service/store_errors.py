@@ -1,37 +1,122 @@
-"""The under-stores' typed errors, mapped once to the S3 errors clients see."""
+"""The under-stores' typed errors, mapped once to the S3 errors clients see.
+
+What a store says of its own addresses (an origin's URL, a bucket behind a mount, a folder of
+this machine) stays in the log: a client of a public mount learns the class of the failure
+and the request id, and the log line with that id says the rest.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 
 from gateway import errors
+from gateway.meta import MetaUnavailable
 from gateway.stores import base as store
+
+log = logging.getLogger("gateway.store_errors")
+
+
+class WithheldDetail(errors.S3Error):
+    """An S3 error whose client sees only the generic message of its class, while its detail
+    (str of the exception, so what every log line of it shows) is logged with the request id
+    when it is rendered.
+
+    Rendering happens once, at the edge, which is the one place that knows the request id.
+    """
+
+    def __init__(self, detail: str, **fields: str) -> None:
+        super().__init__(None, **fields)
+        self.args = (detail,)
+
+    def to_xml(self, request_id: str, resource: str = "") -> bytes:
+        level = logging.ERROR if self.status >= 500 else logging.WARNING
+        log.log(
+            level,
+            "%s %s: %s",
+            self.status,
+            self.code,
+            self.args[0],
+            extra={"request_id": request_id, "resource": resource},
+        )
+        return super().to_xml(request_id, resource)
+
+
+def _withheld(error: type[errors.S3Error], message: str) -> type[WithheldDetail]:
+    """`error` (its code and status) with a generic message and the detail withheld."""
+    made: type[WithheldDetail] = type(error.__name__, (WithheldDetail, error), {"message": message})
+    return made
+
+
+OriginUnavailable = _withheld(
+    errors.ServiceUnavailable,
+    "The bucket's under-store could not be reached or failed. Please try again.",
+)
+OriginMissing = _withheld(
+    errors.ServiceUnavailable,
+    "The bucket's under-store is missing its container. Please try again later.",
+)
+OriginDenied = _withheld(errors.AccessDenied, "The bucket's under-store denied the gateway access.")
+OriginRefused = _withheld(
+    errors.InvalidRequest, "The bucket's under-store refused this request as it was made."
+)
+OriginFailed = _withheld(
+    errors.InternalError, "The bucket's under-store failed this request. Please try again."
+)
+MetaStoreUnavailable = _withheld(
+    errors.ServiceUnavailable, "The gateway's metadata store is unavailable. Please try again."
+)
+
+
+def meta_unavailable(exc: MetaUnavailable) -> errors.S3Error:
+    return MetaStoreUnavailable(f"metadata store unavailable: {exc}")
+
+
+def to_s3(exc: store.StoreError, key: str) -> errors.S3Error:
+    """The one table: each typed store error as the S3 error its client gets. The subclasses
+    come before their bases; VersionChanged is not here: its callers read again or say why."""
+    detail = f"{type(exc).__name__}: {exc}"
+    match exc:
+        case store.ObjectNotFound():
+            return errors.NoSuchKey(Key=key)
+        case store.KeyTooLong():
+            return errors.KeyTooLongError(f"Your key is too long for this bucket: {exc}.")
+        case store.UnsupportedKey():
+            return errors.InvalidArgument(f"The key cannot be stored here: {exc}", Key=key)
+        case store.MetadataTooLarge():
+            return errors.MetadataTooLarge(
+                f"The object's metadata is more than this bucket keeps: {exc}."
+            )
+        case store.IncompleteBody():
+            return errors.IncompleteBody()
+        case store.PreconditionFailed():
+            return errors.PreconditionFailed(Condition="If-Match or If-None-Match")
+        case store.UploadNotFound():
+            return errors.NoSuchUpload(Key=key)
+        case store.InvalidPart():
+            return errors.InvalidPart()
+        case store.ContainerNotEmpty():
+            return errors.BucketNotEmpty()
+        case store.ContainerExists():
+            return errors.BucketAlreadyExists()
+        case store.StoreRejected():
+            return OriginRefused(detail)
+        case store.StoreAccessDenied():
+            return OriginDenied(detail)
+        case store.StoreUnavailable():
+            return OriginUnavailable(detail)
+        case store.ContainerNotFound():
+            return OriginMissing(detail)
+        case _:
+            return OriginFailed(detail)
 
 
 @contextlib.contextmanager
 def store_errors(key: str) -> Iterator[None]:
     try:
         yield
-    except store.ObjectNotFound:
-        raise errors.NoSuchKey(Key=key) from None
-    except store.StoreAccessDenied as exc:
-        raise errors.AccessDenied(f"The under-store denied access: {exc}") from None
-    except store.StoreUnavailable as exc:
-        raise errors.ServiceUnavailable(f"The under-store is unavailable: {exc}") from None
-    except store.PreconditionFailed:
-        raise errors.PreconditionFailed(Condition="If-Match or If-None-Match") from None
-    except store.UploadNotFound:
-        raise errors.NoSuchUpload(Key=key) from None
-    except store.ContainerNotEmpty:
-        raise errors.BucketNotEmpty() from None
-    except store.ContainerExists:
-        raise errors.BucketAlreadyExists() from None
-    except store.ContainerNotFound as exc:
-        raise errors.ServiceUnavailable(f"The mount's container is missing: {exc}") from None
-    except store.InvalidPart:
-        raise errors.InvalidPart() from None
-    except store.IncompleteBody:
-        raise errors.IncompleteBody() from None
-    except store.UnsupportedKey as exc:
-        raise errors.InvalidArgument(f"The key cannot be stored here: {exc}", Key=key) from None
+    except store.VersionChanged:
+        raise
+    except store.StoreError as exc:
+        raise to_s3(exc, key) from None

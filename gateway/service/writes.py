@@ -10,25 +10,73 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import aclosing
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from email.errors import HeaderParseError
+from email.header import decode_header, make_header
+from typing import TypeVar
 
 from gateway import errors
-from gateway.cache import BlockWriter
-from gateway.service.conditions import Conditions, check_conditions
+from gateway.cache import BlockWriter, FillFailed
+from gateway.service.conditions import check_conditions
+from gateway.service.inputs import CopySource
 from gateway.service.namespace import MountHandle
-from gateway.service.store_errors import store_errors
-from gateway.stores import ObjectInfo, WriteAttrs
-
-if TYPE_CHECKING:
-    from gateway.service.gateway import Gateway
+from gateway.service.shared import Reads, Shared
+from gateway.service.store_errors import WithheldDetail, store_errors
+from gateway.stores import ObjectInfo, VersionChanged, WriteAttrs
 
 log = logging.getLogger("gateway.writes")
 
+T = TypeVar("T")
+
 MAX_PUT_SIZE = 5 << 30
 DELETE_CONCURRENCY = 16
+
+
+def as_stored(attrs: WriteAttrs) -> WriteAttrs:
+    """A client's attributes as S3 keeps them: RFC 2047 words in user metadata values are
+    decoded before storing (S3 answers a value that is not ASCII encoded again). Every store
+    then keeps the same text, whatever its own way of carrying it."""
+    if not any("=?" in value for value in attrs.metadata.values()):
+        return attrs
+    return replace(attrs, metadata={k: _decoded(v) for k, v in attrs.metadata.items()})
+
+
+def _decoded(value: str) -> str:
+    if "=?" not in value:
+        return value
+    try:
+        return str(make_header(decode_header(value)))
+    except (HeaderParseError, LookupError, UnicodeDecodeError):
+        return value  # not well-formed words: kept as the text it is, as S3 does
+
+
+# Where a client asked for each kind of encryption (the header S3's NotImplemented names).
+_ENCRYPTION_HEADERS = {
+    "algorithm": "x-amz-server-side-encryption",
+    "customer_algorithm": "x-amz-server-side-encryption-customer-algorithm",
+    "customer_key": "x-amz-server-side-encryption-customer-key",
+}
+
+
+def check_encryption(handle: MountHandle, encryption: Mapping[str, str]) -> None:
+    """Refuse server-side encryption a mount's store cannot do: the object would be kept in
+    plaintext by a store that was asked to encrypt it (S3's answer for a header it does not
+    implement: 501 NotImplemented, naming the header)."""
+    if not encryption or handle.store.encrypts:
+        return
+    header = next((h for n, h in _ENCRYPTION_HEADERS.items() if n in encryption), None)
+    raise errors.NotImplementedError_(
+        "A header you provided implies functionality that is not implemented: this bucket's"
+        f" store ({handle.store.scheme}://) does not encrypt objects.",
+        Header=header or "x-amz-server-side-encryption",
+    )
+
+
+def customer_keyed(attrs: WriteAttrs) -> bool:
+    """Encrypted with the client's own key (SSE-C): never cached, readable only with it."""
+    return "customer_key" in attrs.encryption
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +107,41 @@ class _CacheTee:
             await self.fill.abort()
 
 
-class ObjectWriter:
-    def __init__(self, gateway: Gateway) -> None:
-        self.gw = gateway
+async def from_source(
+    shared: Shared,
+    reads: Reads,
+    source: CopySource,
+    use: Callable[[MountHandle, ObjectInfo], Awaitable[T]],
+) -> tuple[ObjectInfo, T]:
+    """What `use` makes of a copy's source: its current version, the copy conditions checked
+    (they fail with 412, never 304). Overwritten meanwhile, the source is copied in its new
+    version (its conditions checked again), as a GET would serve it; once."""
+    src = shared.mount(source.bucket)
+    for attempt in range(2):
+        info = await reads.stat(src, source.key)
+        try:
+            check_conditions(source.conditions, info)
+        except errors.NotModified:
+            raise errors.PreconditionFailed(Condition="x-amz-copy-source-if-none-match") from None
+        try:
+            return info, await use(src, info)
+        except VersionChanged:
+            shared.metadata.forget(src.id, source.key)
+            if attempt:
+                raise errors.ServiceUnavailable(
+                    "The source object changed while it was copied."
+                ) from None
+        except FillFailed as exc:
+            raise errors.ServiceUnavailable(f"The source's store cut its answer: {exc}") from None
+    raise AssertionError("unreachable")
 
-    def writable(self, bucket: str) -> MountHandle:
-        handle = self.gw.mount(bucket)
-        if handle.read_only:
-            raise errors.AccessDenied("The bucket is mounted read-only.")
-        return handle
+
+class ObjectWriter:
+    """PUT, copy and delete; `reads` gives a copy its source."""
+
+    def __init__(self, shared: Shared, reads: Reads) -> None:
+        self.shared = shared
+        self.reads = reads
 
     async def put(
         self,
@@ -78,10 +152,10 @@ class ObjectWriter:
         attrs: WriteAttrs,
         cond: WriteConditions,
     ) -> ObjectInfo:
-        handle = self.writable(bucket)
+        handle = self.shared.writable(bucket)
         if size > MAX_PUT_SIZE:
             raise errors.EntityTooLarge(MaxSizeAllowed=str(MAX_PUT_SIZE))
-        return await self.put_to(handle, key, body, size, attrs, cond)
+        return await self.put_to(handle, key, body, size, as_stored(attrs), cond)
 
     async def put_to(
         self,
@@ -92,9 +166,11 @@ class ObjectWriter:
         attrs: WriteAttrs,
         cond: WriteConditions = WriteConditions(),  # noqa: B008 - frozen, so shared safely
     ) -> ObjectInfo:
-        cacheable = handle.cache_enabled and size <= self.gw.pages.capacity // 4
+        check_encryption(handle, attrs.encryption)
+        keyed = customer_keyed(attrs)
+        cacheable = not keyed and handle.cache_enabled and size <= self.shared.pages.capacity // 4
         tee = _CacheTee(
-            self.gw.pages.begin_write(handle.id, handle.block_size, size, handle.pinned(key))
+            self.shared.pages.begin_write(handle.id, handle.block_size, size, handle.pinned(key))
             if cacheable
             else None
         )
@@ -111,7 +187,7 @@ class ObjectWriter:
         except BaseException:
             await tee.abort()
             raise
-        await self.written(handle, key, info)
+        await self.written(handle, key, info, remember=not keyed)
         if tee.fill is not None:
             try:
                 await tee.fill.commit(key, info.etag)
@@ -120,23 +196,30 @@ class ObjectWriter:
                 log.warning("write-through of %s/%s not cached: %s", handle.bucket, key, exc)
         return info
 
-    async def written(self, handle: MountHandle, key: str, info: ObjectInfo | None) -> None:
-        """A new version (or, with None, no version) of key: forget the old one at once."""
-        previous = self.gw.metadata.peek(handle.id, key)
-        if previous is not None and (info is None or previous.etag != info.etag):
-            self.gw.invalidate(handle, previous)
-        if info is None:
-            self.gw.metadata.forget(handle.id, key)
+    async def written(
+        self, handle: MountHandle, key: str, info: ObjectInfo | None, remember: bool = True
+    ) -> None:
+        """A new version (or, with None, no version) of key: forget the old one at once.
+        remember=False keeps the new version's metadata out of every cache (SSE-C: a HEAD
+        without the key must reach the store, which refuses it)."""
+        shared = self.shared
+        previous = shared.metadata.peek(handle.id, key)
+        if previous is not None and (info is None or not remember or previous.etag != info.etag):
+            shared.invalidate(handle, previous)
+        if info is None or not remember:
+            shared.metadata.forget(handle.id, key)
         else:
-            self.gw.metadata.put(handle.id, key, info, time.monotonic())
+            shared.metadata.put(handle.id, key, info, time.monotonic())
         if handle.ttl < 0:
-            self.gw.recorder.record(handle.id, key, info)
-        if self.gw.fleet is not None:
+            shared.recorder.record(handle.id, key, info if remember else None)
+        if handle.catalog is not None:  # listed through every node from now on
+            await shared.catalog.written(handle.id, key, info)
+        if shared.fleet is not None:
             # Before the client hears success: a read through any node then sees the new version.
-            await self.gw.fleet.invalidate(handle.id, key)
+            await shared.fleet.invalidate(handle.id, key)
 
     async def delete(self, bucket: str, key: str) -> None:
-        handle = self.writable(bucket)
+        handle = self.shared.writable(bucket)
         await self.delete_from(handle, key)
 
     async def delete_from(self, handle: MountHandle, key: str) -> None:
@@ -148,7 +231,7 @@ class ObjectWriter:
         self, bucket: str, keys: list[str]
     ) -> list[tuple[str, errors.S3Error | None]]:
         """DeleteObjects: every key tried, each with its own outcome, in the request's order."""
-        handle = self.writable(bucket)
+        handle = self.shared.writable(bucket)
         slots = asyncio.Semaphore(DELETE_CONCURRENCY)
 
         async def one(key: str) -> tuple[str, errors.S3Error | None]:
@@ -156,6 +239,8 @@ class ObjectWriter:
                 try:
                     await self.delete_from(handle, key)
                 except errors.S3Error as exc:
+                    if isinstance(exc, WithheldDetail):  # rendered in the result, not alone
+                        log.warning("DeleteObjects %s/%s: %s", handle.bucket, key, exc)
                     return key, exc
                 return key, None
 
@@ -163,33 +248,75 @@ class ObjectWriter:
 
     async def copy(
         self,
-        src_bucket: str,
-        src_key: str,
+        source: CopySource,
         dst_bucket: str,
         dst_key: str,
         attrs: WriteAttrs | None,
-        src_cond: Conditions,
+        tags: dict[str, str] | None = None,
+        encryption: dict[str, str] | None = None,
     ) -> tuple[ObjectInfo, ObjectInfo]:
-        """CopyObject; attrs None keeps the source's (directive COPY). (source, new) infos."""
-        src = self.gw.mount(src_bucket)
-        dst = self.writable(dst_bucket)
-        info = await self.gw.stat(src, src_key)
-        try:
-            check_conditions(src_cond, info)
-        except errors.NotModified:  # copy conditions fail with 412, never 304
-            raise errors.PreconditionFailed(Condition="x-amz-copy-source-if-none-match") from None
-        if src.id == dst.id and src_key == dst_key and attrs is None:
-            raise errors.InvalidRequest(
-                "This copy request is illegal because it is trying to copy an object to itself"
-                " without changing the object's metadata, storage class, website redirect"
-                " location or encryption attributes."
-            )
+        """CopyObject; attrs None keeps the source's (directive COPY), tags None the source's
+        tags (x-amz-tagging-directive COPY); encryption asked of the copy. (source, new)."""
+        dst = self.shared.writable(dst_bucket)
+        attrs = None if attrs is None else as_stored(attrs)
+        check_encryption(dst, encryption or {})
+
+        async def copy_version(src: MountHandle, info: ObjectInfo) -> ObjectInfo:
+            if src.id == dst.id and source.key == dst_key and attrs is None and not encryption:
+                raise errors.InvalidRequest(
+                    "This copy request is illegal because it is trying to copy an object to"
+                    " itself without changing the object's metadata, storage class, website"
+                    " redirect location or encryption attributes."
+                )
+            chosen = attrs
+            if chosen is not None or tags is not None or encryption:
+                # Whatever is not given is the source's, the tags included.
+                chosen = chosen or WriteAttrs.of(info)
+                kept = tags
+                if kept is None:
+                    kept = dict(info.tags) if info.tags is not None else {}
+                    if info.tags is None:
+                        with store_errors(info.key):
+                            kept = await src.store.get_tags(info.key)
+                chosen = replace(chosen, tags=kept, encryption=encryption or {})
+            return await self._copy_version(src, info, dst, dst_key, chosen)
+
+        return await from_source(self.shared, self.reads, source, copy_version)
+
+    async def _copy_version(
+        self,
+        src: MountHandle,
+        info: ObjectInfo,
+        dst: MountHandle,
+        dst_key: str,
+        attrs: WriteAttrs | None,
+    ) -> ObjectInfo:
         if src.id == dst.id:
-            with store_errors(src_key):
-                new = await dst.store.copy(src_key, dst_key, attrs, if_match=info.etag)
+            with store_errors(info.key):
+                new = await dst.store.copy(info.key, dst_key, attrs, if_match=info.etag)
             await self.written(dst, dst_key, new)
-            return info, new
-        body = await self.gw.open_body(src, info, 0, info.size)
+            return new
+        if attrs is None:
+            attrs = WriteAttrs.of(info)
+            if info.tags is None:  # the stat did not tell them: the source's store does
+                with store_errors(info.key):
+                    attrs = replace(attrs, tags=await src.store.get_tags(info.key))
+        body = await self.reads.open_body(src, info, 0, info.size)
         async with aclosing(body):
-            new = await self.put_to(dst, dst_key, body, info.size, attrs or WriteAttrs.of(info))
-        return info, new
+            return await self.put_to(dst, dst_key, body, info.size, attrs)
+
+    # -- tags ----------------------------------------------------------------------------------
+
+    async def get_tags(self, bucket: str, key: str) -> dict[str, str]:
+        handle = self.shared.mount(bucket)
+        with store_errors(key):
+            return await handle.store.get_tags(key)
+
+    async def put_tags(self, bucket: str, key: str, tags: dict[str, str]) -> None:
+        """Replace the key's tags (empty: remove them); its version stays the same, and the
+        tag count the nodes hand out with it is the new one at once."""
+        handle = self.shared.writable(bucket)
+        with store_errors(key):
+            await handle.store.put_tags(key, tags)
+            info = await handle.store.stat(key)
+        await self.written(handle, key, info)

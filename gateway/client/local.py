@@ -1,0 +1,377 @@
+"""The client's side of short-circuit reads (gateway/s3/local.py on the node): ask the node on
+this host for objects' cached block files, many objects in one request, keep the descriptors
+it hands over (a bounded LRU, each object's for the mount's metadata TTL), and read them with
+pread.
+
+A connection proves the client's access key once: the node sends a nonce, the client answers
+with a presigned GET of `/_gateway/short-circuit?nonce=...` (`sign_hello`). Requests then
+name a bucket and keys, unsigned.
+
+A descriptor stays readable after the node evicts or replaces its file (an unlinked file
+lives while it is open), and names one version: a lease never outlives its TTL, so an
+overwrite is read after at most that long, as through HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.cache import blockfile
+from gateway.client.stats import ClientStats
+
+HELLO_PATH = "/_gateway/short-circuit"  # as gateway/s3/local.py verifies it
+MAX_BLOCKS = 64  # blocks of one object in one answer (the node's limit)
+MAX_KEYS = 1024  # keys asked in one request (as many as the node takes)
+MAX_FDS = 253  # descriptors in one message (the kernel's SCM_MAX_FD)
+REFUSED_FOR = 60.0  # seconds a client whose uid the node refused reads over HTTP only
+_RECV = 1 << 18
+
+
+class ShortCircuitError(Exception):
+    """The node refused (its S3 error code and message), or could not be asked."""
+
+    def __init__(self, code: str, message: str, status: int = 0, scope: str = "") -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.status = status
+        self.scope = scope  # "uid": this process may not ask; "connection": its hello failed
+
+
+@dataclass(slots=True)
+class Lease:
+    """One version of an object as the node handed it: its blocks' descriptors by index."""
+
+    etag: str
+    size: int
+    block_size: int
+    until: float  # monotonic time after which it is asked for again
+    fds: dict[int, tuple[int, int]] = field(default_factory=dict)  # index -> (fd, length)
+    verified: set[int] = field(default_factory=set)  # blocks read whole and checked
+
+    def close(self) -> None:
+        for fd, _ in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
+def _descriptor_budget() -> int:
+    """Descriptors the leases may hold: the process's limit but 4,096 left to the rest of it
+    (at least half its limit), at most 65,536."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(64, min(65536, max(soft // 2, soft - 4096)))
+
+
+class ShortCircuit:
+    """Leases of cached blocks from the node at `path`. Thread-safe; after a fork, the child
+    keeps the leases (its own copies of the descriptors) and opens its own connection.
+
+    `sign_hello(nonce)` gives the presigned hello (request target, Host it was signed for);
+    `max_fds` bounds the descriptors held (default: half the process's limit)."""
+
+    def __init__(
+        self,
+        path: str,
+        sign_hello: Callable[[str], tuple[str, str]],
+        stats: ClientStats | None = None,
+        max_fds: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.path = path
+        self._sign_hello = sign_hello
+        self.stats = stats if stats is not None else ClientStats()
+        self._max_fds = max_fds or _descriptor_budget()
+        self._clock = clock
+        self._leases: OrderedDict[tuple[str, str], Lease] = OrderedDict()
+        self._open_fds = 0
+        self._lock = threading.Lock()  # the leases
+        self._talking = threading.Lock()  # the connection
+        self._conn: socket.socket | None = None
+        self._inbox = b""
+        self._fd_queue: list[int] = []
+        self._pid = os.getpid()
+        self._refused_until = -float("inf")  # the node refused this process's uid
+
+    def room(self) -> int:
+        """Descriptors that more leases may take before older ones are let go."""
+        return self._max_fds - self._open_fds
+
+    def is_held(self, bucket: str, key: str) -> bool:
+        """Whether a valid lease of the object is held (nothing counted, nothing moved)."""
+        lease = self._leases.get((bucket, key))
+        return lease is not None and self._clock() < lease.until
+
+    def held(self, bucket: str, key: str) -> Lease | None:
+        """The object's lease if one is held and still valid: no round trip."""
+        with self._lock:
+            lease = self._leases.get((bucket, key))
+            if lease is None or self._clock() >= lease.until:
+                return None
+            self._leases.move_to_end((bucket, key))
+            self.stats.leases_reused += 1
+            return lease
+
+    def lease(self, bucket: str, key: str) -> Lease:
+        """The object's lease, asked for when there is none or it has expired."""
+        lease = self.held(bucket, key)
+        if lease is not None:
+            return lease
+        got = self.leases(bucket, [key])[key]
+        if isinstance(got, ShortCircuitError):
+            raise got
+        return got
+
+    def leases(self, bucket: str, keys: Iterable[str]) -> dict[str, Lease | ShortCircuitError]:
+        """Leases of many keys: those held, and the others asked of the node in as few
+        requests as it takes (MAX_KEYS keys each). A key's error is its answer."""
+        now = self._clock()
+        found: dict[str, Lease | ShortCircuitError] = {}
+        missing: list[str] = []
+        with self._lock:
+            for key in keys:
+                if key in found:
+                    continue
+                lease = self._leases.get((bucket, key))
+                if lease is not None and now < lease.until:
+                    self._leases.move_to_end((bucket, key))
+                    self.stats.leases_reused += 1
+                    found[key] = lease
+                elif key not in missing:
+                    missing.append(key)
+        for i in range(0, len(missing), MAX_KEYS):
+            chunk = missing[i : i + MAX_KEYS]
+            try:
+                asked = self._ask(bucket, chunk, now)
+            except ShortCircuitError as exc:
+                found.update(dict.fromkeys(chunk, exc))
+                continue
+            self._keep(bucket, asked)
+            found.update(asked)
+        return found
+
+    def drop(self, bucket: str, key: str) -> None:
+        """Forget an object's lease (its bytes failed their check, or the store changed)."""
+        with self._lock:
+            old = self._leases.pop((bucket, key), None)
+            if old is not None:
+                self._open_fds -= len(old.fds)
+                old.close()
+
+    def read(self, lease: Lease, index: int, start: int, end: int) -> bytes | None:
+        """Bytes [start, end) of block `index`, or None when the lease has no descriptor for
+        it. Checked against the block's CRC32C until it has been read whole once; then a
+        whole block is one pread (the file of a committed block never changes)."""
+        held = lease.fds.get(index)
+        if held is None:
+            return None
+        fd, length = held
+        if start == 0 and end == length:
+            if index in lease.verified:
+                data = os.pread(fd, length, 0)
+                if len(data) != length:
+                    raise blockfile.Corrupt(f"a block file of {len(data)} bytes, not {length}")
+                return data
+            data = blockfile.read_fd(fd, length, 0, length, True)
+            lease.verified.add(index)
+            return data
+        return blockfile.read_fd(fd, length, start, end - start, index not in lease.verified)
+
+    def close(self) -> None:
+        with self._lock:
+            for lease in self._leases.values():
+                lease.close()
+            self._leases.clear()
+            self._open_fds = 0
+        with self._talking:
+            self._hang_up()
+
+    # -- the node ------------------------------------------------------------------------
+
+    def _keep(self, bucket: str, asked: dict[str, Lease | ShortCircuitError]) -> None:
+        with self._lock:
+            for key, fresh in asked.items():
+                if isinstance(fresh, ShortCircuitError):
+                    continue
+                old = self._leases.pop((bucket, key), None)
+                if old is not None:
+                    self._open_fds -= len(old.fds)
+                    old.close()
+                self._leases[(bucket, key)] = fresh
+                self._open_fds += len(fresh.fds)
+            while self._open_fds > self._max_fds and len(self._leases) > 1:
+                _, evicted = self._leases.popitem(last=False)
+                self._open_fds -= len(evicted.fds)
+                evicted.close()
+
+    def _ask(
+        self, bucket: str, keys: list[str], now: float
+    ) -> dict[str, Lease | ShortCircuitError]:
+        if now < self._refused_until:
+            raise ShortCircuitError("AccessDenied", "this user may not read the node's files")
+        objects, fds = self._request({"bucket": bucket, "keys": keys, "first": 0,
+                                      "count": MAX_BLOCKS})  # fmt: skip
+        if len(objects) != len(keys):
+            _close(fds)
+            raise ShortCircuitError("InternalError", "the node answered for other keys")
+        found: dict[str, Lease | ShortCircuitError] = {}
+        fds_left = iter(fds)
+        for key, answer in zip(keys, objects, strict=True):
+            if "error" in answer:
+                found[key] = _refusal(answer)
+                continue
+            ttl = float(answer["ttl"])
+            until = now + ttl if ttl >= 0 else float("inf")
+            lease = Lease(answer["etag"], answer["size"], answer["block_size"], until)
+            for index, length in answer["blocks"]:
+                lease.fds[index] = (next(fds_left), length)
+            found[key] = lease
+        for key, got in found.items():
+            if isinstance(got, Lease) and MAX_BLOCKS * got.block_size < got.size:
+                found[key] = self._rest(bucket, key, got, now)
+        self.stats.leases += len(keys)
+        return found
+
+    def _rest(self, bucket: str, key: str, lease: Lease, now: float) -> Lease | ShortCircuitError:
+        """The blocks past the first MAX_BLOCKS of a large object, a request per MAX_BLOCKS."""
+        first = MAX_BLOCKS
+        while first * lease.block_size < lease.size:
+            try:
+                objects, fds = self._request({"bucket": bucket, "keys": [key], "first": first,
+                                              "count": MAX_BLOCKS})  # fmt: skip
+            except ShortCircuitError as exc:
+                lease.close()
+                return exc
+            answer = objects[0] if len(objects) == 1 else {"error": "InternalError"}
+            if "error" in answer or answer["etag"] != lease.etag:
+                # Refused, or overwritten between two requests: HTTP reads it (the new one).
+                _close(fds)
+                lease.close()
+                if "error" in answer:
+                    return _refusal(answer)
+                return ShortCircuitError("PreconditionFailed", "overwritten while leased")
+            for (index, length), fd in zip(answer["blocks"], fds, strict=True):
+                lease.fds[index] = (fd, length)
+            first += MAX_BLOCKS
+        return lease
+
+    def _request(self, message: dict[str, object]) -> tuple[list[dict[str, Any]], list[int]]:
+        """One request and its answer (the objects of all its messages, their descriptors in
+        order); a connection lost before the answer is made again once."""
+        body = json.dumps(message).encode()
+        with self._talking:
+            for attempt in range(2):
+                conn = self._connection()
+                objects: list[dict[str, Any]] = []
+                fds: list[int] = []
+                try:
+                    conn.sendall(len(body).to_bytes(4, "big") + body)
+                    self.stats.lease_requests += 1
+                    while True:
+                        answer = self._message(conn)
+                        if "error" in answer:
+                            refusal = _refusal(answer)
+                            if refusal.scope:
+                                self._hang_up()
+                            raise refusal
+                        for obj in answer["objects"]:
+                            objects.append(obj)
+                            for _ in obj.get("blocks", ()):
+                                fds.append(self._fd_queue.pop(0))
+                        if not answer["more"]:
+                            return objects, fds
+                except (OSError, ValueError, IndexError) as exc:
+                    _close(fds)
+                    self._hang_up()
+                    if attempt:
+                        raise ShortCircuitError("ServiceUnavailable", str(exc)) from None
+                except BaseException:
+                    _close(fds)
+                    raise
+        raise AssertionError("unreachable")
+
+    def _message(self, conn: socket.socket) -> dict[str, Any]:
+        """The next message, its descriptors queued in order (a read may hold the end of one
+        message and the beginning of the next, whose descriptors come with its first byte)."""
+        while True:
+            if len(self._inbox) >= 4:
+                size = int.from_bytes(self._inbox[:4], "big")
+                if len(self._inbox) >= 4 + size:
+                    body = self._inbox[4 : 4 + size]
+                    self._inbox = self._inbox[4 + size :]
+                    answer = json.loads(body)
+                    if not isinstance(answer, dict):
+                        raise ValueError("the node sent something that is no answer")
+                    return answer
+            data, fds, flags, _ = socket.recv_fds(conn, _RECV, MAX_FDS)
+            self._fd_queue.extend(fds)
+            if flags & socket.MSG_CTRUNC:
+                raise ValueError("descriptors were cut off")
+            if not data:
+                raise ConnectionError("the node closed the connection")
+            self._inbox += data
+
+    def _connection(self) -> socket.socket:
+        if self._pid != os.getpid():  # forked: the parent's connection is not ours
+            self._conn, self._pid = None, os.getpid()
+            self._inbox, self._fd_queue = b"", []
+        if self._conn is not None:
+            return self._conn
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(60)
+        try:
+            conn.connect(self.path)
+        except OSError as exc:
+            conn.close()
+            raise ShortCircuitError("ServiceUnavailable", f"{self.path}: {exc}") from None
+        self._conn = conn
+        self.stats.connections += 1
+        try:
+            greeting = self._message(conn)
+            if "error" in greeting:
+                raise _refusal(greeting)
+            target, host = self._sign_hello(str(greeting["nonce"]))
+            hello = json.dumps({"hello": target, "host": host}).encode()
+            conn.sendall(len(hello).to_bytes(4, "big") + hello)
+            answer = self._message(conn)
+            if "error" in answer:
+                raise _refusal(answer)
+        except ShortCircuitError as exc:
+            if exc.scope == "uid":
+                self._refused_until = self._clock() + REFUSED_FOR
+            self._hang_up()
+            raise
+        except (OSError, ValueError, KeyError) as exc:
+            self._hang_up()
+            raise ShortCircuitError("ServiceUnavailable", f"hello: {exc}") from None
+        return conn
+
+    def _hang_up(self) -> None:
+        if self._conn is not None and self._pid == os.getpid():
+            self._conn.close()
+        self._conn = None
+        self._inbox = b""
+        _close(self._fd_queue)
+        self._fd_queue = []
+
+
+def _refusal(answer: dict[str, Any]) -> ShortCircuitError:
+    return ShortCircuitError(
+        str(answer["error"]),
+        str(answer.get("message", "")),
+        int(answer.get("status", 0)),
+        str(answer.get("scope", "")),
+    )
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+    fds.clear()

@@ -1,0 +1,91 @@
+"""The request path's Prometheus instruments: requests, bytes and latency by operation, bytes
+read from under-stores, and what preload jobs loaded. Bumped by the S3 front end, the service
+and the job loop; read out by gateway/admin/metrics.py, which adds the page store's figures
+and the workers' sharing."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+REQUESTS = Counter("gateway_requests", "S3 requests answered", ["op", "status"], registry=REGISTRY)
+RESPONSE_BYTES = Counter(
+    "gateway_response_bytes", "Body bytes sent to clients", ["op", "cache"], registry=REGISTRY
+)
+LATENCY = Histogram(
+    "gateway_request_seconds",
+    "Time from request to the last byte sent",
+    ["op"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+    registry=REGISTRY,
+)
+
+
+_children: dict[tuple[str, int, str], tuple[Counter, Counter, Histogram]] = {}
+
+
+def observe(op: str, status: int, cache: str, sent: int, seconds: float) -> None:
+    """Count one answered request; the labelled children are looked up once per label set
+    (prometheus_client's labels() costs microseconds a call, the hit path cannot spare them)."""
+    key = (op, status, cache)
+    children = _children.get(key)
+    if children is None:
+        children = (
+            REQUESTS.labels(op, str(status)),
+            RESPONSE_BYTES.labels(op, cache),
+            LATENCY.labels(op),
+        )
+        _children[key] = children
+    requests, sent_bytes, latency = children
+    requests.inc()
+    sent_bytes.inc(sent)
+    latency.observe(seconds)
+
+
+STORE_BYTES = Counter(
+    "gateway_store_bytes", "Bytes read from under-stores", ["store"], registry=REGISTRY
+)
+_store_children: dict[str, Counter] = {}
+
+
+def store_bytes(kind: str, n: int) -> None:
+    child = _store_children.get(kind)
+    if child is None:
+        child = _store_children[kind] = STORE_BYTES.labels(kind)
+    child.inc(n)
+
+
+# Preload jobs (gateway/jobs): what this node loaded into its cache, and the fleet's jobs by
+# state as this node's job loop last read them from the database.
+JOB_OBJECTS = Counter(
+    "gateway_job_objects_loaded", "Objects whose first block a job loaded here", registry=REGISTRY
+)
+JOB_BYTES = Counter("gateway_job_bytes_loaded", "Bytes jobs loaded here", registry=REGISTRY)
+JOBS = Gauge(
+    "gateway_jobs", "Preload jobs by state", ["state"], registry=REGISTRY,
+    multiprocess_mode="livemax",
+)  # fmt: skip
+JOB_STATES = ("queued", "listing", "running", "done", "partial", "failed", "cancelled")
+
+
+def job_loaded(n: int, first_block: bool) -> None:
+    JOB_BYTES.inc(n)
+    if first_block:
+        JOB_OBJECTS.inc()
+
+
+JOB_YIELDS = Counter(
+    "gateway_job_yields",
+    "Times preload waited for this node's clients' fetches from the store to end",
+    registry=REGISTRY,
+)
+
+
+def job_yielded() -> None:
+    JOB_YIELDS.inc()
+
+
+def set_jobs(counts: dict[str, int]) -> None:
+    for state in JOB_STATES:
+        JOBS.labels(state).set(counts.get(state, 0))

@@ -1,0 +1,134 @@
+"""The operator API for jobs on the node's S3 port, JSON in and out:
+
+    POST /_gateway/jobs               submit (a JobSpec as JSON)        -> 201 the job
+    GET  /_gateway/jobs[?limit=N]     the newest jobs                   -> 200 [jobs]
+    GET  /_gateway/jobs/ID            one job, with per-node progress  -> 200 the job
+    POST /_gateway/jobs/ID/cancel     cancel it                         -> 200 the job
+
+Every request is signed with SigV4 (as an S3 request is, the payload's SHA-256 included) by an
+access key marked admin (`gateway keys create --admin`); anything else gets 403.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
+
+from gateway import errors
+from gateway.jobs.db import JobStore, UnknownBucket
+from gateway.jobs.model import JobSpec
+from gateway.meta import MetaStore
+from gateway.s3.sigv4 import SigV4Verifier
+
+PREFIX = "/_gateway/jobs"
+_ONE = re.compile(rf"^{PREFIX}/([0-9]+)$")
+_CANCEL = re.compile(rf"^{PREFIX}/([0-9]+)/cancel$")
+_MAX_BODY = 64 << 10
+
+
+def is_jobs_path(path: str) -> bool:
+    return path == PREFIX or path.startswith(PREFIX + "/")
+
+
+class JobsApi:
+    """The ASGI app behind PREFIX."""
+
+    def __init__(self, store: JobStore, meta: MetaStore, submitted: Callable[[], None]) -> None:
+        self._store = store
+        self._meta = meta
+        self._submitted = submitted  # wakes this node's job loop
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        try:
+            body = await _body(request)
+            who = await self._authenticate(scope, body)
+            response = await self._handle(request, body, who)
+        except errors.S3Error as exc:
+            response = JSONResponse({"error": exc.code, "message": exc.detail}, exc.status)
+        await response(scope, receive, send)
+
+    async def _authenticate(self, scope: Scope, body: bytes) -> str:
+        """The admin access key that signed the request; 403 for any other."""
+        keys = {k.access_key: k for k in await self._meta.list_keys()}
+        verifier = SigV4Verifier(lambda ak: keys[ak].secret_key if ak in keys else None)
+        raw = scope.get("raw_path")
+        raw_path = raw.decode("latin-1") if raw else scope["path"]
+        headers: dict[str, str] = {}
+        for name, value in scope["headers"]:
+            key = name.decode("latin-1").lower()
+            text = value.decode("latin-1")
+            headers[key] = f"{headers[key]},{text}" if key in headers else text
+        query = scope.get("query_string", b"").decode("latin-1")
+        result = verifier.verify(scope["method"], raw_path, query, headers)
+        if result is None:
+            raise errors.AccessDenied("The jobs API takes requests signed by an admin key.")
+        if result.payload_hash != hashlib.sha256(body).hexdigest():
+            raise errors.AccessDenied("The body's SHA-256 must be signed (x-amz-content-sha256).")
+        if not keys[result.access_key].admin:
+            raise errors.AccessDenied(f"{result.access_key} is not an admin key.")
+        return result.access_key
+
+    async def _handle(self, request: Request, body: bytes, who: str) -> Response:
+        path, method = request.url.path, request.method
+        if path == PREFIX and method == "POST":
+            try:
+                spec = JobSpec.from_json(_json(body))
+                job_id = await self._store.submit(spec, who)
+            except (ValueError, TypeError) as exc:
+                code = "NoSuchBucket" if isinstance(exc, UnknownBucket) else "InvalidArgument"
+                status = 404 if isinstance(exc, UnknownBucket) else 400
+                return JSONResponse({"error": code, "message": str(exc)}, status)
+            self._submitted()
+            return await self._one(job_id, 201)
+        if path == PREFIX and method == "GET":
+            try:
+                limit = int(request.query_params.get("limit", "50"))
+            except ValueError:
+                limit = 50
+            jobs = await self._store.recent(max(1, min(limit, 1000)))
+            return JSONResponse([job.to_json() for job in jobs])
+        if (m := _ONE.match(path)) and method == "GET":
+            return await self._one(int(m.group(1)))
+        if (m := _CANCEL.match(path)) and method == "POST":
+            if await self._store.cancel(int(m.group(1))) is None:
+                return _missing(int(m.group(1)))
+            return await self._one(int(m.group(1)))
+        return JSONResponse({"error": "NotFound", "message": f"no {method} {path}"}, 404)
+
+    async def _one(self, job_id: int, status: int = 200) -> Response:
+        job = await self._store.get(job_id)
+        if job is None:
+            return _missing(job_id)
+        return JSONResponse(job.to_json(), status)
+
+
+def _missing(job_id: int) -> Response:
+    return JSONResponse({"error": "NoSuchJob", "message": f"no job {job_id}"}, 404)
+
+
+async def _body(request: Request) -> bytes:
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > _MAX_BODY:
+            raise errors.InvalidArgument("The request body is too large for the jobs API.")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json(body: bytes) -> dict[str, Any]:
+    try:
+        raw = json.loads(body or b"{}")
+    except ValueError as exc:
+        raise ValueError(f"the body is not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ValueError("the body is a JSON object of job options")
+    return raw

@@ -1,0 +1,591 @@
+"""The node's job loop: it polls the database for jobs, lists a job's prefix when it holds the
+listing's lease, and loads its share of each batch of work items: the blocks it owns under
+the current placement (or, for a node that has left, that node's share, at the new owners).
+
+Preload never takes a client's place: it has its own bounded concurrency (a client's miss
+never waits for it), its own bandwidth limit, and it joins a fill a client started (and a
+client joins its fills) through the page store's single flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from gateway import counters, errors
+from gateway.cache import BlockKey, FillFailed
+from gateway.cache.layout import file_size
+from gateway.catalog import SyncBusy, SyncProgress, sync_parallel
+from gateway.cluster.peers import PeerUnavailable
+from gateway.cluster.placement import Node, Placement
+from gateway.jobs import warm
+from gateway.jobs.bandwidth import TokenBucket
+from gateway.jobs.db import ActiveJob, Item, JobStore, Tally, WorkRow, batches
+from gateway.jobs.model import ACTIVE, LISTING, QUEUED, RUNNING, JobSpec
+from gateway.meta import MetaUnavailable
+from gateway.service.namespace import MountHandle
+from gateway.service.reads import Reader, block_key
+from gateway.stores import ListPage, ObjectInfo, VersionChanged
+
+log = logging.getLogger("gateway.jobs")
+
+# Fetches from the store by this node's clients in flight at which preload waits (a client's
+# miss never queues behind preload work: it has slots of its own; this keeps preload from
+# taking the store's bandwidth while clients wait on it).
+FOREGROUND_BUSY = 4
+
+LIST_PAGE = 1000
+REPORT_INTERVAL = 0.5  # seconds between a share's lease renewals at the latest
+# Progress is written within this long of an object being done, so that a node killed mid-job
+# leaves little done-but-unrecorded work for the node that takes its share over.
+REPORT_GAP = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A node as the database knows it: what the runner needs to take over its share."""
+
+    node: Node
+    live: bool
+    gone_for: float = 0.0  # seconds since its last heartbeat, when it is not live
+
+
+Members = Callable[[], Awaitable[Sequence[Member]]]
+
+
+class _Lost(Exception):
+    """The share's lease is gone (taken over), or its job is no longer active."""
+
+
+class JobRunner:
+    """One per node process: started in the node's lifespan, stopped with it."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        reader: Reader,
+        me: Node,
+        members: Members,
+        *,
+        lease: float = 10.0,
+        poll: float = 1.0,
+        takeover_after: float = 60.0,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.store = store
+        self.reader = reader
+        self.me = me
+        self._members = members
+        self.lease = lease
+        self.poll = poll
+        self.takeover_after = takeover_after
+        self._sleep = sleep
+        # This process, as the holder of leases (a node restarted is another holder).
+        self.owner = f"{me.id}:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self._listing: dict[int, asyncio.Task[None]] = {}
+        self._working: dict[int, asyncio.Task[None]] = {}
+        self._seeded: dict[int, int] = {}
+        self._used: dict[int, int] = {}  # job -> bytes its blocks take in this node's cache
+        self._buckets: dict[int, TokenBucket] = {}
+        self._wake = asyncio.Event()
+        self.stopping = False
+        self.own_fills = 0  # the page store's fills in flight that are this node's preloads
+
+    def wake(self) -> None:
+        """Look for work now (a job was submitted through this node)."""
+        self._wake.set()
+
+    async def yield_to_clients(self) -> None:
+        """Clients' reads first: while this node's clients have FOREGROUND_BUSY fetches or
+        more from the store in flight, no new preload fetch starts here (one already under
+        way goes on); it starts when one of theirs ends."""
+        pages = self.reader.pages
+        yielded = False
+        while not self.stopping and pages.fills_in_flight - self.own_fills >= FOREGROUND_BUSY:
+            if not yielded:
+                counters.job_yielded()
+                yielded = True
+            await pages.any_fill_ended()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except MetaUnavailable as exc:
+                log.warning("jobs: the database is not answering: %s", exc)
+            except Exception:
+                log.exception("jobs: a pass failed")
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.poll)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Stop taking blocks, let the loads in flight end (so that a restart does not fetch
+        them again), then stop; the shares are taken up again after the restart."""
+        self.stopping = True
+        tasks = [*self._listing.values(), *self._working.values()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace)
+        for task in tasks:
+            task.cancel()
+        if tasks:  # not awaited each: a cancellation swallowed in a database call never ends
+            await asyncio.wait(tasks, timeout=2)
+
+    async def tick(self) -> None:
+        """One pass: publish the counts, start listings and work that no task of ours runs."""
+        if self.stopping:
+            return
+        counters.set_jobs(await self.store.counts())
+        for job in await self.store.active():
+            if (
+                job.state in (QUEUED, LISTING)
+                and job.listing_lease_lapsed
+                and job.id not in self._listing
+                and await self.store.take_listing(job.id, self.owner, self.lease)
+            ):
+                self._spawn(self._listing, job.id, self._list(job))
+            if job.state in (LISTING, RUNNING) and job.id not in self._working:
+                self._spawn(self._working, job.id, self._work(job))
+
+    def _spawn(
+        self, where: dict[int, asyncio.Task[None]], job_id: int, coro: Awaitable[None]
+    ) -> None:
+        async def guarded() -> None:
+            try:
+                await coro
+            except MetaUnavailable as exc:
+                log.warning("jobs: job %d paused, the database is not answering: %s", job_id, exc)
+            except Exception:
+                log.exception("jobs: job %d: work failed", job_id)
+            finally:
+                where.pop(job_id, None)
+
+        where[job_id] = asyncio.create_task(guarded())
+
+    # -- listing ---------------------------------------------------------------------------
+
+    async def _list(self, job: ActiveJob) -> None:
+        """List the prefix once for the fleet, writing the items page by page; resumes after
+        the last key written when an earlier lister died."""
+        spec = job.spec
+        try:
+            handle = self.reader.mount(spec.bucket)
+        except errors.S3Error:
+            await self.store.fail(job.id, f"bucket {spec.bucket!r} is not mounted")
+            return
+        seq, last = await self.store.listed_so_far(job.id)
+        # A catalog=on mount: the listing syncs the prefix into the catalog first (unless an
+        # earlier lister of the job got past that), and the items come from there: a load is
+        # a sync too (docs/catalog.md).
+        syncs = handle.catalog is not None and not spec.verify and seq == 0
+        if syncs and not await self._sync_catalog(job.id, spec, handle):
+            return
+        token: str | None = None
+        while True:
+            try:
+                page = await self._page(handle, spec.prefix, token, last if token is None else None)
+            except Exception as exc:
+                await self.store.fail(job.id, f"listing {spec.bucket}/{spec.prefix} failed: {exc}")
+                return
+            items = []
+            for info in page.objects:
+                if spec.wants(info.key):
+                    items.append(Item(seq, info.key, info.size, info.etag))
+                    seq += 1
+            if not await self.store.add_items(job.id, self.owner, self.lease, items):
+                return  # cancelled, or another node took the listing over
+            self._wake.set()
+            token = page.next_token
+            if token is None:
+                break
+        await self.store.finish_listing(job.id, self.owner)
+        log.info("jobs: job %d listed: %d objects", job.id, seq)
+
+    async def _page(
+        self, handle: MountHandle, prefix: str, token: str | None, after: str | None
+    ) -> ListPage:
+        """A page of the prefix's keys: from the catalog where it answers for the prefix,
+        else (or once it stops answering: its database away) from the store."""
+        if handle.catalog is not None:
+            catalog = self.reader.shared.catalog
+            page = await catalog.list_page(handle.id, prefix, None, token, after, LIST_PAGE)
+            if page is not None:
+                return page
+            token, after = catalog.for_store(token, after)
+        return await handle.store.list_page(prefix, None, token, after, LIST_PAGE)
+
+    async def _sync_catalog(self, job_id: int, spec: JobSpec, handle: MountHandle) -> bool:
+        """Sync the job's prefix into the catalog (resuming a run that stopped), holding the
+        listing's lease meanwhile and telling its progress in the job's message; a run that
+        someone else holds (a `gateway sync`, a re-crawl) is waited for. False when the job
+        should list no further: cancelled, its lease lost, or the sync failed (the job too)."""
+        catalog = self.reader.shared.catalog
+        where = f"{spec.bucket}/{spec.prefix}"
+        seen: list[SyncProgress] = []
+        stop: list[str] = []
+
+        def progressed(p: SyncProgress) -> None:
+            seen.append(p)
+            if stop:  # raised inside the crawl, between pages: it keeps its cursor
+                raise _Lost(stop[0])
+
+        while not self.stopping:
+            run = asyncio.create_task(
+                sync_parallel(
+                    catalog, handle.id, handle.store, spec.prefix,
+                    owner=f"{self.owner}:job{job_id}", on_progress=progressed,
+                ),
+            )  # fmt: skip
+            while not run.done():
+                await asyncio.wait([run], timeout=self.lease / 3)
+                listed = seen[-1].listed if seen else 0
+                note = f"syncing the catalog of {where}: {listed:,} keys listed"
+                if not stop and not await self.store.note_listing(
+                    job_id, self.owner, self.lease, note
+                ):
+                    stop.append("the job is no longer active or its listing was taken over")
+                if self.stopping and not stop:
+                    stop.append("the node is stopping")
+            try:
+                done = run.result()
+            except _Lost:
+                return False
+            except SyncBusy as exc:
+                note = f"waiting for the catalog: {exc}"
+                if not await self.store.note_listing(job_id, self.owner, self.lease, note):
+                    return False
+                await self._sleep(self.lease / 3)
+                continue
+            except Exception as exc:
+                await self.store.fail(job_id, f"syncing the catalog of {where} failed: {exc}")
+                return False
+            await catalog.refresh()  # this node lists the items from it at once
+            note = (
+                f"catalog synced: {done.listed:,} keys listed, {done.changed:,} written,"
+                f" {done.removed:,} removed"
+            )
+            log.info("jobs: job %d: %s", job_id, note)
+            return await self.store.note_listing(job_id, self.owner, self.lease, note)
+        return False
+
+    # -- loading ---------------------------------------------------------------------------
+    # -- loading ---------------------------------------------------------------------------
+
+    async def _work(self, job: ActiveJob) -> None:
+        """Take shares of this job's batches until none is left for this node."""
+        try:
+            handle = self.reader.mount(job.spec.bucket)
+        except errors.S3Error:
+            return  # not mounted here (yet): the next pass looks again
+        while not self.stopping:
+            current = await self.store.get(job.id)
+            if current is None or current.state not in ACTIVE:
+                return
+            members = await self._members()
+            live = {m.node.id for m in members if m.live} | {self.me.id}
+            ready = batches(current.total_objects, listed=current.state == RUNNING)
+            first = self._seeded.get(job.id, 0)
+            if ready > first:
+                await self.store.seed(job.id, first, ready, self._placement_ids() | {self.me.id})
+                self._seeded[job.id] = ready
+            # A node still in this node's placement is not taken over, even if the database
+            # has lost it (this node would count its blocks as that node's), nor one gone for
+            # a short while: a restart, which takes its share up again itself.
+            keep = live | self._placement_ids()
+            keep |= {m.node.id for m in members if m.gone_for < self.takeover_after}
+            row = await self.store.claim(job.id, self.me.id, self.owner, self.lease, keep)
+            if row is None:
+                if current.state == RUNNING:
+                    ended = await self.store.try_finish(job.id, live)
+                    if ended is not None:
+                        log.info("jobs: job %d ended %s", job.id, ended)
+                return
+            known = {m.node.id: m.node for m in members}
+            departed = [
+                known.get(node_id) or Node(node_id, "", 1.0)  # not in the table: any weight
+                for node_id in await self.store.batch_nodes(job.id, row.batch)
+                if node_id not in self._placement_ids()
+            ]
+            await self._share(current.spec, handle, row, departed, len(live))
+
+    def _placement(self) -> Placement:
+        fleet = self.reader.fleet
+        return Placement([self.me]) if fleet is None else fleet.placement
+
+    def _placement_ids(self) -> set[str]:
+        return {n.id for n in self._placement().nodes}
+
+    async def _share(
+        self, spec: JobSpec, handle: MountHandle, row: WorkRow, departed: list[Node], nodes: int
+    ) -> None:
+        """One node's share of one batch, under the lease just taken: this node's, or that of
+        a node that has left (one of `departed`: the nodes with a share of the batch that are
+        not in the placement now)."""
+        items = await self.store.batch_items(row.job_id, row.batch)
+        job = _Job(self, spec, handle, row, departed, nodes)
+        if row.job_id not in self._used:
+            self._used[row.job_id] = await self.store.node_bytes(row.job_id, self.me.id)
+        # The reporter and the work stop each other by word, not by cancelling: a task
+        # cancelled inside a database call can have its cancellation swallowed by the
+        # connection pool's reset (SQLAlchemy logs it), and would then never end.
+        reporter = asyncio.create_task(self._report(row, job))
+        try:
+            await job.run(items)
+        except _Lost as exc:
+            job.halt = job.halt or str(exc)
+        finally:
+            job.ended = True
+            job.progressed.set()
+            await asyncio.wait([reporter])
+        reporter.result()
+        if job.halt is not None:
+            log.info("jobs: job %d batch %d: %s", row.job_id, row.batch, job.halt)
+            return
+        row.cursor = len(items)
+        await self.store.report(row, self.owner, self.lease, done=True)
+
+    async def _report(self, row: WorkRow, job: _Job) -> None:
+        """Write the share's progress and renew its lease until its work ends; tell the work
+        to stop (`job.halt`) when the job is no longer active or the lease is lost."""
+        while not job.ended:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(job.progressed.wait(), REPORT_INTERVAL)
+            job.progressed.clear()
+            if job.ended:
+                return
+            if await self.store.state(row.job_id) not in ACTIVE:
+                job.halt = "the job is no longer active"
+                return
+            if not await self.store.report(row, self.owner, self.lease):
+                job.halt = "its lease was taken over"
+                return
+            await self._sleep(REPORT_GAP)
+
+    def bucket(self, job_id: int, spec: JobSpec, nodes: int) -> TokenBucket | None:
+        if spec.bandwidth is None:
+            return None
+        rate = spec.bandwidth / max(1, nodes)
+        found = self._buckets.get(job_id)
+        if found is None:
+            found = self._buckets[job_id] = TokenBucket(rate)
+        elif found.rate != rate:
+            found.set_rate(rate)
+        return found
+
+
+class _Job:
+    """The work on one share: every block of the batch's objects this share owns, loaded
+    (or checked, for --verify) with at most `concurrency` in flight."""
+
+    def __init__(
+        self, runner: JobRunner, spec: JobSpec, handle: MountHandle, row: WorkRow,
+        departed: list[Node], nodes: int,
+    ) -> None:  # fmt: skip
+        self.runner = runner
+        self.reader = runner.reader
+        self.spec = spec
+        self.handle = handle
+        self.row = row
+        self.tally = row.tally
+        self.me = runner.me
+        self.slots = asyncio.Semaphore(spec.concurrency)
+        self.progressed = asyncio.Event()  # an object is done: the reporter writes it down
+        self.ended = False  # the work is over: the reporter stops
+        self.halt: str | None = None  # why the work must stop (the job ended, lease lost)
+        self.bucket = runner.bucket(row.job_id, spec, nodes)
+        # The batch is shared out over the live nodes and the departed ones that have a share
+        # of it: a departed node's share is its own (what it loaded stays on its disk, for when
+        # it comes back), or, when it did not finish it, taken over and loaded at the blocks'
+        # owners among the live nodes. So no block is the share of two nodes.
+        self.now = runner._placement()
+        self.batch = (
+            Placement([*self.now.nodes, *departed], partitions=self.now.partitions,
+                      max_replicas=self.now.max_replicas)
+            if departed
+            else self.now
+        )  # fmt: skip
+        self.actor = row.node_id  # whose share: this node's, or a departed one's
+        self.live = {n.id for n in self.now.nodes}
+        self.budget = handle.quota if handle.quota is not None else self.reader.pages.capacity
+        self.budget = min(self.budget, self.reader.pages.capacity)
+
+    async def run(self, items: list[Item]) -> None:
+        """Every item from the cursor on. An item's counts join the share's when the cursor
+        passes it, so that what is written down is exactly the items before the cursor, and
+        a share taken up again (after a restart, or by another node) counts nothing twice."""
+        counted: dict[int, Tally] = {}
+
+        async def one(pos: int) -> None:
+            counted[pos] = await self.item(items[pos])
+            while self.row.cursor < len(items) and self.row.cursor in counted:
+                self.tally.add(counted.pop(self.row.cursor))
+                self.row.cursor += 1
+            self.progressed.set()
+
+        ends = await asyncio.gather(
+            *(one(pos) for pos in range(self.row.cursor, len(items))), return_exceptions=True
+        )
+        for end in ends:  # every object in flight has ended: none is left half loaded
+            if isinstance(end, BaseException):
+                raise end
+
+    def check(self) -> None:
+        """Raise _Lost when no more blocks are to be loaded."""
+        if self.runner.stopping:
+            raise _Lost("the node is stopping")
+        if self.halt is not None:
+            raise _Lost(self.halt)
+
+    async def item(self, item: Item) -> Tally:
+        t = Tally()
+        handle, spec = self.handle, self.spec
+        info = warm.listed_info(item.key, item.size, item.etag)
+        size = handle.block_size
+        count = max(1, -(-item.size // size))
+        plan = [(index, *self.roles(info, index, count)) for index in range(count)]
+        mine = [p for p in plan if p[1]]
+        if not mine:
+            return t
+        first_of_object = plan[0][2]
+        known = self.reader.metadata.peek(handle.id, item.key)
+        if known is not None and known.etag != item.etag and not spec.verify:
+            if not spec.refresh:
+                if first_of_object:
+                    t.skipped += 1
+                return t
+            self.reader.forget(handle.id, item.key)  # drop the old version, load the new
+        try:
+            if spec.metadata_only:
+                if first_of_object:
+                    async with self.slots:
+                        await self.reader.stat(handle, item.key)
+                    t.objects += 1
+                    t.bytes += item.size
+                return t
+            results = await asyncio.gather(
+                *(self.block(t, info, index, targets, first, source)
+                  for index, targets, first, source in mine)
+            )  # fmt: skip
+        except (errors.S3Error, VersionChanged, FillFailed, PeerUnavailable, OSError) as exc:
+            t.failures += 1
+            message = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            with contextlib.suppress(MetaUnavailable):
+                await self.runner.store.add_error(self.row.job_id, self.me.id, item.key, message)
+            return t
+        if all(ok for ok, _ in results):
+            if any(fetched for _, fetched in results):
+                t.loaded_objects += 1
+            else:
+                t.cached_objects += 1
+            if first_of_object and mine[0][0] == 0 and results[0][0]:
+                t.objects += 1
+        return t
+
+    def roles(
+        self, info: ObjectInfo, index: int, count: int
+    ) -> tuple[list[Node], bool, Node | None]:
+        """Where this share loads the block (empty: not this share's); whether the share is
+        the block's first owner (whose counts the job's progress adds up); and, for a replica
+        (--replicas), the first owner to copy it from rather than from the store."""
+        replicas, mount = self.spec.replicas, self.handle.id
+        then = warm.owners(self.batch, mount, info, index, replicas)
+        if all(n.id != self.actor for n in then):
+            return [], False, None
+        first = then[0].id == self.actor
+        if self.actor == self.me.id:
+            source = None if first or then[0].id not in self.live else then[0]
+            return [self.me], first, source
+        now = warm.owners(self.now, mount, info, index, replicas)
+        had = {n.id for n in then}
+        return [n for n in now if n.id not in had], first, None
+
+    async def block(
+        self, t: Tally, info: ObjectInfo, index: int, targets: list[Node], first: bool,
+        source: Node | None,
+    ) -> tuple[bool, bool]:  # fmt: skip
+        """Load (or check) one block at its targets: (whether it is in place, fetched now)."""
+        handle = self.handle
+        size = handle.block_size
+        length = min(size, info.size - index * size)
+        bkey = block_key(handle.id, info.key, info.etag, size, index)
+        ok, fetched = True, False
+        for node in targets:
+            if node.id == self.me.id:
+                here, got = await self.here(t, info, index, length, bkey, source)
+                ok, fetched = ok and here, fetched or got
+            elif self.spec.verify:
+                ok = False  # a peer's cache is the peer's to count
+            else:
+                self.check()
+                async with self.slots:
+                    if self.bucket is not None:
+                        await self.bucket.take(length)
+                    fleet = self.reader.fleet
+                    assert fleet is not None
+                    await warm.fill_at(fleet, node, handle.id, info, size, index, self.spec.pin)
+                t.loaded_bytes += length
+                fetched = True
+        if ok and first:
+            t.bytes += length
+        return ok, fetched
+
+    async def here(
+        self, t: Tally, info: ObjectInfo, index: int, length: int, bkey: BlockKey,
+        source: Node | None,
+    ) -> tuple[bool, bool]:  # fmt: skip
+        pages, job_id = self.reader.pages, self.row.job_id
+        on_disk = file_size(length)  # as the janitor counts it: with its checksums
+        if await warm.present(pages, bkey):
+            if self.spec.pin:
+                # Read once as pinned: the janitor pins a cached block on its next use.
+                await pages.read_hit(bkey, length, 0, length, pinned=True)
+            if not self.spec.verify:
+                self.runner._used[job_id] = self.runner._used.get(job_id, 0) + on_disk
+            t.cached_bytes += length
+            return True, False
+        if self.spec.verify:
+            return False, False
+        async with self.slots:
+            self.check()
+            if self.row.tally.full or self.runner._used.get(job_id, 0) + on_disk > self.budget:
+                # Never evict what this job loaded (or pinned data) to make room for more.
+                self.row.tally.full = True
+                return False, False
+            self.runner._used[job_id] = self.runner._used.get(job_id, 0) + on_disk
+            if self.bucket is not None and source is None:  # a copy from a peer is no WAN's
+                await self.bucket.take(length)
+                if self.runner.stopping or self.halt is not None:
+                    self.runner._used[job_id] -= on_disk
+                    self.check()
+            await self.runner.yield_to_clients()
+            self.check()
+            self.runner.own_fills += 1
+            try:
+                if source is not None and self.reader.fleet is not None:
+                    await warm.fill_from(
+                        self.reader, self.reader.fleet, source, self.handle, info, index,
+                        self.spec.pin,
+                    )  # fmt: skip
+                elif index == 0:
+                    await warm.fill_first(self.reader, self.handle, info, self.spec.pin)
+                else:
+                    await warm.fill_here(
+                        self.reader, self.handle.id, info, self.handle.block_size, index,
+                        self.spec.pin,
+                    )  # fmt: skip
+            finally:
+                self.runner.own_fills -= 1
+        if not await warm.kept(pages, bkey):
+            self.runner._used[job_id] -= on_disk
+            t.unkept_bytes += length
+            self.row.tally.full = True  # the disk's free-space floor: stop filling here
+            return False, True
+        t.loaded_bytes += length
+        counters.job_loaded(length, index == 0)
+        return True, True

@@ -1,0 +1,181 @@
+"""Cache hits answered at the edge, before an ASGI request cycle exists.
+
+The plain GET or HEAD of a whole small object that this node holds in its memory tier, by a
+request that is signed with SigV4 (or anonymous on a public mount) and asks for nothing else
+(no range, no condition, no response-* override), is answered from the
+HTTP protocol's parser callback: the same checks, the same headers, the same metrics and
+access-log line as the ASGI path, without the request cycle, task and message passing that
+cost several times the answer itself (docs/performance.md). Anything else, and any doubt (a
+signature that does not verify, a version past its TTL, a block not in memory), answers None:
+the request then takes the full path, which gives the answer or the error S3 gives.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+from urllib.parse import parse_qsl, unquote
+
+import httptools
+
+from gateway import counters, errors
+from gateway.logs import AccessLog
+from gateway.s3 import limits
+from gateway.s3.handlers import checksum_headers, object_headers
+from gateway.s3.http import Reply, new_request_id
+from gateway.s3.routing import AUTH_PARAMS
+from gateway.s3.sigv4 import SigV4Verifier
+from gateway.service import S3Service
+
+# Headers that ask for more than the plain whole object, or carry a body: the full path.
+_NOT_PLAIN = frozenset(
+    {
+        b"range", b"if-match", b"if-none-match", b"if-modified-since", b"if-unmodified-since",
+        b"content-length", b"transfer-encoding", b"expect",
+        b"upgrade", b"content-type", b"x-amz-expected-bucket-owner", b"x-amz-request-payer",
+        b"x-amz-server-side-encryption-customer-algorithm",
+        b"origin",  # a browser's: the bucket's CORS rules answer it (s3/cors.py)
+    }
+)  # fmt: skip
+# SigV2's parameters: verified on the full path only.
+_FAST_PARAMS = AUTH_PARAMS - {"AWSAccessKeyId", "Expires", "Signature"}
+_STATUS = b"HTTP/1.1 200 OK\r\n"
+_TARGET_MAX = 2048  # longer request targets are looked at every time, never kept
+_TARGETS_KEPT = 4096
+
+
+class FastHits:
+    """The edge's way to answer a plain cache hit (see the module's docstring)."""
+
+    def __init__(
+        self,
+        service: S3Service,
+        verifier: SigV4Verifier,
+        base_domain: str | None,
+        access_log: AccessLog | None,
+    ) -> None:
+        self._service = service
+        self._verifier = verifier
+        self._base_domain = base_domain
+        self._access_log = access_log
+        # What each request target seen is (parsing it costs more than the rest of a hit).
+        self._targets: dict[bytes, tuple[str, str, str, str] | Literal[False]] = {}
+
+    def answer(
+        self,
+        method: bytes,
+        target: bytes,
+        fields: list[tuple[bytes, bytes]],
+        keep_alive: bool,
+        default_headers: list[tuple[bytes, bytes]],
+    ) -> bytes | None:
+        """The whole HTTP response to the request, or None for the full path to answer."""
+        started = time.perf_counter()
+        if method != b"GET" and method != b"HEAD":
+            return None
+        headers: dict[str, str] = {}
+        for name, value in fields:
+            if name in _NOT_PLAIN:
+                return None
+            n = name.decode("latin-1")
+            v = value.decode("latin-1")
+            headers[n] = f"{headers[n]},{v}" if n in headers else v
+        plain = self._targets.get(target)
+        if plain is None:
+            plain = object_target(target, self._base_domain)
+            if len(target) <= _TARGET_MAX:
+                if len(self._targets) >= _TARGETS_KEPT:
+                    self._targets.pop(next(iter(self._targets)), None)
+                self._targets[target] = plain
+        if not plain:
+            return None
+        raw_path, qs, bucket, key = plain
+        verb = "GET" if method == b"GET" else "HEAD"
+        try:
+            auth = self._verifier.verify(verb, raw_path, qs, headers)
+        except errors.S3Error:
+            return None  # the full path answers with the error
+        # Authorized as the full path would (docs/tenants.md); a refusal, or a decision a
+        # policy's Condition could change, is the full path's to answer.
+        access_key = auth.access_key if auth is not None else None
+        if self._service.allowed_quick(access_key, "s3:GetObject", bucket, key) is not True:
+            return None
+        hit = self._service.peek_hit(bucket, key)
+        if hit is None:
+            return None
+        info, data = hit
+        request_id = new_request_id()
+        reply = Reply()
+        object_headers(reply, info, {})
+        if info.checksums and headers.get("x-amz-checksum-mode", "").upper() == "ENABLED":
+            checksum_headers(reply, info.checksums)
+        reply.header("x-cache", "hit")
+        head = [_STATUS]
+        for name, value in default_headers:
+            head += [name, b": ", value, b"\r\n"]
+        for name, value in reply.headers:
+            head += [name, b": ", value, b"\r\n"]
+        head += [
+            b"x-amz-request-id: ", request_id.encode(), b"\r\n",
+            b"content-length: %d\r\n" % len(data),
+        ]  # fmt: skip
+        if not keep_alive:
+            head.append(b"connection: close\r\n")
+        head.append(b"\r\n")
+        op = "GetObject" if verb == "GET" else "HeadObject"
+        sent = 0
+        if verb == "GET":
+            head.append(data)
+            sent = len(data)
+        elapsed = time.perf_counter() - started
+        counters.observe(op, 200, "hit", sent, elapsed)
+        if self._access_log is not None:
+            self._access_log.write(
+                {
+                    "request_id": request_id,
+                    "op": op,
+                    "method": verb,
+                    "bucket": bucket,
+                    "key": key,
+                    "status": 200,
+                    "bytes": sent,
+                    "ms": round(elapsed * 1000, 3),
+                    "cache": "hit",
+                    "access_key": access_key,
+                }
+            )
+        return b"".join(head)
+
+
+def object_target(
+    target: bytes, base_domain: str | None
+) -> tuple[str, str, str, str] | Literal[False]:
+    """(raw path, query, bucket, key) of a path-style request target that names an object and
+    whose query holds only SigV4's parameters, and that passes the limits; False for any
+    other (the full path then judges it)."""
+    if base_domain is not None:
+        return False  # virtual-hosted buckets: the full path tells them from path-style
+    try:
+        url = httptools.parse_url(target)
+    except httptools.HttpParserInvalidURLError:
+        return False
+    if url.schema is not None or url.fragment is not None:
+        return False
+    raw_path = url.path.decode("latin-1")
+    qs = url.query.decode("latin-1") if url.query else ""
+    query = dict(parse_qsl(qs, keep_blank_values=True)) if qs else {}
+    if not _FAST_PARAMS.issuperset(query):
+        return False
+    try:
+        path = raw_path
+        if not path.isascii():
+            path = path.encode("latin-1").decode("utf-8")
+        if "%" in path:
+            path = unquote(path, errors="strict")
+        bucket, sep, key = path[1:].partition("/")
+        if not (bucket and sep and key):
+            return False
+        limits.check_request(key, query)
+    except (errors.S3Error, UnicodeError, ValueError):
+        return False
+    return raw_path, qs, bucket, key

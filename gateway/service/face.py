@@ -1,0 +1,365 @@
+"""The service as the S3 front end sees it: one method per S3 operation (versitygw's Backend),
+plus what authentication asks. The front end calls this and nothing beneath it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from gateway import errors
+from gateway.iam import MalformedPolicy, compile_policy
+from gateway.meta import MetaUnavailable
+from gateway.service import authz
+from gateway.service.buckets import Buckets
+from gateway.service.conditions import ByteRange, Conditions
+from gateway.service.encrypted import EncryptedReads
+from gateway.service.inputs import CopySource, ListQuery, UploadsQuery
+from gateway.service.multipart import Multipart, PartListing, UploadListing
+from gateway.service.reads import LocalBlocks, ObjectResult, Reader
+from gateway.service.shared import Shared
+from gateway.service.store_errors import meta_unavailable, store_errors
+from gateway.service.writes import ObjectWriter, WriteConditions, check_encryption
+from gateway.stores import ListPage, ObjectInfo, PartInfo, WriteAttrs
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    name: str
+    created_at: datetime
+
+
+class S3Service:
+    """The S3 operations of one node, each handed to the part that does it: reads to the
+    Reader, writes to the ObjectWriter, uploads to Multipart, buckets to Buckets.
+
+    `reader` and `multipart` are public for the node alone: its peer API serves blocks from
+    the reader, and the multipart janitor runs beside the requests."""
+
+    def __init__(
+        self,
+        shared: Shared,
+        *,
+        readahead: int = 4,
+        multipart_max_age: float = 7 * 86400,
+        bucket_store: str | None = None,
+        bucket_store_options: Mapping[str, str] | None = None,
+    ) -> None:
+        self._shared = shared
+        self.reader = Reader(shared, readahead)
+        self._writer = ObjectWriter(shared, self.reader)
+        self.multipart = Multipart(shared, self.reader, self._writer, multipart_max_age)
+        self._buckets = Buckets(shared, bucket_store, bucket_store_options or {})
+        self._encrypted = EncryptedReads(shared)
+        # (mount id, key, ETag) -> offsets of its parts' starts and of its end (partNumber).
+        self._parts: dict[tuple[int, str, str], list[int]] = {}
+
+    # -- authentication --------------------------------------------------------------------
+
+    def secret_for(self, access_key: str) -> str | None:
+        """The secret of a key known at the last refresh; no I/O."""
+        return self._shared.namespace.secret_for(access_key)
+
+    async def lookup_new_key(self, access_key: str) -> str | None:
+        """The secret of a key perhaps created since the last refresh (at most one re-read of
+        the keys a second)."""
+        return await self._shared.namespace.lookup_unknown_key(access_key)
+
+    def has_bucket(self, bucket: str) -> bool:
+        """Whether the bucket is mounted (known at the last refresh); no I/O."""
+        return self._shared.namespace.mount(bucket) is not None
+
+    async def lookup_new_bucket(self, bucket: str) -> None:
+        """Re-read the mounts when `bucket` is not known here: it may have been mounted since
+        the last refresh (at most one re-read a second)."""
+        await self._shared.namespace.lookup_unknown_mount(bucket)
+
+    def public_read(self, bucket: str) -> bool:
+        """Whether anonymous clients may read the bucket (False for one not mounted)."""
+        handle = self._shared.namespace.mount(bucket)
+        return handle is not None and handle.public_read
+
+    # -- authorization (docs/tenants.md): decisions from memory, no I/O --------------------
+
+    def authorize(
+        self,
+        access_key: str | None,
+        action: str,
+        bucket: str | None,
+        key: str | None,
+        source_ip: str | None,
+        *,
+        prefix: str | None = None,
+        delimiter: str | None = None,
+    ) -> None:
+        """AccessDenied unless the key (None: anonymous) may do `action` (an IAM action name,
+        s3:GetObject) on the bucket or object; the same answer whether the object exists."""
+        if not self._shared.namespace.auth.allowed(
+            access_key, action, bucket, key, source_ip, prefix, delimiter
+        ):
+            raise errors.AccessDenied()
+
+    def allowed_quick(
+        self, access_key: str | None, action: str, bucket: str, key: str
+    ) -> bool | None:
+        """The decision without the request's condition values (the edge's hits): None where a
+        policy's Condition could change it."""
+        return self._shared.namespace.auth.quick(access_key, action, bucket, key)
+
+    def enter_caller(self, access_key: str | None, source_ip: str | None) -> None:
+        """Who asks, for the rest of this request's task: the operations that decide again
+        (DeleteObjects per key, a copy's source, ListBuckets, CreateBucket's owner) read it."""
+        authz.CALLER.set(authz.Caller(access_key, source_ip))
+
+    def _check_caller(self, action: str, bucket: str, key: str | None) -> None:
+        caller = authz.CALLER.get()
+        if caller is not None:
+            self.authorize(caller.access_key, action, bucket, key, caller.source_ip)
+
+    def peek_hit(self, bucket: str, key: str) -> tuple[ObjectInfo, bytes] | None:
+        """A whole object from this node's memory, with no I/O and no await, or None."""
+        return self.reader.peek_hit(bucket, key)
+
+    async def local_blocks(self, bucket: str, key: str, first: int, count: int) -> LocalBlocks:
+        """The key's version and the files of its blocks this node holds (short-circuit)."""
+        return await self.reader.local_blocks(bucket, key, first, count)
+
+    async def local_files(
+        self, bucket: str, keys: list[str], count: int
+    ) -> list[LocalBlocks | errors.S3Error]:
+        """local_blocks() of many keys, the files' paths not checked (short-circuit)."""
+        return await self.reader.local_files(bucket, keys, count)
+
+    # -- service and buckets ---------------------------------------------------------------
+
+    def list_buckets(self) -> list[Bucket]:
+        """The buckets the caller may see: its own and those a policy grants it anything in."""
+        caller = authz.CALLER.get()
+        auth = self._shared.namespace.auth
+        return [
+            Bucket(h.bucket, h.mount.created_at)
+            for h in self._shared.namespace.mounts()
+            if caller is None or auth.may_see(caller.access_key, h.bucket)
+        ]
+
+    def head_bucket(self, bucket: str) -> None:
+        self._shared.mount(bucket)
+
+    async def create_bucket(self, bucket: str) -> bool:
+        """False when the bucket exists and is the caller's; BucketAlreadyExists when it is
+        someone else's, or its name is taken in the bucket store."""
+        caller = authz.CALLER.get()
+        return await self._buckets.create(bucket, caller.access_key if caller else None)
+
+    async def delete_bucket(self, bucket: str) -> None:
+        await self._buckets.delete(bucket)
+
+    async def put_bucket_policy(self, bucket: str, document: bytes) -> None:
+        """MalformedPolicy, saying why, for a document that is not a policy of this bucket."""
+        self._shared.mount(bucket)
+        try:
+            text = document.decode("utf-8")
+            compile_policy(text, bucket)
+        except (UnicodeDecodeError, MalformedPolicy) as exc:
+            raise errors.MalformedPolicy(str(exc)) from None
+        await self._policy_change(bucket, text)
+
+    def get_bucket_policy(self, bucket: str) -> str:
+        """The bucket's policy as it was put (as of the last refresh); NoSuchBucketPolicy."""
+        self._shared.mount(bucket)
+        rules = self._shared.namespace.auth.buckets.get(bucket)
+        if rules is None or rules.document is None:
+            raise errors.NoSuchBucketPolicy(BucketName=bucket)
+        return rules.document
+
+    async def delete_bucket_policy(self, bucket: str) -> None:
+        """Gone, or never there: S3 answers 204 either way."""
+        self._shared.mount(bucket)
+        await self._policy_change(bucket, None)
+
+    async def _policy_change(self, bucket: str, text: str | None) -> None:
+        try:
+            found = await self._shared.meta.set_bucket_policy(bucket, text)
+            if text is not None and not found:
+                raise errors.NoSuchBucket(BucketName=bucket)  # removed meanwhile
+            await self._shared.namespace.refresh_auth()
+        except MetaUnavailable as exc:
+            raise meta_unavailable(exc) from None
+
+    def check_writable(self, bucket: str) -> None:
+        """Refuse a write to a bucket not mounted, or mounted read-only, before its body."""
+        self._shared.writable(bucket)
+
+    def bucket_cors(self, bucket: str) -> str | None:
+        """The bucket's CORS configuration as PutBucketCors kept it (the mount's `cors`
+        option); None for none, NoSuchBucket for no bucket. No I/O."""
+        return self._shared.mount(bucket).mount.options.get("cors")
+
+    def cors_rules_if_mounted(self, bucket: str) -> str | None:
+        """bucket_cors, None for a bucket not mounted too (answers to browsers)."""
+        handle = self._shared.namespace.mount(bucket)
+        return None if handle is None else handle.mount.options.get("cors")
+
+    async def set_bucket_cors(self, bucket: str, config: str | None) -> None:
+        """Keep (None: drop) the bucket's CORS configuration, in its mount's options; this
+        node serves it at once, the others at their next refresh of the mounts."""
+        self._shared.mount(bucket)
+        try:
+            found = await self._shared.meta.set_mount_option(bucket, "cors", config)
+        except MetaUnavailable as exc:
+            raise meta_unavailable(exc) from None
+        if not found:
+            raise errors.NoSuchBucket(BucketName=bucket)
+        await self._shared.namespace.refresh_mounts()
+
+    async def list_objects(self, bucket: str, query: ListQuery) -> ListPage:
+        return await self.reader.list_objects(bucket, query)
+
+    async def list_multipart_uploads(self, bucket: str, query: UploadsQuery) -> UploadListing:
+        return await self.multipart.list_uploads(bucket, query)
+
+    # -- objects ---------------------------------------------------------------------------
+
+    async def head_object(
+        self, bucket: str, key: str, rng: ByteRange | None, cond: Conditions
+    ) -> ObjectResult:
+        return await self.reader.head_object(bucket, key, rng, cond)
+
+    async def get_object(
+        self, bucket: str, key: str, rng: ByteRange | None, cond: Conditions
+    ) -> ObjectResult:
+        return await self.reader.get_object(bucket, key, rng, cond)
+
+    async def put_object(
+        self,
+        bucket: str,
+        key: str,
+        body: AsyncIterator[bytes],
+        size: int,
+        attrs: WriteAttrs,
+        cond: WriteConditions,
+    ) -> ObjectInfo:
+        return await self._writer.put(bucket, key, body, size, attrs, cond)
+
+    async def copy_object(
+        self,
+        source: CopySource,
+        bucket: str,
+        key: str,
+        attrs: WriteAttrs | None,
+        tags: dict[str, str] | None = None,
+        encryption: dict[str, str] | None = None,
+    ) -> tuple[ObjectInfo, ObjectInfo]:
+        """attrs None keeps the source's (directive COPY), tags None its tags (tagging
+        directive COPY); encryption asked of the copy. The source's and the copy's infos."""
+        self._check_caller("s3:GetObject", source.bucket, source.key)
+        return await self._writer.copy(source, bucket, key, attrs, tags, encryption)
+
+    async def delete_object(self, bucket: str, key: str) -> None:
+        await self._writer.delete(bucket, key)
+
+    async def delete_objects(
+        self, bucket: str, keys: list[str]
+    ) -> list[tuple[str, errors.S3Error | None]]:
+        """Every key tried, each with its own outcome, in the request's order; a key the
+        caller may not delete is AccessDenied, alone."""
+        denied: dict[str, errors.S3Error] = {}
+        for key in keys:
+            try:
+                self._check_caller("s3:DeleteObject", bucket, key)
+            except errors.AccessDenied as exc:
+                denied[key] = exc
+        if not denied:
+            return await self._writer.delete_many(bucket, keys)
+        done = dict(await self._writer.delete_many(bucket, [k for k in keys if k not in denied]))
+        return [(k, denied[k] if k in denied else done[k]) for k in keys]
+
+    async def get_encrypted_object(
+        self,
+        bucket: str,
+        key: str,
+        rng: ByteRange | None,
+        cond: Conditions,
+        encryption: dict[str, str],
+        head: bool,
+    ) -> ObjectResult:
+        """GET or HEAD with the client's SSE-C key: from the store, never cached."""
+        return await self._encrypted.get(bucket, key, rng, cond, encryption, head)
+
+    async def part_range(
+        self, bucket: str, key: str, info: ObjectInfo, number: int
+    ) -> tuple[int, int] | None:
+        """Bytes [start, end) of part `number` of version `info`, where the store tells its
+        parts' sizes (kept per version, a few thousand versions); None where it cannot."""
+        handle = self._shared.mount(bucket)
+        found = self._parts.get((handle.id, key, info.etag))
+        if found is None:
+            with store_errors(key):
+                sizes = await handle.store.part_sizes(key, info.etag)
+            if sizes is None:
+                return None
+            found = [0]
+            for size in sizes:
+                found.append(found[-1] + size)
+            if found[-1] != info.size:
+                raise errors.ServiceUnavailable("The object changed while its parts were read.")
+            if len(self._parts) >= 4096:
+                self._parts.pop(next(iter(self._parts)))
+            self._parts[(handle.id, key, info.etag)] = found
+        if number >= len(found):
+            raise errors.InvalidPartNumber(
+                PartNumberRequested=str(number), ActualPartCount=str(len(found) - 1)
+            )
+        return found[number - 1], found[number]
+
+    async def get_object_tagging(self, bucket: str, key: str) -> dict[str, str]:
+        return await self._writer.get_tags(bucket, key)
+
+    async def put_object_tagging(self, bucket: str, key: str, tags: dict[str, str]) -> None:
+        """Replace the object's tags; empty removes them (DeleteObjectTagging)."""
+        await self._writer.put_tags(bucket, key, tags)
+
+    # -- multipart uploads -----------------------------------------------------------------
+
+    async def create_multipart_upload(
+        self, bucket: str, key: str, attrs: WriteAttrs, access_key: str | None
+    ) -> str:
+        check_encryption(self._shared.writable(bucket), attrs.encryption)
+        return await self.multipart.create(bucket, key, attrs, access_key)
+
+    async def upload_part(
+        self,
+        bucket: str,
+        key: str,
+        upload_id: str,
+        part_number: int,
+        body: AsyncIterator[bytes],
+        size: int,
+    ) -> PartInfo:
+        return await self.multipart.upload_part(bucket, key, upload_id, part_number, body, size)
+
+    async def upload_part_copy(
+        self,
+        bucket: str,
+        key: str,
+        upload_id: str,
+        part_number: int,
+        source: CopySource,
+    ) -> tuple[ObjectInfo, PartInfo]:
+        """The source's info and the part's."""
+        self._check_caller("s3:GetObject", source.bucket, source.key)
+        return await self.multipart.upload_part_copy(bucket, key, upload_id, part_number, source)
+
+    async def complete_multipart_upload(
+        self, bucket: str, key: str, upload_id: str, parts: list[tuple[int, str]]
+    ) -> ObjectInfo:
+        """parts: (part number, ETag) as the client lists them."""
+        return await self.multipart.complete(bucket, key, upload_id, parts)
+
+    async def abort_multipart_upload(self, bucket: str, key: str, upload_id: str) -> None:
+        await self.multipart.abort(bucket, key, upload_id)
+
+    async def list_parts(
+        self, bucket: str, key: str, upload_id: str, marker: int, max_parts: int
+    ) -> PartListing:
+        return await self.multipart.list_parts(bucket, key, upload_id, marker, max_parts)

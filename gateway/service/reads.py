@@ -1,0 +1,926 @@
+"""The read side of the service: list, head and get objects through the cache; open objects and
+serve blocks for the peers.
+
+A GET of a known version is a plan and a loop. `plan()` turns the version, the byte range and
+the placement into the spans of blocks to read, in order, each naming who holds it: this node's
+page store, or the peers that own it. `Reader._stream()` reads the spans in order, each from its
+source, with the next blocks fetched ahead of the reader. The sources share one small protocol
+(`BlockSource`): `PageSource` (this node's pages, filled from the store on a miss, one fetch
+for concurrent readers), `PeerSource` (the owners in turn, then the store) and `StoreSource`,
+the only way bytes come from a store: where its errors become S3's and its bytes are counted.
+
+A whole object whose version the node does not know is opened with one store request (its
+metadata with its first block's bytes) by the node that owns that block, placed by the key
+alone: in a fleet the entry node asks that owner (`serve_open`) rather than HEAD the store, and
+concurrent cold readers of a key on one node wait for one opening.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import AsyncGenerator, Callable, Iterator
+from contextlib import aclosing
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from gateway import counters, errors
+from gateway.cache import BlockKey, FillFailed, PageStore
+from gateway.cache.layout import block_path
+from gateway.cache.pages import Fetch
+from gateway.cluster.peers import Fleet, PeerUnavailable
+from gateway.cluster.placement import Node
+from gateway.service.conditions import ByteRange, Conditions, check_conditions
+from gateway.service.inputs import ListQuery
+from gateway.service.metadata import MetadataCache
+from gateway.service.namespace import MountHandle, Namespace
+from gateway.service.recorder import MetadataRecorder
+from gateway.service.shared import Shared
+from gateway.service.store_errors import store_errors
+from gateway.stores import ListPage, ObjectInfo, VersionChanged
+
+log = logging.getLogger("gateway.service")
+
+_WALKS_MAX = 4096  # versions whose last read block is remembered, to spot sequential readers
+_READ_TRIES = 4  # reads of an object that changes under them, before 503
+
+Place = Callable[[int, BlockKey], tuple[Node, ...]]  # a block's holders; () for this node
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectResult:
+    """What GET/HEAD answer: the version, the byte range [start, end) and the body."""
+
+    info: ObjectInfo
+    start: int
+    end: int
+    partial: bool  # a Range was asked for and satisfied (206)
+    body: bytes | AsyncGenerator[bytes, None] | None  # None for HEAD
+    cache: str  # "hit", "miss", "forward" or "bypass"
+
+
+@dataclass(frozen=True, slots=True)
+class LocalBlocks:
+    """What a client on this host is handed for an object: its version, how it is cut into
+    blocks, how long it may trust them (the mount's metadata TTL; -1: for good), and the
+    files of the blocks this node holds, as (index, length, path)."""
+
+    info: ObjectInfo
+    block_size: int
+    ttl: float
+    files: list[tuple[int, int, str]]
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def block_key(mount_id: int, key: str, etag: str, block_size: int, index: int) -> BlockKey:
+    """The cache's name for a block: hashed once per hot block, not once per request."""
+    return BlockKey(mount_id, key, etag, block_size, index)
+
+
+# -- the plan ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Bytes [start, end) of block `index` (`length` bytes, at `offset` in the object), and who
+    holds it: this node's page store when `owners` is empty, else those peers, best first. A
+    span with nothing to read (start == end) is a block to fetch ahead of the reader."""
+
+    index: int
+    key: BlockKey
+    offset: int
+    length: int
+    start: int
+    end: int
+    owners: tuple[Node, ...] = ()
+
+    @property
+    def wanted(self) -> bool:
+        return self.start < self.end
+
+
+def plan(
+    mount_id: int,
+    info: ObjectInfo,
+    block_size: int,
+    start: int,
+    end: int,
+    ahead: int,
+    place: Place,
+) -> Iterator[Span]:
+    """The spans of a read of bytes [start, end) of `info`, in order, then the blocks after
+    them up to block `ahead`, to fetch ahead (spans with nothing to read). `place` names the
+    holders of a block. Made as they are read: a large object's are not all made at once."""
+    first, last = start // block_size, (end - 1) // block_size
+    final = max(last, min(ahead, (info.size - 1) // block_size))
+    for index in range(first, final + 1):
+        offset = index * block_size
+        length = min(block_size, info.size - offset)
+        a = b = 0
+        if index <= last:
+            a, b = max(start, offset) - offset, min(end, offset + length) - offset
+        bkey = block_key(mount_id, info.key, info.etag, block_size, index)
+        yield Span(index, bkey, offset, length, a, b, place(index, bkey))
+
+
+def _here(index: int, bkey: BlockKey) -> tuple[Node, ...]:
+    return ()
+
+
+# -- the sources ------------------------------------------------------------------------------
+
+
+class BlockSource(Protocol):
+    """Where the bytes of a span come from."""
+
+    def read(self, span: Span, sent: bool = False) -> AsyncGenerator[bytes, None]:
+        """The span's bytes; `sent`: bytes of this version have gone to the client already."""
+        ...
+
+
+class StoreSource:
+    """A version's bytes from its mount's store: the only way bytes come from a store on the
+    read path, where the store's errors become S3's and its bytes are counted."""
+
+    __slots__ = ("handle", "info")
+
+    def __init__(self, handle: MountHandle, info: ObjectInfo) -> None:
+        self.handle = handle
+        self.info = info
+
+    def read(self, span: Span, sent: bool = False) -> AsyncGenerator[bytes, None]:
+        return self.range(span.offset + span.start, span.offset + span.end)
+
+    def fetch(self, span: Span) -> Fetch:
+        """The span's block from an offset in it on: what the page store fills it with."""
+
+        def rest(skip: int) -> AsyncGenerator[bytes, None]:
+            return self.range(span.offset + skip, span.offset + span.length)
+
+        return rest
+
+    async def range(self, start: int, end: int) -> AsyncGenerator[bytes, None]:
+        if start >= end:
+            return
+        info = self.info
+        stream = self.handle.store.read(info.key, start, end, info.etag)
+        async with aclosing(_counted(self.handle, info.key, stream)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    @staticmethod
+    async def open(handle: MountHandle, key: str) -> tuple[ObjectInfo, AsyncGenerator[bytes, None]]:
+        """The key's current version and its first block's bytes (all of it when the mount
+        does not cache), from one store request where the store can."""
+        with store_errors(key):
+            info, stream = await handle.store.open(
+                key, handle.block_size if handle.cache_enabled else None
+            )
+        return info, _counted(handle, key, stream)
+
+
+async def _counted(
+    handle: MountHandle, key: str, stream: AsyncGenerator[bytes, None]
+) -> AsyncGenerator[bytes, None]:
+    async with aclosing(stream) as chunks:
+        with store_errors(key):
+            async for chunk in chunks:
+                counters.store_bytes(handle.kind, len(chunk))
+                yield chunk
+
+
+class PageSource:
+    """Blocks from this node's page store: one read on a hit; on a miss fetched from the store
+    while they are kept, one fetch for all the readers of a block."""
+
+    __slots__ = ("pages", "pinned", "store")
+
+    def __init__(self, pages: PageStore, store: StoreSource, pinned: bool) -> None:
+        self.pages = pages
+        self.store = store
+        self.pinned = pinned
+
+    def read(
+        self, span: Span, sent: bool = False, fetch: Fetch | None = None
+    ) -> AsyncGenerator[bytes, None]:
+        # Once bytes of this version are out, a block of it invalidated since is better than
+        # a cut response.
+        return self.pages.read(
+            span.key, span.length, span.start, span.end, fetch or self.store.fetch(span),
+            pinned=self.pinned, retired_ok=sent,
+        )  # fmt: skip
+
+    def ahead(self, span: Span) -> bool:
+        """Start fetching a block a reader will want soon; whether it was not cached."""
+        if self.pages.known(span.key):
+            return False
+        self.pages.prefetch(span.key, span.length, self.store.fetch(span), pinned=self.pinned)
+        return True
+
+
+class PeerSource:
+    """Blocks from the peers that own them, each owner asked from the byte the one before it
+    reached; this node's pages when its turn comes among the owners (a replica); the store
+    itself when none of them answers."""
+
+    __slots__ = ("fleet", "pages", "params", "store")
+
+    def __init__(self, fleet: Fleet, pages: PageSource, store: StoreSource) -> None:
+        self.fleet = fleet
+        self.pages = pages
+        self.store = store
+        info, handle = store.info, store.handle
+        self.params: dict[str, str | int] = {
+            "m": handle.id, "k": info.key, "e": info.etag, "s": info.size,
+            "b": handle.block_size, "p": int(pages.pinned),
+        }  # fmt: skip
+
+    async def read(self, span: Span, sent: bool = False) -> AsyncGenerator[bytes, None]:
+        pos = span.start
+        params = {**self.params, "i": span.index}
+        for node in span.owners:
+            if node.id == self.fleet.me.id:
+                async with aclosing(self.pages.read(replace(span, start=pos), sent)) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
+                return
+            try:
+                async with aclosing(self.fleet.read_block(node, params, pos, span.end)) as chunks:
+                    async for chunk in chunks:
+                        pos += len(chunk)
+                        yield chunk
+                return
+            except PeerUnavailable as exc:
+                log.warning("peer failed, trying the next: %s", exc)
+        async with aclosing(self.store.read(replace(span, start=pos))) as rest:
+            async for chunk in rest:
+                yield chunk
+
+
+# -- the reader -------------------------------------------------------------------------------
+
+
+class Reader:
+    """Reads objects through this node's cache; opens objects and serves blocks for peers."""
+
+    def __init__(self, shared: Shared, readahead: int = 4) -> None:
+        self.shared = shared
+        # The shared parts under the names the read loop uses, one attribute away.
+        self.pages: PageStore = shared.pages
+        self.namespace: Namespace = shared.namespace
+        self.metadata: MetadataCache = shared.metadata
+        self.recorder: MetadataRecorder = shared.recorder
+        self.fleet: Fleet | None = shared.fleet
+        self.readahead = readahead
+        self._opening: dict[tuple[int, str], asyncio.Future[None]] = {}
+        self._stats: dict[tuple[int, str], asyncio.Future[ObjectInfo]] = {}
+        self._walks: OrderedDict[tuple[int, str, str], int] = OrderedDict()
+
+    def mount(self, bucket: str) -> MountHandle:
+        return self.shared.mount(bucket)
+
+    # -- buckets ---------------------------------------------------------------------------
+
+    async def list_objects(self, bucket: str, q: ListQuery) -> ListPage:
+        handle = self.mount(bucket)
+        if q.max_keys == 0:
+            return ListPage([], [], None)
+        try:
+            if handle.catalog is not None:
+                page = await self.shared.catalog.list_page(
+                    handle.id, q.prefix, q.delimiter, q.token, q.start_after, q.max_keys
+                )
+                if page is not None:
+                    return page
+                token, start_after = self.shared.catalog.for_store(q.token, q.start_after)
+                q = replace(q, token=token, start_after=start_after)
+            with store_errors(q.prefix):
+                return await handle.store.list_page(
+                    q.prefix, q.delimiter, q.token, q.start_after, q.max_keys
+                )
+        except ValueError:
+            raise errors.InvalidArgument(
+                "The continuation token provided is incorrect", ArgumentName="continuation-token"
+            ) from None
+
+    # -- objects ---------------------------------------------------------------------------
+
+    async def stat(self, handle: MountHandle, key: str) -> ObjectInfo:
+        """The object's current version, per the mount's TTL; no I/O when fresh in-process.
+        Concurrent revalidations of one key make one store request."""
+        now = time.monotonic()
+        info = self.metadata.fresh(handle.id, key, handle.ttl, now)
+        if info is not None:
+            return info
+        if handle.ttl == 0:
+            # "Always revalidate": a request must not take the answer to one sent before it.
+            return await self._revalidate(handle, key, now)
+        pending = self._stats.get((handle.id, key))
+        if pending is None:
+            pending = asyncio.ensure_future(self._revalidate(handle, key, now))
+            self._stats[(handle.id, key)] = pending
+
+            def done(
+                future: asyncio.Future[ObjectInfo], at: tuple[int, str] = (handle.id, key)
+            ) -> None:
+                self._stats.pop(at, None)
+                if not future.cancelled():
+                    future.exception()  # retrieved here: every waiter may have gone
+
+            pending.add_done_callback(done)
+        return await asyncio.shield(pending)
+
+    async def _revalidate(self, handle: MountHandle, key: str, now: float) -> ObjectInfo:
+        previous = self.metadata.peek(handle.id, key)
+        if previous is None and await self._remembered(handle, key):
+            found = self.metadata.peek(handle.id, key)
+            assert found is not None
+            return found
+        try:
+            info = await self._catalogued(handle, key) if previous is not None else None
+            if info is None:
+                with store_errors(key):
+                    info = await handle.store.stat(key)
+                await self._learnt(handle, key, info)
+        except errors.NoSuchKey:
+            self.metadata.forget(handle.id, key)
+            await self._learnt(handle, key, None)
+            raise
+        except errors.ServiceUnavailable:
+            if previous is None:
+                raise
+            # The store cannot be asked: serve the version we know (stale-if-error) rather
+            # than fail readers of cached data; it is revalidated once the store answers.
+            log.warning("store unavailable, serving last known version of %s", key)
+            return previous
+        self.metadata.put(handle.id, key, info, now)
+        if previous is not None and previous.etag != info.etag:
+            self.shared.invalidate(handle, previous)
+        if handle.ttl < 0 and (previous is None or previous.etag != info.etag):
+            self.recorder.record(handle.id, key, info)
+        return info
+
+    async def _remembered(self, handle: MountHandle, key: str) -> bool:
+        """Immutable mounts (TTL -1) remember metadata across restarts in the database, and
+        catalog=on mounts have it in their catalog: load it into the in-process cache if it
+        is there."""
+        info = await self._catalogued(handle, key)
+        if info is not None:
+            self.metadata.put(handle.id, key, info, time.monotonic())
+            return True
+        if handle.ttl >= 0:
+            return False
+        found = await self.recorder.lookup(handle.id, key)
+        if found is None:
+            return False
+        self.metadata.put(handle.id, key, found, time.monotonic())
+        return True
+
+    async def _catalogued(self, handle: MountHandle, key: str) -> ObjectInfo | None:
+        """The key's version from the catalog (catalog=on, a synced prefix, and more known of
+        it than a listing tells), asked of no store."""
+        if handle.catalog is None:
+            return None
+        entry = await self.shared.catalog.lookup(handle.id, key)
+        return entry.info if entry is not None and entry.complete else None
+
+    async def _learnt(self, handle: MountHandle, key: str, info: ObjectInfo | None) -> None:
+        """The store told the key's version (None: it has none): the catalog learns it."""
+        if handle.catalog is not None:
+            await self.shared.catalog.learnt(handle.id, key, info)
+
+    async def head_object(
+        self, bucket: str, key: str, rng: ByteRange | None, cond: Conditions
+    ) -> ObjectResult:
+        handle = self.mount(bucket)
+        info = await self.stat(handle, key)
+        check_conditions(cond, info)
+        start, end = rng.resolve(info.size) if rng else (0, info.size)
+        size = handle.block_size
+        bkey = block_key(handle.id, info.key, info.etag, size, start // size)
+        cached = handle.cache_enabled and self.pages.known(bkey)
+        return ObjectResult(info, start, end, rng is not None, None, "hit" if cached else "miss")
+
+    async def get_object(
+        self, bucket: str, key: str, rng: ByteRange | None, cond: Conditions
+    ) -> ObjectResult:
+        handle = self.mount(bucket)
+        cold = rng is None and await self._unknown(handle, key)
+        for _ in range(_READ_TRIES):
+            try:
+                if cold:
+                    return await self._get_cold(handle, key, cond)
+                info = await self.stat(handle, key)
+                check_conditions(cond, info)
+                start, end = rng.resolve(info.size) if rng else (0, info.size)
+                body, how = await self._body(handle, info, start, end)
+                return ObjectResult(info, start, end, rng is not None, body, how)
+            except VersionChanged:
+                # Overwritten since its version was learnt, and no byte sent yet: serve the
+                # new version. A whole object is then asked for in one request that tells the
+                # version with the bytes, so that writes in a row cannot outrun it.
+                self.metadata.forget(handle.id, key)
+                if handle.catalog is not None:
+                    await self.shared.catalog.doubt(handle.id, key)
+                cold = rng is None
+            except errors.NoSuchKey:
+                self.metadata.forget(handle.id, key)
+                await self._learnt(handle, key, None)
+                raise
+            except FillFailed as exc:
+                raise errors.ServiceUnavailable(f"The store's answer was cut: {exc}") from None
+        raise errors.ServiceUnavailable("The object changed while it was read.")
+
+    def peek_hit(self, bucket: str, key: str) -> tuple[ObjectInfo, bytes] | None:
+        """A whole object answered from this node's memory with no I/O and no await: its
+        version known within the TTL, one block this node serves, that block in the memory
+        tier. None for anything else (the full read path then answers)."""
+        handle = self.namespace.mount(bucket)
+        if handle is None or not handle.cache_enabled:
+            return None
+        info = self.metadata.fresh(handle.id, key, handle.ttl, time.monotonic())
+        if info is None or not 0 < info.size <= handle.block_size:
+            return None
+        bkey = block_key(handle.id, info.key, info.etag, handle.block_size, 0)
+        if self._placer(handle, info)(0, bkey):
+            return None
+        data = self.pages.peek(bkey, handle.pinned(info.key))
+        if data is None:
+            return None
+        self._note_sequential(handle, info, 0)
+        return info, data
+
+    async def _unknown(self, handle: MountHandle, key: str) -> bool:
+        """Whether this node knows nothing of the key's version: not in memory, not remembered
+        (immutable mounts), no block 0 of it in its cache (kept before a restart, or by another
+        worker: then the store's metadata is enough).
+
+        The database is asked even when block 0 is not cached, though the read then needs a
+        store request either way: with several worker processes, the version known lets the
+        block's fill be claimed across them before any store request (one fetch for all), where
+        two cold openings would each fetch it."""
+        if self.metadata.peek(handle.id, key) is not None or await self._remembered(handle, key):
+            return False
+        if handle.cache_enabled and await self.pages.cached_version(handle.id, key):
+            return False
+        # Looked at again after the awaits above: a cold read that began and ended meanwhile
+        # has told the version, and another would fetch block 0 again.
+        return self.metadata.peek(handle.id, key) is None
+
+    async def _get_cold(self, handle: MountHandle, key: str, cond: Conditions) -> ObjectResult:
+        """A whole object whose version is not known: opened with one request (metadata and
+        block 0), then read on as any other; concurrent cold readers wait for one opening."""
+        opened = await self._open_once(handle, key, here=False)
+        if opened is None:
+            # Opened by another request meanwhile: the version is known, the warm path joins.
+            return await self.get_object(handle.bucket, key, None, cond)
+        info, head, how = opened
+        try:
+            check_conditions(cond, info)
+        except BaseException:
+            await head.aclose()
+            raise
+        if not handle.cache_enabled:
+            return ObjectResult(info, 0, info.size, False, head, how)
+        spans = self._plan(handle, info, 0, info.size, self._placer(handle, info))
+        body = await _primed(self._stream(handle, info, spans, head))
+        return ObjectResult(info, 0, info.size, False, body, how)
+
+    async def _open_once(
+        self, handle: MountHandle, key: str, here: bool, pinned: bool | None = None
+    ) -> tuple[ObjectInfo, AsyncGenerator[bytes, None], str] | None:
+        """Open the key (see _open); None when another request of this node was opening it:
+        once that one has, its version is known. `here`: by this node, even if a peer owns
+        block 0 (for a peer's open: placements may disagree while the fleet changes).
+        `pinned`: block 0 is kept pinned (a preload with --pin); None: as the mount says."""
+        at = (handle.id, key)
+        opening = self._opening.get(at)
+        if opening is not None:
+            await asyncio.shield(opening)
+            return None
+        opening = asyncio.get_running_loop().create_future()
+        self._opening[at] = opening
+        try:
+            if handle.cache_enabled and not here:
+                for node in self._openers(handle, key):
+                    try:
+                        info, head = await self._open_at(node, handle, key)
+                    except PeerUnavailable as exc:
+                        log.warning("peer failed to open %s, trying the next: %s", key, exc)
+                        continue
+                    return info, head, "forward"
+            info, head = await self._open_here(handle, key, pinned)
+            return info, head, "miss" if handle.cache_enabled else "bypass"
+        finally:
+            del self._opening[at]
+            # Waiters go again: with the version known they join the fill of block 0, which
+            # is in flight now (the head is primed); if this failed, one of them tries anew.
+            opening.set_result(None)
+
+    def _openers(self, handle: MountHandle, key: str) -> tuple[Node, ...]:
+        """The peers to ask to open the key, best first: the owners of its block 0 before
+        this node; none when this node owns it."""
+        fleet = self.fleet
+        if fleet is None or fleet.alone:
+            return ()
+        owners = fleet.owners(handle.id, key, "", 0, handle.replicas)
+        for i, node in enumerate(owners):
+            if node.id == fleet.me.id:
+                return owners[:i]
+        return owners
+
+    async def _open_here(
+        self, handle: MountHandle, key: str, pinned: bool | None = None
+    ) -> tuple[ObjectInfo, AsyncGenerator[bytes, None]]:
+        info, stream = await StoreSource.open(handle, key)
+        self.metadata.put(handle.id, key, info, time.monotonic())
+        await self._learnt(handle, key, info)
+        if handle.ttl < 0:
+            self.recorder.record(handle.id, key, info)
+        if not handle.cache_enabled or info.size == 0:
+            return info, await _primed(stream)
+        length = min(handle.block_size, info.size)
+        span = Span(
+            0, block_key(handle.id, key, info.etag, handle.block_size, 0), 0, length, 0, length
+        )
+        if pinned is None:
+            pinned = handle.pinned(info.key)
+        return info, await _primed(self._filled(handle, info, span, stream, pinned))
+
+    async def _filled(
+        self, handle: MountHandle, info: ObjectInfo, span: Span,
+        opened: AsyncGenerator[bytes, None], pinned: bool,
+    ) -> AsyncGenerator[bytes, None]:  # fmt: skip
+        """Block 0 through this node's pages, filled from the stream the store opened with."""
+        store = StoreSource(handle, info)
+        used = False
+
+        def fetch(skip: int) -> AsyncGenerator[bytes, None]:
+            nonlocal used
+            if skip == 0 and not used:
+                used = True
+                return opened
+            return store.fetch(span)(skip)
+
+        try:
+            # The version was opened just now: its block 0 is not on disk but for a race, which
+            # the fill's claim finds (it reads the block then), so no look at the disk first.
+            chunks = self.pages.read(
+                span.key, span.length, span.start, span.end, fetch, pinned=pinned, cold=True
+            )
+            async with aclosing(chunks):
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            if not used:
+                await opened.aclose()
+
+    async def _open_at(
+        self, node: Node, handle: MountHandle, key: str
+    ) -> tuple[ObjectInfo, AsyncGenerator[bytes, None]]:
+        """The key opened by the peer that owns its block 0: the version, and the block's
+        bytes, the rest of them from the store if the peer fails midway."""
+        assert self.fleet is not None
+        params: dict[str, str | int] = {
+            "m": handle.id, "k": key, "b": handle.block_size, "p": int(handle.pinned(key))
+        }  # fmt: skip
+        info, stream = await self.fleet.open_object(node, params)
+        self.metadata.put(handle.id, key, info, time.monotonic())
+        return info, await _primed(self._resumed(handle, info, stream))
+
+    async def _resumed(
+        self, handle: MountHandle, info: ObjectInfo, stream: AsyncGenerator[bytes, None]
+    ) -> AsyncGenerator[bytes, None]:
+        pos = 0
+        try:
+            async with aclosing(stream) as chunks:
+                async for chunk in chunks:
+                    pos += len(chunk)
+                    yield chunk
+            return
+        except PeerUnavailable as exc:
+            log.warning("peer cut block 0 of %s, reading on from the store: %s", info.key, exc)
+        rest = StoreSource(handle, info).range(pos, min(handle.block_size, info.size))
+        async with aclosing(rest) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    async def serve_open(
+        self, mount_id: int, key: str, block_size: int, pinned: bool
+    ) -> tuple[ObjectInfo, bytes | AsyncGenerator[bytes, None]]:
+        """For a peer: the key's current version and its block 0 (which this node owns): from
+        the cache when the version is known here, else opened with one store request."""
+        handle = await self._mount_by_id(mount_id)
+        if block_size != handle.block_size or not handle.cache_enabled:
+            raise errors.InvalidArgument("The mount's cache settings differ between the nodes.")
+        pinned = pinned or handle.pinned(key)
+        for _ in range(_READ_TRIES):
+            info = self.metadata.fresh(mount_id, key, handle.ttl, time.monotonic())
+            if info is None and not await self._unknown(handle, key):
+                # Block 0 of a version is cached here (kept across a restart) or remembered:
+                # the store's metadata is enough, its bytes are here.
+                info = await self.stat(handle, key)
+            if info is None:
+                opened = await self._open_once(handle, key, here=True, pinned=pinned)
+                if opened is None:
+                    continue
+                info, head, _ = opened
+                return info, head
+            if info.size == 0:
+                return info, b""
+            try:
+                length = min(block_size, info.size)
+                body = await self.serve_block(mount_id, info, block_size, 0, 0, length, pinned)
+            except VersionChanged:
+                self.metadata.forget(mount_id, key)
+                continue
+            return info, body
+        raise errors.ServiceUnavailable("The object changed while it was read.")
+
+    async def _body(
+        self, handle: MountHandle, info: ObjectInfo, start: int, end: int
+    ) -> tuple[bytes | AsyncGenerator[bytes, None], str]:
+        """The bytes [start, end) and how they were found (hit, miss, bypass, forward).
+
+        A streamed body has already produced its first chunk, so that what the store says
+        first (gone, changed, unavailable) becomes an S3 error before any header is sent.
+        """
+        if not handle.cache_enabled:
+            return await _primed(StoreSource(handle, info).range(start, end)), "bypass"
+        if start >= end:
+            return b"", "hit"
+        size = handle.block_size
+        first = start // size
+        bkey = block_key(handle.id, info.key, info.etag, size, first)
+        place = self._placer(handle, info)
+        local = not place(first, bkey)
+        if local and first == (end - 1) // size:
+            # Within one block of our own: a hit is one read, answered as one body.
+            length = min(size, info.size - first * size)
+            offset = first * size
+            data = await self.pages.read_hit(
+                bkey, length, start - offset, end - offset, pinned=handle.pinned(info.key)
+            )
+            if data is not None:
+                self._note_sequential(handle, info, first)
+                return data, "hit"
+        spans = self._plan(handle, info, start, end, place)
+        body = await _primed(self._stream(handle, info, spans))
+        if not local:
+            return body, "forward"
+        # Once its first bytes are in, a block read from the disk is known; a fill is still
+        # in flight (it ends after its file is written).
+        hit = self.pages.known(bkey) and not self.pages.filling(bkey)
+        return body, "hit" if hit else "miss"
+
+    def _placer(self, handle: MountHandle, info: ObjectInfo) -> Place:
+        """Who holds a block of this version: () when this node serves it itself (it owns it,
+        or holds it as a replica), else its owners, best first."""
+        fleet = self.fleet
+        if fleet is None or fleet.alone:
+            return _here
+        me = fleet.me.id
+        known = self.pages.known
+
+        def place(index: int, bkey: BlockKey) -> tuple[Node, ...]:
+            owners = fleet.owners(handle.id, info.key, info.etag, index, handle.replicas)
+            if owners[0].id == me or (known(bkey) and any(n.id == me for n in owners)):
+                return ()
+            return owners
+
+        return place
+
+    def _plan(
+        self, handle: MountHandle, info: ObjectInfo, start: int, end: int, place: Place
+    ) -> Iterator[Span]:
+        size = handle.block_size
+        horizon = self._note_sequential(handle, info, (end - 1) // size, start // size)
+        return plan(handle.id, info, size, start, end, horizon, place)
+
+    async def open_body(
+        self, handle: MountHandle, info: ObjectInfo, start: int, end: int
+    ) -> AsyncGenerator[bytes, None]:
+        """Bytes [start, end) of a known version, from the cache where it can (copies)."""
+        body, _ = await self._body(handle, info, start, end)
+        return _once(body) if isinstance(body, bytes) else body
+
+    async def _stream(
+        self,
+        handle: MountHandle,
+        info: ObjectInfo,
+        spans: Iterator[Span],
+        head: AsyncGenerator[bytes, None] | None = None,
+    ) -> AsyncGenerator[bytes, None]:
+        """The bytes of the spans, in order, each from its source, the next `readahead` blocks
+        fetched ahead of the reader. `head`, if given, is the first span's bytes, already
+        opened (a cold read's one request)."""
+        store = StoreSource(handle, info)
+        pages = PageSource(self.pages, store, handle.pinned(info.key))
+        peers = PeerSource(self.fleet, pages, store) if self.fleet is not None else None
+        pending: deque[Span] = deque()
+        fetched: dict[int, asyncio.Task[bytes]] = {}  # peers' blocks fetched ahead
+        unsure: list[BlockKey] = []  # blocks of this read on their way: confirmed before a byte
+        sent = False
+        version = (handle.id, info.key, info.etag, handle.block_size)
+        self.pages.hold(version)  # what is cached of it stays so while this reader reads it
+        try:
+            while True:
+                span = pending.popleft() if pending else next(spans, None)
+                if span is None or not span.wanted:
+                    return
+                while len(pending) < self.readahead:
+                    later = next(spans, None)
+                    if later is None:
+                        break
+                    pending.append(later)
+                    if not later.owners:
+                        if pages.ahead(later) and later.wanted and not sent:
+                            unsure.append(later.key)
+                    elif later.wanted:
+                        assert peers is not None
+                        fetched[later.index] = asyncio.create_task(_collect(peers.read(later)))
+                ahead = fetched.pop(span.index, None)
+                if ahead is not None:
+                    yield await ahead
+                    continue
+                source: BlockSource = pages if not span.owners else peers  # type: ignore[assignment]
+                chunks = source.read(span, sent) if head is None else head
+                head = None
+                async with aclosing(chunks):
+                    async for chunk in chunks:
+                        if unsure:
+                            await self._confirm(unsure)
+                            unsure = []
+                        sent = True
+                        yield chunk
+        finally:
+            self.pages.release(version)
+            for task in fetched.values():
+                task.cancel()
+            if head is not None:
+                await head.aclose()
+
+    async def _confirm(self, blocks: list[BlockKey]) -> None:
+        """Before the first byte of a read goes out: the blocks it fetches ahead from the store
+        have begun to arrive, so that a version the store no longer has (overwritten behind
+        the gateway's back within the metadata TTL) becomes a new read of the new version
+        rather than a response cut after its first block."""
+        for bkey in blocks:
+            error = await self.pages.started(bkey)
+            if isinstance(error, VersionChanged):
+                raise error
+
+    async def serve_block(
+        self, mount_id: int, info: ObjectInfo, block_size: int, index: int, start: int, end: int,
+        pinned: bool,
+    ) -> bytes | AsyncGenerator[bytes, None]:  # fmt: skip
+        """For a peer: bytes [start, end) of a block this node owns, from its page store (one
+        read on a hit), fetched from the store on a miss. Primed, so that errors come before
+        any byte."""
+        handle = await self._mount_by_id(mount_id)
+        offset = index * block_size
+        length = min(block_size, info.size - offset)
+        if not 0 <= start <= end <= length:
+            raise errors.InvalidRange()
+        bkey = block_key(mount_id, info.key, info.etag, block_size, index)
+        data = await self.pages.read_hit(bkey, length, start, end, pinned=pinned)
+        if data is not None:
+            return data
+        span = Span(index, bkey, offset, length, start, end)
+        return await _primed(PageSource(self.pages, StoreSource(handle, info), pinned).read(span))
+
+    async def local_blocks(self, bucket: str, key: str, first: int, count: int) -> LocalBlocks:
+        """For a client on this host: the key's current version, and (index, length, path) of
+        the files of its blocks [first, first + count) that this node serves, each fetched
+        into the cache first if it is not there. Blocks of peers, and blocks the cache could
+        not keep, are left out: the client reads them over HTTP."""
+        handle = self.mount(bucket)
+        info = await self.stat(handle, key)
+        if not handle.cache_enabled or info.size == 0:
+            return LocalBlocks(info, handle.block_size, handle.ttl, [])
+        size = handle.block_size
+        place = self._placer(handle, info)
+        pinned = handle.pinned(info.key)
+        found = []
+        for index in range(max(0, first), min(first + count, -(-info.size // size))):
+            length = min(size, info.size - index * size)
+            bkey = block_key(handle.id, info.key, info.etag, size, index)
+            if place(index, bkey):
+                continue
+            path = await self.pages.block_file(bkey)
+            if path is None:
+                body = await self.serve_block(handle.id, info, size, index, 0, length, pinned)
+                if not isinstance(body, bytes):
+                    await _collect(body)
+                path = await self.pages.block_file(bkey)
+            if path is not None:
+                found.append((index, length, path))
+        return LocalBlocks(info, size, handle.ttl, found)
+
+    async def _mount_by_id(self, mount_id: int) -> MountHandle:
+        """The mount a peer names by id; one this node has not seen yet is looked up."""
+        handle = self.namespace.by_id(mount_id)
+        if handle is None:
+            await self.namespace.lookup_unknown_mount(mount_id=mount_id)
+            handle = self.namespace.by_id(mount_id)
+        if handle is None:
+            raise errors.NoSuchBucket()
+        return handle
+
+    def forget(self, mount_id: int, key: str) -> None:
+        """A peer wrote `key`: drop what this node knows of its old version."""
+        handle = self.namespace.by_id(mount_id)
+        previous = self.metadata.peek(mount_id, key)
+        if handle is not None and previous is not None:
+            self.shared.invalidate(handle, previous)
+        self.metadata.forget(mount_id, key)
+
+    def _note_sequential(
+        self, handle: MountHandle, info: ObjectInfo, last: int, first: int | None = None
+    ) -> int:
+        """Remember where a reader of this version stopped; returns how far to read ahead:
+        past `last` when this read starts where the previous one ended (a sequential reader
+        of ranges), else `last`."""
+        walk = (handle.id, info.key, info.etag)
+        previous = self._walks.pop(walk, None)
+        self._walks[walk] = last
+        if len(self._walks) > _WALKS_MAX:
+            del self._walks[next(iter(self._walks))]
+        if first is not None and previous is not None and previous <= first <= previous + 1:
+            return last + self.readahead
+        return last
+
+    async def local_files(
+        self, bucket: str, keys: list[str], count: int
+    ) -> list[LocalBlocks | errors.S3Error]:
+        """local_blocks() of many keys at once for a client on this host (short-circuit), with
+        no thread hop: each key's version (no I/O when fresh in-process) and, for its first
+        `count` blocks that this node serves, where their files are in the page store, not
+        checked: the caller opens them, and asks local_blocks() for a key of which a file is
+        not there (which fetches it). An error of one key is that key's answer."""
+        handle = self.mount(bucket)
+        root, size = self.pages.root, handle.block_size
+        found: list[LocalBlocks | errors.S3Error] = []
+        for key in keys:
+            try:
+                info = await self.stat(handle, key)
+            except errors.S3Error as exc:
+                found.append(exc)
+                continue
+            files = []
+            if handle.cache_enabled and info.size:
+                place = self._placer(handle, info)
+                for index in range(min(count, -(-info.size // size))):
+                    bkey = block_key(handle.id, info.key, info.etag, size, index)
+                    if not place(index, bkey):
+                        length = min(size, info.size - index * size)
+                        files.append((index, length, block_path(root, handle.id, bkey.name)))
+            found.append(LocalBlocks(info, size, handle.ttl, files))
+        return found
+
+
+async def _collect(body: AsyncGenerator[bytes, None]) -> bytes:
+    async with aclosing(body) as chunks:
+        return b"".join([chunk async for chunk in chunks])
+
+
+async def _once(data: bytes) -> AsyncGenerator[bytes, None]:
+    yield data
+
+
+async def _primed(gen: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+    """`gen` with its first chunk in hand: what a source says first (gone, changed,
+    unavailable) is known before any header is sent. Closing it closes `gen`, read or not."""
+    try:
+        first = await gen.__anext__()
+    except StopAsyncIteration:
+        return _once(b"")
+    except BaseException:
+        await gen.aclose()
+        raise
+    return _Primed(first, gen)
+
+
+class _Primed(AsyncGenerator[bytes, None]):
+    __slots__ = ("_first", "_rest")
+
+    def __init__(self, first: bytes, rest: AsyncGenerator[bytes, None]) -> None:
+        self._first: bytes | None = first
+        self._rest = rest
+
+    async def asend(self, value: None) -> bytes:
+        first = self._first
+        if first is not None:
+            self._first = None
+            return first
+        return await self._rest.asend(value)
+
+    async def athrow(self, *args: Any) -> bytes:
+        return await self._rest.athrow(*args)
+
+    async def aclose(self) -> None:
+        self._first = None
+        await self._rest.aclose()

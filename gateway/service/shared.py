@@ -1,0 +1,79 @@
+"""What the service's reader, writer, multipart and buckets share, built once per node and
+handed to each: none of them reaches the others through a common owner."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway import errors
+from gateway.cache import PageStore
+from gateway.catalog import Catalog
+from gateway.cluster.peers import Fleet
+from gateway.meta import MetaStore
+from gateway.service.metadata import MetadataCache
+from gateway.service.namespace import MountHandle, Namespace
+from gateway.service.recorder import MetadataRecorder
+from gateway.stores import ObjectInfo
+
+
+@dataclass(frozen=True, slots=True)
+class Shared:
+    meta: MetaStore
+    pages: PageStore
+    namespace: Namespace
+    metadata: MetadataCache  # what this node knows of each object's current version
+    recorder: MetadataRecorder  # the same, for immutable mounts, kept in the database
+    fleet: Fleet | None  # None on a node that runs alone
+    catalog: Catalog  # the keys of catalog=on mounts, in the database
+
+    @classmethod
+    def build(
+        cls,
+        meta: MetaStore,
+        pages: PageStore,
+        default_ttl: float,
+        block_size: int,
+        fleet: Fleet | None = None,
+    ) -> Shared:
+        def mounts_changed(handles: list[MountHandle]) -> None:
+            pages.set_quotas({h.id: h.quota for h in handles if h.quota is not None})
+
+        namespace = Namespace(meta, default_ttl, block_size, mounts_changed)
+        return cls(
+            meta, pages, namespace, MetadataCache(), MetadataRecorder(meta), fleet,
+            Catalog(meta.engine),
+        )  # fmt: skip
+
+    async def close(self) -> None:
+        """Close what build opened; the node closes the metadata and page stores it gave."""
+        await self.recorder.close()  # metadata learnt or written, briefly
+        await self.namespace.close()
+
+    def mount(self, bucket: str) -> MountHandle:
+        handle = self.namespace.mount(bucket)
+        if handle is None:
+            raise errors.NoSuchBucket(BucketName=bucket)
+        return handle
+
+    def writable(self, bucket: str) -> MountHandle:
+        handle = self.mount(bucket)
+        if handle.read_only:
+            raise errors.AccessDenied("The bucket is mounted read-only.")
+        return handle
+
+    def invalidate(self, handle: MountHandle, info: ObjectInfo) -> None:
+        """Forget the cached blocks of this version on this node."""
+        self.pages.invalidate(handle.id, info.key, info.etag, info.size, handle.block_size)
+
+
+class Reads(Protocol):
+    """What a copy asks of the read side: the source's current version, and its bytes from
+    the cache where it can."""
+
+    async def stat(self, handle: MountHandle, key: str) -> ObjectInfo: ...
+
+    async def open_body(
+        self, handle: MountHandle, info: ObjectInfo, start: int, end: int
+    ) -> AsyncGenerator[bytes, None]: ...

@@ -1,0 +1,186 @@
+"""The `gs://bucket[/prefix]` under-store: Google Cloud Storage through its JSON API over
+aiohttp. Requests, retries and errors are the `client`'s; writes are in `writes`, multipart
+uploads in `multipart`, listings in `listing`; options, stat and ranged reads here."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Mapping
+from urllib.parse import SplitResult, unquote, urlsplit
+
+from gateway.stores.base import ListPage, ListRequest, ObjectInfo, StoreUnavailable, VersionChanged
+from gateway.stores.delegating import DelegatingStore
+from gateway.stores.etags import bare
+from gateway.stores.gcs.auth import credentials_from
+from gateway.stores.gcs.client import TRANSPORT, Client, Settings
+from gateway.stores.gcs.listing import list_page
+from gateway.stores.gcs.multipart import Uploads
+from gateway.stores.gcs.resources import TAGS_KEY, etag_of, object_info, tags_value
+from gateway.stores.gcs.writes import Writes
+from gateway.stores.listing import resume_after
+from gateway.stores.retry import SYSTEM_CLOCK, Clock
+
+# Large enough that per-chunk overhead vanishes, small enough to start streaming early.
+CHUNK_SIZE = 512 * 1024
+DEFAULT_ENDPOINT = "https://storage.googleapis.com"
+OPTIONS = frozenset(
+    {
+        "endpoint",
+        "project",
+        "credentials_file",
+        "credentials_json",
+        "access_token",
+        "max_attempts",
+        "connect_timeout",
+        "read_timeout",
+        "retry_deadline",
+    }
+)
+
+
+class GcsStore(DelegatingStore):
+    """Objects under `prefix` in one GCS bucket (or an emulator's, at the `endpoint` option).
+
+    A mount prefix names a folder: 'gs://b/pre/fix' holds 'pre/fix/<key>', never 'pre/fixture'.
+    """
+
+    scheme = "gs"
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        options: Mapping[str, str] | None = None,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+    ):
+        options = dict(options or {})
+        unknown = set(options) - OPTIONS
+        if unknown:
+            raise ValueError(f"unknown gcs store options: {', '.join(sorted(unknown))}")
+        self.bucket = bucket
+        prefix = prefix.strip("/")
+        self.prefix = f"{prefix}/" if prefix else ""
+        self.endpoint = _endpoint(options.get("endpoint") or DEFAULT_ENDPOINT)
+        settings = Settings(
+            max_attempts=int(_positive(options, "max_attempts", 5)),
+            retry_deadline=_positive(options, "retry_deadline", 30),
+            connect_timeout=_positive(options, "connect_timeout", 5),
+            read_timeout=_positive(options, "read_timeout", 30),
+        )
+        credentials = credentials_from(options, clock)
+        self.client = Client(bucket, self.prefix, self.endpoint, credentials, settings, clock)
+        self.writes = Writes(self.client, options.get("project") or None)
+        self.uploads = Uploads(self.client, self.writes)
+
+    def __repr__(self) -> str:
+        return f"GcsStore({self.client!r})"
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def stat(self, key: str) -> ObjectInfo:
+        return object_info(key, await self.client.resource(key))
+
+    async def read(
+        self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
+    ) -> AsyncGenerator[bytes, None]:
+        query = {"alt": "media"}
+        if if_match is not None:
+            # GCS ETags are not our ETags: the version is found by one, then read by the other.
+            current = await self.client.resource(key)
+            if bare(etag_of(current)) != bare(if_match):
+                raise VersionChanged(f"{key}: is {etag_of(current)}, not {if_match}")
+            # fake-gcs-server honours `generation`, GCS both.
+            query["generation"] = query["ifGenerationMatch"] = str(current["generation"])
+        if end is not None and end <= start:
+            if if_match is None:  # no bytes, but a missing key must still be reported
+                await self.client.resource(key)
+            return
+        name = self.client.readable(key)
+        headers = {"Accept-Encoding": "gzip"}  # never transcoded: the bytes as stored
+        # No Range for the whole object: GCS answers 416 to any range of an empty one.
+        if start > 0 or end is not None:
+            headers["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
+        url = self.client.object_url(name)
+        response = await self.client.send("GET", url, query, headers=headers, raw=True)
+        try:
+            if response.status == 416:
+                return  # the range starts at or past the end: [start, end) is empty
+            if response.status not in (200, 206):
+                reply = await self.client.reply(response)
+                if reply.status == 404 and if_match is not None:
+                    await self.client.resource(key)  # ObjectNotFound if it is gone altogether
+                    raise VersionChanged(f"{key}: generation {query['generation']} is gone")
+                if reply.status == 404:
+                    raise await self.client.missing(key)
+                raise self.client.fail(reply, key)
+            # A server that ignored the Range sends all of it: cut [start, end) out ourselves.
+            skip = start if response.status == 200 else 0
+            left = None if end is None else end - start
+            async for chunk in response.content.iter_chunked(CHUNK_SIZE):
+                if skip:
+                    chunk, skip = chunk[skip:], max(0, skip - len(chunk))
+                if left is not None:
+                    chunk, left = chunk[:left], max(0, left - len(chunk))
+                if chunk:
+                    yield chunk
+                if left == 0:
+                    break
+        except TRANSPORT as exc:
+            raise StoreUnavailable(f"gs://{self.bucket}/{self.prefix}{key}: {exc!r}") from None
+        finally:
+            # Pooled only when read to the end; else the connection is closed.
+            response.release()
+
+    # -- tags: one custom metadata key of ours (resources.TAGS_KEY) ----------------------
+
+    async def get_tags(self, key: str) -> dict[str, str]:
+        return dict((await self.stat(key)).tags or {})
+
+    async def put_tags(self, key: str, tags: Mapping[str, str]) -> None:
+        url = self.client.object_url(self.client.readable(key))
+        for _ in range(3):
+            resource = await self.client.resource(key)
+            # Only the metadata changes (the metageneration, not the generation or the bytes),
+            # of the version read: one written meanwhile (412) is read again and tagged.
+            query = {"ifGenerationMatch": str(resource.get("generation", 0))}
+            patch = {"metadata": {TAGS_KEY: tags_value(tags)}}
+            reply = await self.client.call("PATCH", url, query, json_body=patch)
+            if reply.status == 200:
+                return
+            if reply.status != 412:
+                raise self.client.fail(reply, key, write=True)
+        raise StoreUnavailable(f"{self!r} {key!r}: overwritten while its tags were set")
+
+    async def _list_page(self, q: ListRequest) -> ListPage:
+        return await list_page(self.client, q.prefix, q.delimiter, resume_after(q), q.max_keys)
+
+
+def _positive(options: Mapping[str, str], name: str, default: float) -> float:
+    raw = options.get(name)
+    try:
+        value = float(raw) if raw not in (None, "") else default
+    except ValueError:
+        raise ValueError(f"gcs store option {name} must be a number, not {raw!r}") from None
+    if value <= 0:
+        raise ValueError(f"gcs store option {name} must be positive")
+    return value
+
+
+def _endpoint(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query:
+        raise ValueError(f"gcs store option endpoint must be http(s)://host[:port], not {url!r}")
+    return url.rstrip("/")
+
+
+def open_gcs(
+    parts: SplitResult, options: Mapping[str, str], *, clock: Clock = SYSTEM_CLOCK
+) -> GcsStore:
+    """`gs://bucket[/prefix]`; `clock` times the retries."""
+    bucket = parts.netloc
+    if not bucket or ":" in bucket or "/" in bucket:
+        raise ValueError(f"gs URI {parts.geturl()!r} needs a bucket name: gs://bucket[/prefix]")
+    return GcsStore(bucket, unquote(parts.path), options, clock=clock)

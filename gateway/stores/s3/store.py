@@ -1,0 +1,293 @@
+"""The `s3://bucket[/prefix]` under-store: any S3-compatible origin, through aiobotocore."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncGenerator, Mapping
+from typing import Any
+from urllib.parse import SplitResult, unquote
+
+from botocore.exceptions import ClientError
+
+from gateway.stores.base import (
+    ListPage,
+    ListRequest,
+    ObjectInfo,
+    ObjectNotFound,
+    PreconditionFailed,
+    StoreAccessDenied,
+    StoreRejected,
+    UploadJournal,
+    VersionChanged,
+)
+from gateway.stores.delegating import DelegatingStore
+from gateway.stores.s3.client import (
+    CHUNK_SIZE,
+    TRANSPORT_ERRORS,
+    S3Client,
+    _botocore_chunks,
+    parse_timestamp,
+    status_of,
+)
+from gateway.stores.s3.fast_get import FastGet
+from gateway.stores.s3.fields import CUSTOMER_KEY_MARK, encryption_args, info_of, utc
+from gateway.stores.s3.writes import Writes
+
+__all__ = ["CHUNK_SIZE", "S3Store", "open_s3", "parse_timestamp"]
+
+# partNumber of an object in more parts than this is not answered (a HEAD per part).
+MAX_PARTS_ASKED = 1000
+
+
+class S3Store(DelegatingStore):
+    """Objects under `prefix` in one bucket of an S3-compatible origin.
+
+    A mount prefix names a folder: 's3://b/pre/fix' holds 'pre/fix/<key>', never 'pre/fixture'.
+    """
+
+    scheme = "s3"
+    encrypts = True
+    writes: Writes
+
+    def __init__(self, bucket: str, prefix: str = "", options: Mapping[str, str] | None = None):
+        self.client = S3Client(bucket, prefix, options)
+        self.bucket, self.prefix = self.client.bucket, self.client.prefix
+        self.writes = self.uploads = Writes(self.client)
+
+    def __repr__(self) -> str:
+        return repr(self.client)
+
+    @property
+    def journal(self) -> UploadJournal:
+        """The writes' journal: large puts and copies record the uploads they open there."""
+        return self.writes.journal
+
+    @journal.setter
+    def journal(self, journal: UploadJournal) -> None:
+        self.writes.journal = journal
+
+    async def prepare(self) -> None:
+        await self.client.prepare()
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    # The botocore client, the lean GET and an answer's info, as tests look at them.
+    async def _s3(self) -> Any:
+        return await self.client.botocore()
+
+    @property
+    def _fast(self) -> FastGet | None:
+        return self.client.fast
+
+    @staticmethod
+    def _info(key: str, h: Mapping[str, Any]) -> ObjectInfo:
+        return info_of(key, h)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def stat(self, key: str) -> ObjectInfo:
+        return _keyless(info_of(key, await self.client.head(key, checksums=True)))
+
+    async def read(
+        self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
+    ) -> AsyncGenerator[bytes, None]:
+        if end is not None and end <= start:
+            # No bytes to send, but a missing key or a changed version must still be reported.
+            await self.client.head(key, if_match)
+            return
+        if not key:
+            raise ObjectNotFound(key)
+        args = {}
+        # No Range for the whole object: S3 answers 416 to any range of an empty one.
+        if start > 0 or end is not None:
+            args["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
+        if if_match is not None:
+            args["IfMatch"] = if_match
+        try:
+            response, body = await self.client.get(key, args)
+        except ClientError as exc:
+            if status_of(exc) == 416:
+                return  # the range starts at or past the end: [start, end) is empty
+            raise self.client.error(exc, key) from None
+        except TRANSPORT_ERRORS as exc:
+            raise self.client.error(exc, key) from None
+        async with contextlib.aclosing(self._chunks(body, key)) as chunks:
+            if CUSTOMER_KEY_MARK in (response.get("Metadata") or {}):
+                raise StoreRejected(f"{key}: encrypted with a customer key; the key is needed")
+            async for chunk in chunks:
+                yield chunk
+
+    async def open(
+        self, key: str, length: int | None = None
+    ) -> tuple[ObjectInfo, AsyncGenerator[bytes, None]]:
+        if not key:
+            raise ObjectNotFound(key)
+        args = {}
+        if length is not None:
+            # A range answers with Content-Range: bytes 0-N/TOTAL, so one request still tells
+            # the whole object's size along with its first block.
+            args["Range"] = f"bytes=0-{max(length, 1) - 1}"
+        try:
+            response, body = await self.client.get(key, args)
+        except ClientError as exc:
+            if length is not None and status_of(exc) == 416:
+                # Any range of an empty object is unsatisfiable: it has no bytes to send.
+                info = await self.stat(key)
+                if info.size == 0:
+                    return info, _no_bytes()
+            raise self.client.error(exc, key) from None
+        except TRANSPORT_ERRORS as exc:
+            raise self.client.error(exc, key) from None
+        info = info_of(key, response)
+        if "customer_key_md5" in info.encryption:
+            await body.aclose()  # the answer's connection goes back
+            _keyless(info)
+        total = _total_size(response.get("ContentRange"))
+        if total is not None:
+            info = dataclasses.replace(info, size=total)
+        return info, self._chunks(body, key)
+
+    async def _chunks(
+        self, body: AsyncGenerator[bytes, None], key: str
+    ) -> AsyncGenerator[bytes, None]:
+        async with contextlib.aclosing(body) as chunks:
+            while True:
+                try:
+                    chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                except TRANSPORT_ERRORS as exc:
+                    raise self.client.error(exc, key) from None
+                yield chunk
+
+    # -- tags: the origin's own object tags --------------------------------------------------
+
+    async def get_tags(self, key: str) -> dict[str, str]:
+        r = await self.client.call(key, "get_object_tagging", **self.client.object_args(key))
+        return {t["Key"]: t["Value"] for t in r.get("TagSet") or []}
+
+    async def put_tags(self, key: str, tags: Mapping[str, str]) -> None:
+        where = self.client.object_args(key)
+        if tags:
+            tag_set = [{"Key": k, "Value": v} for k, v in tags.items()]
+            await self.client.call(key, "put_object_tagging", **where, Tagging={"TagSet": tag_set})
+        else:
+            await self.client.call(key, "delete_object_tagging", **where)
+
+    # -- parts: the origin says each part's size (HEAD ?partNumber=N) -----------------------
+
+    async def part_sizes(self, key: str, etag: str) -> list[int] | None:
+        del etag  # see size_of
+        where = self.client.object_args(key)
+
+        async def size_of(number: int) -> tuple[int, int]:
+            # No If-Match: origins differ on what a part's ETag is (moto refuses the
+            # object's); the caller checks the sizes add up to the version's.
+            r = await self.client.call(key, "head_object", **where, PartNumber=number)
+            return int(r["ContentLength"]), int(r.get("PartsCount") or 1)
+
+        first, count = await size_of(1)
+        if count > MAX_PARTS_ASKED:
+            return None  # a request per part is too many
+        sizes = [first]
+        for start in range(2, count + 1, 16):  # 16 at a time
+            batch = range(start, min(start + 16, count + 1))
+            sizes += [s for s, _ in await asyncio.gather(*(size_of(n) for n in batch))]
+        return sizes
+
+    # -- SSE-C: objects the origin encrypted with the client's key, read with it ------------
+
+    async def stat_encrypted(self, key: str, encryption: Mapping[str, str]) -> ObjectInfo:
+        args = encryption_args(encryption)
+        r = await self.client.call(key, "head_object", **self.client.object_args(key), **args)
+        info = info_of(key, r)
+        mark = info.encryption.get("customer_key_md5")
+        if mark is None:
+            # S3 refuses a key for an object not encrypted with one, as this.
+            raise StoreRejected(f"{key}: not encrypted with a customer key")
+        if mark != encryption.get("customer_key_md5"):
+            raise StoreAccessDenied(f"{key}: encrypted with another customer key")
+        return info
+
+    async def read_encrypted(
+        self, key: str, encryption: Mapping[str, str], start: int, end: int, if_match: str
+    ) -> AsyncGenerator[bytes, None]:
+        if end <= start:
+            return
+        args = {
+            **self.client.object_args(key), **encryption_args(encryption), "IfMatch": if_match,
+            "Range": f"bytes={start}-{end - 1}",
+        }  # fmt: skip
+        try:
+            r = await self.client.call(key, "get_object", **args)
+        except PreconditionFailed:
+            raise VersionChanged(f"{key}: is no longer {if_match}") from None
+        async with contextlib.aclosing(self._chunks(_botocore_chunks(r["Body"]), key)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    async def _list_page(self, q: ListRequest) -> ListPage:
+        args: dict[str, Any] = {
+            "Bucket": self.client.bucket,
+            "Prefix": self.client.prefix + q.prefix,
+            "MaxKeys": q.max_keys,
+        }
+        if q.delimiter:
+            args["Delimiter"] = q.delimiter
+        if q.token:
+            args["ContinuationToken"] = q.token
+        if q.start_after:
+            args["StartAfter"] = self.client.prefix + q.start_after
+        try:
+            page = await (await self.client.botocore()).list_objects_v2(**args)
+        except self.client.failures as exc:
+            if q.token and isinstance(exc, ClientError) and status_of(exc) == 400:
+                # S3 answers 400 InvalidArgument to a token it did not give.
+                raise ValueError("malformed continuation token") from None
+            raise self.client.error(exc, q.prefix) from None
+        cut = len(self.client.prefix)
+        objects = [
+            ObjectInfo(
+                key=o["Key"][cut:],
+                size=int(o["Size"]),
+                etag=o["ETag"],
+                last_modified=utc(o["LastModified"]),
+                storage_class=o.get("StorageClass") or "STANDARD",
+            )
+            for o in page.get("Contents", [])
+        ]
+        prefixes = [p["Prefix"][cut:] for p in page.get("CommonPrefixes", [])]
+        more = page.get("IsTruncated") and page.get("NextContinuationToken")
+        return ListPage(objects, prefixes, page["NextContinuationToken"] if more else None)
+
+
+def open_s3(parts: SplitResult, options: Mapping[str, str]) -> S3Store:
+    """`s3://bucket[/prefix]`."""
+    bucket = parts.netloc
+    if not bucket or ":" in bucket:
+        raise ValueError(f"s3 URI {parts.geturl()!r} needs a bucket name: s3://bucket[/prefix]")
+    return S3Store(bucket, unquote(parts.path), options)
+
+
+def _total_size(content_range: str | None) -> int | None:
+    """TOTAL of 'bytes START-END/TOTAL'."""
+    if not content_range:
+        return None
+    _, slash, total = content_range.rpartition("/")
+    return int(total) if slash and total.isdigit() else None
+
+
+async def _no_bytes() -> AsyncGenerator[bytes, None]:
+    return
+    yield
+
+
+def _keyless(info: ObjectInfo) -> ObjectInfo:
+    """`info`, unless its object was written with an SSE-C key: a read without the key is
+    refused (S3 answers 400), whether or not the origin itself would serve it."""
+    if "customer_key_md5" in info.encryption:
+        raise StoreRejected(f"{info.key}: encrypted with a customer key; the key is needed")
+    return info

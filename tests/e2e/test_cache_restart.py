@@ -1,0 +1,142 @@
+"""The page store across restarts of a real gateway over moto (origin requests and bytes counted
+at the proxy): a restart after SIGTERM or kill -9 costs at most one small request per cached
+object and no body bytes, and what a kill -9 left in inflight/ is swept at the next start."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.test_cache_faults import blob, get, metric, mount
+from tests.support.gateway import start_gateway
+from tests.support.net import eventually
+from tests.support.origin import CountingProxy
+
+MiB = 1 << 20
+BUCKET = "origin-faults"  # the bucket test_cache_faults mounts
+SMALL = [f"restart/small-{i:02d}" for i in range(50)]
+LARGE = "restart/large.bin"
+
+
+@pytest.fixture(scope="module")
+def dataset(origin_s3: Any) -> dict[str, bytes]:
+    if BUCKET not in {b["Name"] for b in origin_s3.list_buckets()["Buckets"]}:
+        origin_s3.create_bucket(Bucket=BUCKET)
+    bodies = {key: blob(100_000, 100 + i) for i, key in enumerate(SMALL)}
+    bodies[LARGE] = blob(8 * MiB + 7, 99)
+    for key, body in bodies.items():
+        origin_s3.put_object(Bucket=BUCKET, Key=key, Body=body)
+    return bodies
+
+
+@pytest.mark.parametrize("ttl", ["default", "immutable"])
+@pytest.mark.parametrize("stop", ["sigterm", "sigkill"])
+def test_a_restart_refetches_no_cached_bytes(
+    tmp_path: Path, origin: CountingProxy, dataset: dict[str, bytes], ttl: str, stop: str
+) -> None:
+    node = start_gateway(tmp_path / "n")
+    mount(node, origin, "faults", *(["metadata_ttl=-1"] if ttl == "immutable" else []))
+    for key, body in dataset.items():
+        assert get(node, "faults", key) == body
+    eventually(lambda: metric(node, "gateway_cache_fills") >= len(SMALL) + 3)
+    if ttl == "immutable":
+        eventually(lambda: _recorded(tmp_path / "n") == len(dataset))
+    if stop == "sigkill":
+        node.proc.send_signal(signal.SIGKILL)
+        node.proc.wait()
+    node.stop()
+
+    again = start_gateway(tmp_path / "n", port=node.port)
+    try:
+        origin.reset()
+        s3 = again.client()
+        for key, body in dataset.items():
+            got = s3.get_object(Bucket="faults", Key=key)
+            assert got["Body"].read() == body
+            assert got["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit", key
+        assert origin.bytes_sent("GET") == 0
+        assert origin.count("GET") == 0
+        # At most one small request each: a HEAD, unless the version is remembered (TTL -1).
+        assert origin.count("HEAD") == (0 if ttl == "immutable" else len(dataset))
+    finally:
+        again.stop()
+
+
+def _recorded(data_dir: Path) -> int:
+    with sqlite3.connect(data_dir / "gateway.db") as db:
+        row = db.execute("SELECT count(*) FROM objects WHERE key LIKE 'restart/%'").fetchone()
+    return int(row[0])
+
+
+# -- leftovers of a kill -9 ----------------------------------------------------------------------
+
+
+def test_a_kill_during_cold_reads_and_puts_leaves_nothing_in_inflight_after_a_restart(
+    tmp_path: Path, origin: CountingProxy, origin_s3: Any, dataset: dict[str, bytes]
+) -> None:
+    big = blob(40 * MiB, 50)
+    origin_s3.put_object(Bucket=BUCKET, Key="leftovers/cold.bin", Body=big)
+    node = start_gateway(tmp_path / "n")
+    inflight = tmp_path / "n" / "cache" / "inflight"
+    mount(node, origin, "faults")
+    s3 = node.client()
+    get_url = s3.generate_presigned_url(
+        "get_object", Params={"Bucket": "faults", "Key": "leftovers/cold.bin"}
+    )
+    put_url = s3.generate_presigned_url(
+        "put_object", Params={"Bucket": "faults", "Key": "leftovers/put.bin"}
+    )
+    release = threading.Event()
+
+    def body() -> Iterator[bytes]:
+        yield blob(16 * MiB, 51)
+        release.wait(60)
+        yield blob(8 * MiB, 52)
+
+    def put() -> None:
+        with contextlib.suppress(httpx.HTTPError):  # the node is killed under it
+            httpx.put(
+                put_url, content=body(), headers={"Content-Length": str(24 * MiB)}, timeout=60
+            )
+
+    writer = threading.Thread(target=put)
+    writer.start()
+    with httpx.Client(timeout=60) as client:
+        streams = [client.stream("GET", get_url) for _ in range(3)]
+        try:
+            for stream in streams:
+                next(stream.__enter__().iter_bytes(64 << 10))
+
+            def both_kinds_in_flight() -> bool:
+                names = [p.name for p in inflight.iterdir()]
+                return any(n.startswith(".w.") for n in names) and any(
+                    not n.startswith(".") for n in names
+                )
+
+            eventually(both_kinds_in_flight)
+            node.proc.send_signal(signal.SIGKILL)
+            node.proc.wait()
+        finally:
+            release.set()
+            for stream in streams:
+                with contextlib.suppress(httpx.HTTPError):
+                    stream.__exit__(None, None, None)
+    writer.join()
+    node.stop()
+    assert list(inflight.iterdir())  # what the kill left
+
+    again = start_gateway(tmp_path / "n", port=node.port)
+    try:
+        assert list(inflight.iterdir()) == []
+        assert get(again, "faults", "leftovers/cold.bin") == big
+        eventually(lambda: list(inflight.iterdir()) == [])
+    finally:
+        again.stop()

@@ -1,0 +1,211 @@
+"""Plain cache hits answered at the HTTP edge (gateway/s3/fast.py), tried from outside with
+boto3 and raw sockets against a real node: the same answer as the full path, in order among
+pipelined requests, never for a request that asks for more (a range, a condition, a body),
+never past a bad signature, an expired URL or a deleted key, and the new bytes right after
+an overwrite."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from botocore.exceptions import ClientError
+
+from tests.support.gateway import GatewayNode, run_cli, start_gateway
+from tests.support.net import eventually
+
+BODY = bytes(range(256)) * 16  # 4 KiB
+
+
+@pytest.fixture(scope="module")
+def node(module_dir: Path) -> Iterator[GatewayNode]:
+    files = module_dir / "files"
+    files.mkdir()
+    (files / "small.bin").write_bytes(BODY)
+    (files / "other.txt").write_bytes(b"other bytes")
+    data = module_dir / "data"
+    run_cli(data, None, "mount", "add", "fast", files.as_uri())
+    node = start_gateway(data)
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+def _fast(node: GatewayNode) -> float:
+    return node.metric("gateway_edge_fast_answers")
+
+
+def _url(node: GatewayNode, *keys: str, expires: int = 3600, op: str = "get_object") -> str:
+    s3 = node.client(*keys)
+    url: str = s3.generate_presigned_url(
+        op, Params={"Bucket": "fast", "Key": "small.bin"}, ExpiresIn=expires
+    )
+    return url
+
+
+def _request(node: GatewayNode, url: str, method: bytes = b"GET", extra: bytes = b"") -> bytes:
+    """The request a client sends for a presigned URL (its Host is part of what is signed)."""
+    target = ("/" + url.split("/", 3)[3]).encode()
+    host = b"Host: 127.0.0.1:%d\r\n" % node.port
+    return method + b" " + target + b" HTTP/1.1\r\n" + host + extra + b"\r\n"
+
+
+def _responses(
+    port: int, payload: bytes, count: int, heads: tuple[int, ...] = ()
+) -> list[tuple[int, dict[str, str], bytes]]:
+    """Send `payload` at once and read `count` responses from the connection, in order; those
+    numbered in `heads` answer a HEAD (no body)."""
+    out = []
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(payload)
+        stream = sock.makefile("rb")
+        for i in range(count):
+            status = int(stream.readline().split(b" ", 2)[1])
+            headers: dict[str, str] = {}
+            while (line := stream.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode("latin-1").partition(":")
+                headers[name.strip().lower()] = value.strip()
+            length = 0 if i in heads else int(headers.get("content-length", "0"))
+            out.append((status, headers, stream.read(length)))
+    return out
+
+
+def test_a_plain_hit_is_answered_at_the_edge_as_the_full_path_answers_it(
+    node: GatewayNode,
+) -> None:
+    s3 = node.client()
+    assert s3.get_object(Bucket="fast", Key="small.bin")["Body"].read() == BODY  # a miss
+    before = _fast(node)
+    got = s3.get_object(Bucket="fast", Key="small.bin")
+    assert got["Body"].read() == BODY
+    assert _fast(node) == before + 1
+    # The same object through the full path (a condition that holds sends it there).
+    full = s3.get_object(Bucket="fast", Key="small.bin", IfMatch=got["ETag"])
+    assert full["Body"].read() == BODY
+    assert _fast(node) == before + 1
+    varying = {"date", "x-amz-request-id"}
+    edge = {k: v for k, v in got["ResponseMetadata"]["HTTPHeaders"].items() if k not in varying}
+    path = {k: v for k, v in full["ResponseMetadata"]["HTTPHeaders"].items() if k not in varying}
+    assert edge == path
+    assert edge["x-cache"] == "hit"
+    head = s3.head_object(Bucket="fast", Key="small.bin")
+    assert head["ContentLength"] == len(BODY)
+    assert _fast(node) == before + 2
+    requests = node.metric("gateway_requests", 'op="GetObject",status="200"')
+    assert requests >= 3  # the edge's answers are counted as any other
+
+
+def test_pipelined_requests_are_answered_in_order_fast_or_not(node: GatewayNode) -> None:
+    url = _url(node)
+    node.client().get_object(Bucket="fast", Key="small.bin")["Body"].read()
+    plain = _request(node, url)
+    ranged = _request(node, url, extra=b"Range: bytes=10-19\r\n")
+    head = _request(node, _url(node, op="head_object"), b"HEAD")
+    # A GET with a body of its own: never answered at the edge, and its body is not taken
+    # for a request (the node closes the connection after it, as S3 does).
+    smuggle = b"GET /fast/other.txt HTTP/1.1\r\nHost: x\r\n\r\n"
+    with_body = _request(node, url, extra=b"Content-Length: %d\r\n" % len(smuggle)) + smuggle
+    before = _fast(node)
+    payload = plain + ranged + plain + head + plain + with_body
+    answers = _responses(node.port, payload, 6, heads=(3,))
+    assert [a[0] for a in answers] == [200, 206, 200, 200, 200, 200]
+    assert answers[0][2] == BODY and answers[2][2] == BODY and answers[4][2] == BODY
+    assert answers[1][2] == BODY[10:20]
+    assert answers[3][2] == b"" and answers[3][1]["content-length"] == str(len(BODY))
+    assert answers[5][2] == BODY
+    assert _fast(node) - before >= 1  # the first at the edge; behind a slow one, queued
+
+
+def test_conflicting_lengths_are_refused_not_answered(node: GatewayNode) -> None:
+    extra = b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n"
+    payload = _request(node, _url(node), extra=extra) + b"0\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", node.port), timeout=10) as sock:
+        sock.sendall(payload)
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:100]
+    assert BODY not in answer
+
+
+def test_a_bad_or_expired_signature_is_refused_by_the_full_path(node: GatewayNode) -> None:
+    url = _url(node)
+    node.client().get_object(Bucket="fast", Key="small.bin")["Body"].read()
+    assert _responses(node.port, _request(node, url), 1)[0][0] == 200
+    tampered = url.replace("X-Amz-Signature=", "X-Amz-Signature=0")
+    [(status, _, body)] = _responses(node.port, _request(node, tampered), 1)
+    assert status == 403 and b"SignatureDoesNotMatch" in body
+    # Another host than the one signed for: the same target is not the same request.
+    [(status, _, body)] = _responses(
+        node.port, _request(node, url).replace(b"Host: ", b"Host: x"), 1
+    )
+    assert status == 403 and b"SignatureDoesNotMatch" in body
+    short = _url(node, expires=1)
+    first = _responses(node.port, _request(node, short), 1)
+    # Verified once, then kept: it must still expire (a second after it was signed).
+    assert first[0][0] in (200, 403)
+
+    def expired() -> bool:
+        [(status, _, body)] = _responses(node.port, _request(node, short), 1)
+        return status == 403 and b"Request has expired" in body
+
+    eventually(expired, timeout=10)
+
+
+def test_a_deleted_key_is_refused_at_once_after_its_urls_were_answered(
+    node: GatewayNode,
+) -> None:
+    out = node.cli("keys", "create").stdout
+    access_key = out.split("access key:")[1].split()[0]
+    secret = out.split("secret key:")[1].split()[0]
+    eventually(lambda: _can_read(node, access_key, secret))
+    request = _request(node, _url(node, access_key, secret))
+    assert _responses(node.port, request, 1)[0][0] == 200
+    assert _responses(node.port, request, 1)[0][0] == 200  # now verified from memory
+    node.cli("keys", "delete", access_key)
+
+    def refused() -> bool:
+        [(status, _, body)] = _responses(node.port, request, 1)
+        return status == 403 and b"InvalidAccessKeyId" in body
+
+    eventually(refused, timeout=15)
+
+
+def _can_read(node: GatewayNode, access_key: str, secret: str) -> bool:
+    try:
+        node.client(access_key, secret).head_object(Bucket="fast", Key="small.bin")
+    except ClientError:
+        return False
+    return True
+
+
+def test_an_overwrite_is_read_new_right_away(node: GatewayNode) -> None:
+    s3 = node.client()
+    s3.put_object(Bucket="fast", Key="rw.bin", Body=b"old" * 100)
+    assert s3.get_object(Bucket="fast", Key="rw.bin")["Body"].read() == b"old" * 100
+    assert s3.get_object(Bucket="fast", Key="rw.bin")["Body"].read() == b"old" * 100
+    s3.put_object(Bucket="fast", Key="rw.bin", Body=b"new" * 100)
+    assert s3.get_object(Bucket="fast", Key="rw.bin")["Body"].read() == b"new" * 100
+    s3.delete_object(Bucket="fast", Key="rw.bin")
+    with pytest.raises(ClientError, match="NoSuchKey"):
+        s3.get_object(Bucket="fast", Key="rw.bin")
+
+
+def test_http_1_0_is_answered_and_closed(node: GatewayNode) -> None:
+    request = _request(node, _url(node)).replace(b"HTTP/1.1", b"HTTP/1.0")
+    node.client().get_object(Bucket="fast", Key="small.bin")["Body"].read()
+    before = _fast(node)
+    with socket.create_connection(("127.0.0.1", node.port), timeout=10) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):  # the node closes: the loop ends
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert b"connection: close" in answer.lower()
+    assert answer.endswith(BODY)
+    assert _fast(node) == before + 1

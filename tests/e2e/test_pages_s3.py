@@ -1,0 +1,260 @@
+"""The page store seen through S3: block-sized fetches from the origin (counted in bytes at
+the proxy in front of moto), read-ahead, single flight across clients and worker processes,
+restart and SIGKILL of a node, quotas, pins and scan resistance."""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+import sqlite3
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.gateway import GatewayNode, start_gateway
+from tests.support.net import eventually
+from tests.support.origin import CountingProxy
+
+MiB = 1 << 20
+BUCKET = "origin-pages"
+BIG = 40 * MiB
+
+
+def _blob(n: int, seed: int) -> bytes:
+    block = hashlib.sha256(str(seed).encode()).digest() * 2048  # 64 KiB
+    return (block * (n // len(block) + 1))[:n]
+
+
+BIG_BODY = _blob(BIG, 1)
+
+
+@pytest.fixture(scope="module")
+def origin_bucket(origin_s3: Any) -> str:
+    origin_s3.create_bucket(Bucket=BUCKET)
+    origin_s3.put_object(Bucket=BUCKET, Key="big.bin", Body=BIG_BODY)
+    for i in range(24):
+        origin_s3.put_object(Bucket=BUCKET, Key=f"small/{i:03d}", Body=_blob(MiB, 100 + i))
+    return BUCKET
+
+
+def _mount(node: GatewayNode, origin: CountingProxy, bucket: str, *options: str) -> None:
+    opts = ["-o", f"endpoint_url={origin.url}", "-o", "access_key=origin-ak"]
+    opts += ["-o", "secret_key=origin-sk"]
+    for option in options:
+        opts += ["-o", option]
+    node.cli("mount", "add", bucket, f"s3://{BUCKET}", *opts)
+    eventually(lambda: bucket in node.buckets())
+
+
+def recorded(node: GatewayNode, key: str) -> bool:
+    """The node's database has the object's version (the metadata recorder has written it)."""
+    db = node.data_dir / "gateway.db"
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        return bool(
+            conn.execute("SELECT count(*) FROM objects WHERE key = ?", (key,)).fetchone()[0]
+        )
+
+
+@pytest.fixture(scope="module")
+def node(module_dir: Path, origin: CountingProxy, origin_bucket: str) -> Iterator[GatewayNode]:
+    node = start_gateway(module_dir / "node", args=("--cache-block-size", "4MiB"))
+    _mount(node, origin, "pages", "metadata_ttl=600")  # no revalidation mid-test on a slow machine
+    yield node
+    node.stop()
+
+
+def _get(node: GatewayNode, bucket: str, key: str, rng: str | None = None) -> bytes:
+    kw = {"Range": rng} if rng else {}
+    return bytes(node.client().get_object(Bucket=bucket, Key=key, **kw)["Body"].read())
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_range_in_a_large_object_fetches_only_its_block(
+    node: GatewayNode, origin: CountingProxy
+) -> None:
+    node.client().head_object(Bucket="pages", Key="big.bin")  # metadata; no bytes
+    origin.reset()
+    start = 18 * MiB + MiB // 2  # inside block 4: [16 MiB, 20 MiB)
+    got = _get(node, "pages", "big.bin", f"bytes={start}-{start + MiB - 1}")
+    assert got == BIG_BODY[start : start + MiB]
+    assert origin.bytes_sent("GET") == 4 * MiB
+    assert origin.count("GET") == 1
+    # The same block again, another range of it: a hit.
+    origin.reset()
+    got = _get(node, "pages", "big.bin", f"bytes={16 * MiB}-{17 * MiB - 1}")
+    assert got == BIG_BODY[16 * MiB : 17 * MiB]
+    assert origin.count() == 0
+
+
+def test_a_sequential_reader_of_ranges_is_read_ahead_and_nothing_is_fetched_twice(
+    node: GatewayNode, origin: CountingProxy, origin_s3: Any
+) -> None:
+    origin_s3.put_object(Bucket=BUCKET, Key="walk.bin", Body=BIG_BODY)
+    s3 = node.client()
+    s3.head_object(Bucket="pages", Key="walk.bin")
+    origin.reset()
+    prefetched = node.metric("gateway_cache_prefetches")
+    out = bytearray()
+    for pos in range(0, BIG, MiB):
+        out += _get(node, "pages", "walk.bin", f"bytes={pos}-{pos + MiB - 1}")
+    assert out == BIG_BODY
+    assert origin.bytes_sent("GET") == BIG  # every block once, no more
+    assert node.metric("gateway_cache_prefetches") - prefetched >= 5
+
+
+def test_cold_full_read_then_hot(node: GatewayNode, origin: CountingProxy, origin_s3: Any) -> None:
+    origin_s3.put_object(Bucket=BUCKET, Key="full.bin", Body=BIG_BODY)
+    origin.reset()
+    assert _get(node, "pages", "full.bin") == BIG_BODY
+    assert origin.count("HEAD") == 0  # the first block's GET told the size
+    assert origin.count("GET") == BIG // (4 * MiB)
+    assert origin.bytes_sent("GET") == BIG
+    origin.reset()
+    assert _get(node, "pages", "full.bin") == BIG_BODY
+    assert origin.count() == 0
+
+
+def test_concurrent_clients_fetch_each_block_once(
+    node: GatewayNode, origin: CountingProxy, origin_s3: Any
+) -> None:
+    origin_s3.put_object(Bucket=BUCKET, Key="crowd.bin", Body=BIG_BODY)
+    origin.reset()
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: _get(node, "pages", "crowd.bin"), range(8)))
+    assert all(r == BIG_BODY for r in results)
+    assert origin.bytes_sent("GET") == BIG
+    assert node.metric("gateway_cache_joins") > 0
+
+
+def test_concurrent_cold_readers_of_a_small_object_make_one_request(
+    node: GatewayNode, origin: CountingProxy, origin_s3: Any
+) -> None:
+    body = _blob(300_000, 77)
+    origin_s3.put_object(Bucket=BUCKET, Key="cold/one", Body=body)
+    origin.reset()
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: _get(node, "pages", "cold/one"), range(8)))
+    assert all(r == body for r in results)
+    assert origin.count() == 1  # one GET told the version and brought the bytes
+
+
+def test_metrics_count_store_bytes_and_cache_use(node: GatewayNode) -> None:
+    _get(node, "pages", "small/000")
+    _get(node, "pages", "small/000")
+    assert node.metric("gateway_store_bytes", 'store="s3"') >= MiB
+    assert node.metric("gateway_cache_hits") >= 1
+    eventually(lambda: node.metric("gateway_cache_bytes") >= MiB)  # the janitor published
+    assert node.metric("gateway_cache_mount_bytes") >= MiB
+    text = httpx.get(node.url + "/metrics").text
+    for name in ("gateway_cache_fills_in_flight", "gateway_cache_evictions_total"):
+        assert name in text
+
+
+@pytest.mark.slow
+def test_restart_keeps_the_cache_and_a_kill_mid_fill_serves_no_torn_block(
+    tmp_path: Path, origin: CountingProxy, origin_s3: Any, origin_bucket: str
+) -> None:
+    origin_s3.put_object(Bucket=BUCKET, Key="crash.bin", Body=BIG_BODY)
+    node = start_gateway(tmp_path / "n", args=("--cache-block-size", "4MiB"))
+    try:
+        _mount(node, origin, "pages", "metadata_ttl=-1")
+        assert _get(node, "pages", "small/001") == _blob(MiB, 101)
+        # Kill -9 while a large read streams through the node.
+        with httpx.stream("GET", node.client().generate_presigned_url(
+            "get_object", Params={"Bucket": "pages", "Key": "crash.bin"}
+        )) as response:  # fmt: skip
+            next(response.iter_bytes(64 << 10))
+            node.proc.send_signal(signal.SIGKILL)
+            node.proc.wait()
+    finally:
+        node.stop()
+    again = start_gateway(tmp_path / "n", port=node.port, args=("--cache-block-size", "4MiB"))
+    try:
+        origin.reset()
+        assert _get(again, "pages", "small/001") == _blob(MiB, 101)
+        assert origin.count() == 0  # metadata from the database, bytes from the old cache
+        assert _get(again, "pages", "crash.bin") == BIG_BODY
+    finally:
+        again.stop()
+
+
+@pytest.mark.slow
+def test_worker_processes_of_a_node_share_fills_and_blocks(
+    tmp_path: Path, origin: CountingProxy, origin_s3: Any, origin_bucket: str
+) -> None:
+    origin_s3.put_object(Bucket=BUCKET, Key="shared.bin", Body=BIG_BODY)
+    node = start_gateway(tmp_path / "w", args=("--cache-block-size", "4MiB", "--workers", "2"))
+    try:
+        # TTL -1: the version is kept in the database, so every worker knows it without
+        # asking the origin, and single flight across the workers is exact.
+        _mount(node, origin, "shared", "metadata_ttl=-1")
+        for _ in range(4):
+            node.client().head_object(Bucket="shared", Key="shared.bin")
+        eventually(lambda: recorded(node, "shared.bin"))  # written behind the requests
+        origin.reset()
+
+        def read(_: int) -> bytes:
+            return _get(node, "shared", "shared.bin")
+
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(read, range(16)))
+        assert all(r == BIG_BODY for r in results)
+        assert origin.bytes_sent("GET") == BIG
+        assert len(_children(node.proc.pid)) >= 2  # uvicorn's worker processes
+    finally:
+        node.stop()
+
+
+def test_quota_pins_and_scan_resistance(
+    tmp_path: Path, origin: CountingProxy, origin_s3: Any, origin_bucket: str
+) -> None:
+    node = start_gateway(
+        tmp_path / "q",
+        args=("--cache-block-size", "1MiB", "--cache-capacity", "12MiB", "--cache-min-free", "0"),
+    )
+    try:
+        _mount(node, origin, "pinned", "pin=small/000|small/001")
+        _mount(node, origin, "quota", "cache_quota=3MiB")
+        for key in ("small/000", "small/001"):
+            _get(node, "pinned", key)
+        hot = [f"small/{i:03d}" for i in range(2, 6)]
+        for _ in range(2):  # used twice: the protected working set
+            for key in hot:
+                _get(node, "pinned", key)
+        for i in range(6, 24):  # a one-off sweep of 18 MiB through a 12 MiB cache
+            _get(node, "pinned", f"small/{i:03d}")
+        for i in range(6, 14):
+            _get(node, "quota", f"small/{i:03d}")
+        # The janitor (a pass every half second) has evicted down to the capacity and quota.
+        eventually(
+            lambda: node.metric("gateway_cache_evictions") > 0
+            and node.metric("gateway_cache_bytes") <= 12 * MiB + 12 * 64
+            and 0 < node.metric("gateway_cache_mount_bytes", 'mount="2"') <= 3 * MiB + 3 * 64
+        )
+        origin.reset()
+        for key in ["small/000", "small/001", *hot]:
+            assert _get(node, "pinned", key) == _blob(MiB, 100 + int(key[-3:]))
+        assert origin.count("GET") == 0, "the pinned and the hot set were evicted by a sweep"
+        quota_bytes = node.metric("gateway_cache_mount_bytes", 'mount="2"')
+        assert 0 < quota_bytes <= 3 * MiB + 3 * 64
+        assert node.metric("gateway_cache_bytes") <= 12 * MiB + 12 * 64
+        assert node.metric("gateway_cache_evictions") > 0
+    finally:
+        node.stop()

@@ -1,0 +1,62 @@
+"""The stores under test: `origin` is each kind of under-store on its real server (the session's
+servers in tests/conftest.py), with the store mounted on a prefix and decoys beside it."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.origin import CountingProxy, MotoServer
+from tests.support.stores import MOUNT_PREFIX, FileOrigin, Origin, S3Origin
+
+
+@pytest.fixture(scope="module")
+def proxy(moto_server: MotoServer) -> Iterator[CountingProxy]:
+    """A counting proxy in front of the session's moto: what the S3 store sends is seen here."""
+    p = CountingProxy(moto_server.url)
+    yield p
+    p.stop()
+
+
+@pytest.fixture(params=["file", "s3", "azure", "gcs", "hdfs"])
+async def origin(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Origin]:
+    """One contract, every store: each kind on its real server."""
+    o: Origin
+    if request.param == "file":
+        (tmp_path / "root").mkdir()
+        o = FileOrigin(tmp_path / "root")
+    elif request.param == "s3":
+        o = S3Origin(request.getfixturevalue("moto_server"), request.getfixturevalue("proxy"))
+    elif request.param == "azure":
+        from tests.support.azurite import AzureOrigin
+
+        o = AzureOrigin(request.getfixturevalue("azurite"))
+    elif request.param == "gcs":
+        from tests.support.gcs_server import GcsOrigin
+
+        o = GcsOrigin(request.getfixturevalue("gcs"))
+    else:
+        from tests.support.webhdfs_server import HdfsOrigin
+
+        server = request.getfixturevalue("webhdfs")
+        shutil.rmtree(server.root / MOUNT_PREFIX.split("/")[0], ignore_errors=True)
+        o = HdfsOrigin(server)
+    if isinstance(o, S3Origin):
+        o.proxy.reset()  # a test counts only what it sends itself
+    yield o
+    await o.store.close()
+    close = getattr(o, "close", None)
+    if close is not None:
+        close()
+
+
+@pytest.fixture
+async def s3_origin(moto_server: MotoServer, proxy: CountingProxy) -> AsyncIterator[S3Origin]:
+    """The S3 store alone, for what reaches the origin on the wire."""
+    o = S3Origin(moto_server, proxy)
+    proxy.reset()
+    yield o
+    await o.store.close()

@@ -1,0 +1,132 @@
+"""An S3 origin that answers oddly, as real ones sometimes do: the counting proxy in front of
+moto, rewriting some of moto's replies or answering some requests itself.
+
+- `blank_etags(*ops)`: the replies to these operations carry an empty ETag, in the header and
+  in the XML body, as Ceph RGW 16.2 answers CompleteMultipartUpload.
+- `fail_next(op, status, code)`: the next request of that operation is read to its end and
+  answered with that S3 error (a 500 InternalError that a client retries, a 400 that it does
+  not), without reaching moto.
+"""
+
+from __future__ import annotations
+
+import http.client
+import re
+from dataclasses import dataclass
+from urllib.parse import parse_qs
+
+from tests.support.origin import _HOP_BY_HOP, CountingProxy, ProxiedRequest, _Handler, _ProxyServer
+
+_ETAG_ELEMENT = re.compile(rb"<ETag>[^<]*</ETag>")
+
+
+def operation(method: str, path: str, query: str, headers: dict[str, str]) -> str:
+    """The S3 operation a path-style request to moto is (only those the tests rewrite)."""
+    params = parse_qs(query, keep_blank_values=True)
+    copy = "x-amz-copy-source" in headers
+    if method == "PUT" and "partNumber" in params:
+        return "UploadPartCopy" if copy else "UploadPart"
+    if method == "PUT" and path.count("/") >= 2 and path.split("/", 2)[2]:
+        return "CopyObject" if copy else "PutObject"
+    if method == "POST" and "uploads" in params:
+        return "CreateMultipartUpload"
+    if method == "POST" and "uploadId" in params:
+        return "CompleteMultipartUpload"
+    if method == "GET" and "uploads" in params:
+        return "ListMultipartUploads"
+    return f"{method} {path}"
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    status: int
+    code: str
+
+
+class _OddHandler(_Handler):
+    server: _ProxyServer
+    _rewriting = False
+
+    def _op(self) -> str:
+        path, _, query = self.path.partition("?")
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        return operation(self.command, path, query, headers)
+
+    def do_any(self) -> None:
+        owner = self.server.owner
+        assert isinstance(owner, OddOrigin)
+        op = self._op()
+        failure = owner._take_failure(op)
+        if failure is None:
+            self._rewriting = op in owner._blanked
+            super().do_any()
+            return
+        path, _, query = self.path.partition("?")
+        owner._record(ProxiedRequest(self.command, path, query, self.headers["Range"]))
+        chunked = "chunked" in self.headers.get("Transfer-Encoding", "").lower()
+        body = self._request_body(chunked)
+        if body is not None and not isinstance(body, bytes):
+            for _ in body:  # the whole body first, so that the answer reaches the client
+                pass
+        reply = (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            f"<Error><Code>{failure.code}</Code><Message>injected by the test</Message>"
+            "<RequestId>odd-origin</RequestId></Error>"
+        ).encode()
+        self.send_response_only(failure.status)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+        self.wfile.flush()
+
+    do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = do_any
+
+    def _relay(self, response: http.client.HTTPResponse) -> None:
+        if not self._rewriting:
+            super()._relay(response)
+            return
+        body = _ETAG_ELEMENT.sub(b"<ETag></ETag>", response.read())
+        self.send_response_only(response.status, response.reason)
+        for name, value in response.getheaders():
+            lower = name.lower()
+            if lower in _HOP_BY_HOP or lower == "content-length":
+                continue
+            self.send_header(name, "" if lower == "etag" else value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+        self.wfile.flush()
+        response.close()
+        if response.will_close:
+            self._drop_upstream()
+
+
+class OddOrigin(CountingProxy):
+    """The counting proxy with odd answers (see the module's docstring)."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream)
+        self._server.RequestHandlerClass = _OddHandler
+        self._blanked: set[str] = set()
+        self._failures: dict[str, list[Failure]] = {}
+
+    def blank_etags(self, *ops: str) -> None:
+        with self._lock:
+            self._blanked = set(ops)
+
+    def fail_next(self, op: str, status: int, code: str, count: int = 1) -> None:
+        with self._lock:
+            self._failures[op] = [Failure(status, code)] * count
+
+    def _take_failure(self, op: str) -> Failure | None:
+        with self._lock:
+            queue = self._failures.get(op)
+            return queue.pop() if queue else None
+
+    def reset(self) -> None:
+        super().reset()
+        with self._lock:
+            self._blanked.clear()
+            self._failures.clear()

@@ -1,0 +1,50 @@
+"""Preload yields to a node's clients: no new preload fetch starts while the node's clients
+have FOREGROUND_BUSY fetches from the store in flight (gateway/jobs/runner.py); it starts as
+soon as one of theirs ends."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from gateway import counters
+from gateway.jobs.runner import FOREGROUND_BUSY, JobRunner
+
+pytestmark = pytest.mark.anyio
+
+
+class Pages:
+    """A page store's fill count, moved by the test; waiters wake when it drops."""
+
+    def __init__(self, fills: int) -> None:
+        self.fills_in_flight = fills
+        self._ended = asyncio.Event()
+
+    async def any_fill_ended(self) -> None:
+        await self._ended.wait()
+        self._ended.clear()
+
+    def end_one(self) -> None:
+        self.fills_in_flight -= 1
+        self._ended.set()
+
+
+async def test_preload_waits_while_clients_fetch_and_goes_on_when_one_ends() -> None:
+    pages = Pages(FOREGROUND_BUSY + 1)  # one of them the job's own
+    runner = SimpleNamespace(reader=SimpleNamespace(pages=pages), own_fills=1, stopping=False)
+    yields = counters.JOB_YIELDS._value.get()
+    waiting = asyncio.create_task(JobRunner.yield_to_clients(runner))  # type: ignore[arg-type]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not waiting.done()
+    assert counters.JOB_YIELDS._value.get() == yields + 1
+    pages.end_one()  # a client's fetch ends: fewer than FOREGROUND_BUSY of theirs
+    await asyncio.wait_for(waiting, 5)
+
+
+async def test_preload_does_not_wait_for_its_own_fetches() -> None:
+    pages = Pages(FOREGROUND_BUSY + 3)
+    runner = SimpleNamespace(reader=SimpleNamespace(pages=pages), own_fills=4, stopping=False)
+    await asyncio.wait_for(JobRunner.yield_to_clients(runner), 5)  # type: ignore[arg-type]

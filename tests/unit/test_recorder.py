@@ -1,0 +1,166 @@
+"""Object metadata written behind the requests, many changes a transaction, on SQLite and
+PostgreSQL: what was recorded is in the database after close, in the order it was made."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import sqlalchemy as sa
+
+from gateway.meta import MetaStore, SecretBox
+from gateway.service.recorder import BATCH, MetadataRecorder
+from tests.unit.test_meta import object_info
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[MetaStore]:
+    async with MetaStore(database_url, SecretBox([SecretBox.generate_key()])) as store:
+        await store.migrate()
+        yield store
+
+
+async def keys(store: MetaStore, mount_id: int) -> dict[str, int]:
+    async with store.engine.connect() as conn:
+        rows = await conn.execute(
+            sa.text("SELECT key, size FROM objects WHERE mount_id = :m"), {"m": mount_id}
+        )
+        return {key: size for key, size in rows}
+
+
+async def test_record_objects_upserts_and_deletes_in_one_call(store: MetaStore) -> None:
+    mount = await store.add_mount("data", "s3://origin", {})
+    await store.put_object_meta(mount.id, object_info("old", size=1))
+    await store.record_objects(
+        [
+            (mount.id, "a", object_info("a", size=2)),
+            (mount.id, "old", None),
+            (mount.id, "b", object_info("b", size=3)),
+        ]
+    )
+    assert await keys(store, mount.id) == {"a": 2, "b": 3}
+    got = await store.get_object_meta(mount.id, "a")
+    assert got is not None and got[0] == object_info("a", size=2)
+    await store.record_objects([(mount.id, "a", object_info("a", size=4))])
+    assert await keys(store, mount.id) == {"a": 4, "b": 3}
+
+
+async def test_everything_recorded_is_written_by_close(store: MetaStore) -> None:
+    mount = await store.add_mount("data", "s3://origin", {})
+    recorder = MetadataRecorder(store)
+    count = BATCH * 2 + 17  # more than one transaction's worth
+    for i in range(count):
+        recorder.record(mount.id, f"k{i}", object_info(f"k{i}", size=i))
+    assert recorder.pending == count  # nothing is written while the caller runs
+    await recorder.close()
+    assert recorder.pending == 0
+    assert await keys(store, mount.id) == {f"k{i}": i for i in range(count)}
+
+
+async def test_a_later_change_to_a_key_wins(store: MetaStore) -> None:
+    mount = await store.add_mount("data", "s3://origin", {})
+    recorder = MetadataRecorder(store)
+    recorder.record(mount.id, "gone", object_info("gone", size=1))  # a miss learnt it...
+    recorder.record(mount.id, "kept", object_info("kept", size=1))
+    recorder.record(mount.id, "gone", None)  # ...then a DELETE through the gateway
+    recorder.record(mount.id, "kept", object_info("kept", size=2))
+    await recorder.close()
+    assert await keys(store, mount.id) == {"kept": 2}
+
+    # The same while a batch is being written: a change made meanwhile goes after it.
+    recorder.record(mount.id, "kept", object_info("kept", size=3))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    recorder.record(mount.id, "kept", None)
+    await recorder.close()
+    assert await keys(store, mount.id) == {}
+
+
+async def test_a_removed_mount_does_not_lose_the_others(store: MetaStore) -> None:
+    kept = await store.add_mount("kept", "s3://a", {})
+    removed = await store.add_mount("removed", "s3://b", {})
+    assert await store.remove_mount("removed")
+    recorder = MetadataRecorder(store)
+    recorder.record(kept.id, "a", object_info("a", size=1))
+    recorder.record(removed.id, "b", object_info("b", size=2))  # no such mount any more
+    recorder.record(kept.id, "c", object_info("c", size=3))
+    await recorder.close()
+    assert await keys(store, kept.id) == {"a": 1, "c": 3}
+    assert await keys(store, removed.id) == {}
+
+
+async def test_lookups_at_once_are_answered_each(store: MetaStore) -> None:
+    one = await store.add_mount("one", "s3://a", {})
+    two = await store.add_mount("two", "s3://b", {})
+    await store.record_objects(
+        [(one.id, f"k{i}", object_info(f"k{i}", size=i)) for i in range(0, BATCH + 50, 2)]
+        + [(two.id, "k1", object_info("k1", size=99))]
+    )
+    recorder = MetadataRecorder(store)
+    wanted = [(one.id, f"k{i}") for i in range(BATCH + 50)] + [(two.id, "k1"), (two.id, "k2")]
+    found = await asyncio.gather(*(recorder.lookup(m, k) for m, k in wanted))
+    for (mount_id, key), info in zip(wanted, found, strict=True):
+        i = int(key[1:])
+        if mount_id == two.id:
+            assert (info.size if info else None) == (99 if key == "k1" else None)
+        elif i % 2 == 0:
+            assert info == object_info(key, size=i)
+        else:
+            assert info is None
+    await recorder.close()
+
+
+async def test_a_lookup_sees_a_change_not_yet_written(store: MetaStore) -> None:
+    mount = await store.add_mount("data", "s3://origin", {})
+    await store.put_object_meta(mount.id, object_info("k", size=1))
+    recorder = MetadataRecorder(store)
+    recorder.record(mount.id, "k", None)
+    recorder.record(mount.id, "new", object_info("new", size=2))
+    assert await recorder.lookup(mount.id, "k") is None
+    assert await recorder.lookup(mount.id, "new") == object_info("new", size=2)
+    await recorder.close()
+    assert await recorder.lookup(mount.id, "new") == object_info("new", size=2)
+    assert await recorder.lookup(mount.id, "k") is None
+
+
+async def test_an_unreachable_database_remembers_nothing(database_url: str) -> None:
+    """Lookups of a database that cannot be reached answer 'nothing remembered' (the miss
+    then asks the store), and queued changes are dropped with a warning, not raised."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("an unreachable SQLite file is a configuration error, not an outage")
+    from tests.support.net import free_port
+
+    dead = f"postgresql+asyncpg://postgres@127.0.0.1:{free_port()}/nothing"
+    async with MetaStore(dead, SecretBox([SecretBox.generate_key()])) as store:
+        recorder = MetadataRecorder(store)
+        assert await recorder.lookup(1, "k") is None
+        recorder.record(1, "k", object_info("k"))
+        await recorder.close()
+        assert recorder.pending == 0
+
+
+async def test_changes_made_within_the_delay_share_a_transaction(
+    store: MetaStore, database_url: str
+) -> None:
+    """Misses that end a few turns of the event loop apart are written together."""
+    mount = await store.add_mount("data", "s3://origin", {})
+    calls: list[int] = []
+
+    class Counted(MetaStore):
+        async def record_objects(self, changes, checked_at=None):  # type: ignore[no-untyped-def]
+            calls.append(len(changes))
+            await super().record_objects(changes, checked_at)
+
+    async with Counted(database_url, SecretBox([SecretBox.generate_key()])) as counted:
+        recorder = MetadataRecorder(counted, delay=60.0)  # the test ends it with close()
+        for i in range(10):
+            recorder.record(mount.id, f"k{i}", object_info(f"k{i}", size=i))
+            for _ in range(3):
+                await asyncio.sleep(0)  # other requests' turns
+        assert calls == []  # nothing is written within the delay
+        await recorder.close()  # which ends it: the queue is written at once
+    assert calls == [10]
+    assert await keys(store, mount.id) == {f"k{i}": i for i in range(10)}
