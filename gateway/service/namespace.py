@@ -22,6 +22,7 @@ from gateway.catalog import CatalogOptions, catalog_options
 from gateway.config import Settings, parse_size
 from gateway.meta import MetaStore, MetaUnavailable, Mount, UploadLeases
 from gateway.meta.engine import sqlite_path
+from gateway.meta.models import TenancyRows
 from gateway.meta.secrets import KEY_FILE_NAME
 from gateway.service.authz import Authorizer, build_authorizer
 from gateway.stores import Store, open_store
@@ -177,13 +178,8 @@ class Reread:
     after they asked (so it sees whatever was committed before), and one re-read answers all
     who asked meanwhile; a new one starts at most every REREAD_GAP seconds."""
 
-    def __init__(
-        self,
-        read: Callable[[], Coroutine[Any, Any, None]],
-        then: Callable[[], Coroutine[Any, Any, None]] | None = None,
-    ) -> None:
+    def __init__(self, read: Callable[[], Coroutine[Any, Any, None]]) -> None:
         self._read = read
-        self._then = then  # after a re-read on demand (the periodic refresh does it itself)
         self._began = -REREAD_GAP  # when the last re-read began (monotonic)
         self._task: asyncio.Task[None] | None = None
 
@@ -215,8 +211,6 @@ class Reread:
             await asyncio.sleep(delay)  # rate limit, not a wait for an outcome
         try:
             await self.read()
-            if self._then is not None:
-                await self._then()
         except MetaUnavailable as exc:
             log.warning("re-read on demand failed, serving last known state: %s", exc)
             raise
@@ -239,8 +233,8 @@ class Namespace:
         self._mounts: dict[str, MountHandle] = {}
         self._by_id: dict[int, MountHandle] = {}
         self._secrets: dict[str, str] = {}
-        self._keys = Reread(self._read_keys, self.refresh_auth)
-        self._mounts_reread = Reread(self._read_mounts, self.refresh_auth)
+        self._keys = Reread(self._read_keys)
+        self._mounts_reread = Reread(self._read_mounts)
         self._tasks: set[asyncio.Task[None]] = set()
         self.own = OwnPaths()
         self.write_lease = Settings.write_lease
@@ -284,26 +278,26 @@ class Namespace:
         return self._secrets.get(access_key)
 
     async def refresh(self) -> None:
-        await self.refresh_mounts(auth=False)
-        await self.refresh_keys(auth=False)
-        await self.refresh_auth()
+        await self.refresh_mounts()
+        await self.refresh_keys()
 
     async def refresh_auth(self) -> None:
         """Re-read users, policies, keys' users, owners and bucket policies, and compile them."""
-        rows = await self._meta.read_tenancy()
+        self._publish_auth(await self._meta.read_tenancy())
+
+    async def refresh_mounts(self) -> None:
+        """Re-read the mounts, and with them who may do what: both change at one instant, so
+        that no request sees a new mount with the old policies (a public mount refused)."""
+        await self._mounts_reread.read()
+
+    async def refresh_keys(self) -> None:
+        """Re-read the keys, and with them (at the same instant) the users they belong to."""
+        await self._keys.read()
+
+    def _publish_auth(self, rows: TenancyRows) -> None:
         self.auth = build_authorizer(
             rows, [h.bucket for h in self._mounts.values() if h.public_read]
         )
-
-    async def refresh_mounts(self, auth: bool = True) -> None:
-        await self._mounts_reread.read()
-        if auth:
-            await self.refresh_auth()
-
-    async def refresh_keys(self, auth: bool = True) -> None:
-        await self._keys.read()
-        if auth:
-            await self.refresh_auth()
 
     async def lookup_unknown_key(self, access_key: str) -> str | None:
         """A key perhaps created since the last refresh: wait for a re-read of the keys."""
@@ -319,6 +313,7 @@ class Namespace:
 
     async def _read_mounts(self) -> None:
         mounts = await self._meta.list_mounts()
+        tenancy = await self._meta.read_tenancy()
         current = self._mounts
         fresh: dict[str, MountHandle] = {}
         for m in mounts:
@@ -340,6 +335,7 @@ class Namespace:
         self._refused = {m.bucket: m for m in mounts if self._refused.get(m.bucket) == m}
         self._mounts = fresh
         self._by_id = {h.id: h for h in fresh.values()}
+        self._publish_auth(tenancy)  # no await since the line above
         if self._on_mounts is not None:
             self._on_mounts(list(fresh.values()))
         for bucket, handle in current.items():
@@ -348,7 +344,9 @@ class Namespace:
 
     async def _read_keys(self) -> None:
         keys = await self._meta.list_keys()
+        tenancy = await self._meta.read_tenancy()
         self._secrets = {k.access_key: k.secret_key for k in keys}
+        self._publish_auth(tenancy)
 
     async def run(self, interval: float) -> None:
         """Refresh forever; a database outage keeps the last known state serving."""
