@@ -32,10 +32,8 @@ from gateway.meta import (
     NoSuchUser,
     PolicyExists,
     UserExists,
+    open_meta,
 )
-from gateway.service.buckets import bucket_name_problem
-from gateway.service.namespace import own_paths, store_options
-from gateway.stores import open_store
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -134,8 +132,6 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 async def _with_meta(settings: Settings, work: Callable[[MetaStore], Coroutine[Any, Any, T]]) -> T:
-    from gateway.node import open_meta
-
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     meta = open_meta(settings)
     try:
@@ -302,6 +298,8 @@ def _redact(url: str) -> str:
 
 
 def validate_bucket(name: str) -> None:
+    from gateway.service.buckets import bucket_name_problem
+
     problem = bucket_name_problem(name)
     if problem:
         raise click.BadParameter(f"{name!r}: {problem}", param_hint="BUCKET")
@@ -320,6 +318,9 @@ def _parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
 def _validate_mount(uri: str, options: dict[str, str], settings: Settings) -> None:
     """The store checks its own options and URI; the gateway checks the rest, and that the
     mount leaves its own files out (each node checks again when it loads the mount)."""
+    from gateway.service.namespace import own_paths, store_options
+    from gateway.stores import open_store
+
     try:
         float(options.get("metadata_ttl", "0"))
         store = open_store(uri, store_options(options))
@@ -669,6 +670,8 @@ def sync_command(target: str, page_size: int, parallel: int, quiet: bool, **kwar
     only what changed.
     """
     from gateway.catalog import Catalog, SyncBusy, SyncProgress, catalog_options, sync_parallel
+    from gateway.service.namespace import store_options
+    from gateway.stores import open_store
 
     bucket, _, prefix = target.partition("/")
     settings = _settings(kwargs)
@@ -884,8 +887,6 @@ def _connect(kwargs: dict[str, Any]) -> tuple[Any, bool]:
     settings = _settings(kwargs)
 
     async def over_database() -> JobsClient:
-        from gateway.node import open_meta
-
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         meta = open_meta(settings)
         await meta.migrate()

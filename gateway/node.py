@@ -27,7 +27,7 @@ from gateway.edge import install_fast_path
 from gateway.jobs.api import JobsApi, is_jobs_path
 from gateway.jobs.db import JobStore
 from gateway.jobs.runner import JobRunner, Member
-from gateway.meta import MetaStore, SecretBox
+from gateway.meta import MetaStore, open_meta
 from gateway.s3.app import S3App
 from gateway.s3.http import Receive, Scope, Send
 from gateway.s3.local import LocalReads
@@ -56,13 +56,6 @@ def node_from_environment() -> Node:
     settings = build_settings(json.loads(os.environ[SETTINGS_ENV]))
     setup_logging(settings.log_level)
     return Node(settings)
-
-
-def open_meta(settings: Settings) -> MetaStore:
-    box = SecretBox.from_config(
-        settings.encryption_key, settings.encryption_key_file, settings.data_dir
-    )
-    return MetaStore(settings.effective_database_url, box)
 
 
 def open_pages(settings: Settings) -> PageStore:

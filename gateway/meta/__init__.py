@@ -2,7 +2,7 @@
 
 from . import catalog as catalog  # its tables join the schema (migrations compare with it)
 from .engine import default_database_url, normalize_database_url
-from .migrate import head_revision, migrations_dir, run_migrations
+from .migrate import SCHEMA_HEAD, head_revision, migrations_dir, run_migrations
 from .models import (
     ADMIN_USER,
     SECRET_OPTIONS,
@@ -21,11 +21,12 @@ from .models import (
     UserExists,
 )
 from .secrets import InvalidSecretKey, SecretBox, WrongSecretKey
-from .store import MetaStore
+from .store import MetaStore, open_meta
 from .uploads import PartRecord, StoreUploadRecord, UploadGone, UploadLeases, UploadRecord
 
 __all__ = [
     "ADMIN_USER",
+    "SCHEMA_HEAD",
     "SECRET_OPTIONS",
     "AccessKey",
     "AccessKeyExists",
@@ -53,5 +54,6 @@ __all__ = [
     "head_revision",
     "migrations_dir",
     "normalize_database_url",
+    "open_meta",
     "run_migrations",
 ]

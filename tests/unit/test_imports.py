@@ -137,3 +137,15 @@ def test_known_violations_are_still_in_the_code() -> None:
     graph = import_graph()
     gone = [(i, t, item) for i, t, item in KNOWN_VIOLATIONS if t not in graph.get(i, set())]
     assert not gone, f"fixed: remove from KNOWN_VIOLATIONS: {gone}"
+
+
+def test_the_command_line_starts_without_the_server() -> None:
+    # Every `gateway mount|keys|users|jobs ...` call is a process of its own: importing the
+    # node (aiohttp, the page store, the fleet) or Alembic for it doubled its start-up time.
+    import subprocess
+    import sys
+
+    heavy = ["gateway.node", "gateway.service", "alembic", "aiohttp", "aiobotocore"]
+    code = f"import sys, gateway.cli; print(' '.join(m for m in {heavy!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == []

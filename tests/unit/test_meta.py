@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from alembic import command
 
 from gateway.meta import (
+    SCHEMA_HEAD,
     SECRET_OPTIONS,
     AccessKeyExists,
     InvalidSecretKey,
@@ -101,6 +102,22 @@ async def test_migrate_creates_schema_and_is_idempotent(database_url: str, box: 
         assert await raw_rows(store, "SELECT version_num FROM alembic_version") == [
             (head_revision(),)
         ]
+
+
+def test_schema_head_names_the_newest_migration() -> None:
+    # MetaStore.migrate skips Alembic when the database is at SCHEMA_HEAD: a migration added
+    # without moving SCHEMA_HEAD would never run on a database that was at the old head.
+    assert head_revision() == SCHEMA_HEAD
+
+
+async def test_a_database_behind_the_head_is_upgraded(database_url: str, box: SecretBox) -> None:
+    config = alembic_config(database_url)
+    await asyncio.to_thread(command.upgrade, config, "0006_catalog")
+    async with MetaStore(database_url, box) as store:
+        assert await store.schema_revision() == "0006_catalog"
+        await store.migrate()
+        assert await store.schema_revision() == SCHEMA_HEAD
+        assert await table_names(store) >= TABLES
 
 
 async def test_concurrent_migrations_make_one_schema(database_url: str, box: SecretBox) -> None:
