@@ -26,6 +26,8 @@ log = logging.getLogger("gateway.cluster")
 # Woken this long after a peer's heartbeat is due to lapse: rounding in the database's clock
 # arithmetic must not make us look a hair too early and then wait a whole interval.
 _LAPSE_SLACK = 0.05
+# How long stop() lets a tick under way finish before cancelling it.
+STOP_WAIT = 5.0
 
 
 class Membership:
@@ -68,6 +70,7 @@ class Membership:
         self.placement = Placement([me], partitions, max_replicas)
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._stopping = False
         self._listener: Any = None  # asyncpg.Connection, typed loosely as asyncpg ships no hints
         self._listen_failed = False  # said once in the logs, not at every retry
         self._joined = False  # the join itself reached the database
@@ -96,8 +99,14 @@ class Membership:
         self._task = asyncio.create_task(self._run(), name=f"membership {self.me.id}")
 
     async def stop(self) -> None:
-        """Stop heartbeating and leave the fleet at once (or by timeout if the database is away)."""
+        """Stop heartbeating and leave the fleet at once (or by timeout if the database is away).
+        A tick under way may finish first (up to STOP_WAIT): a heartbeat cancelled inside its
+        transaction could hold SQLite's write lock until its connection is collected."""
         if self._task is not None:
+            self._stopping = True
+            self._wake.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._task), STOP_WAIT)
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
@@ -121,6 +130,8 @@ class Membership:
                 async with asyncio.timeout_at(min(next_beat, self._next_check)):
                     await self._wake.wait()
             self._wake.clear()
+            if self._stopping:
+                return
             beat = loop.time() >= next_beat
             if beat:
                 next_beat = loop.time() + self.interval
