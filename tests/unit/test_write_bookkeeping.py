@@ -88,7 +88,7 @@ async def put(node: Node, bucket: str, key: str, data: bytes) -> str:
 
 async def rows(node: Node, table: str, bucket: str) -> dict[str, str]:
     """key -> ETag of a mount's rows in `objects` or `catalog_entries`, read at once."""
-    query = f"SELECT key, etag FROM {table} WHERE mount_id = :m"  # noqa: S608 - our names
+    query = f"SELECT key, etag FROM {table} WHERE mount_id = :m"
     async with node.meta.engine.connect() as conn:
         found = await conn.execute(sa.text(query), {"m": node.mounts[bucket]})
         return dict(found.all())
@@ -236,7 +236,9 @@ async def test_a_write_costs_one_transaction(node: Node) -> None:
             await put(node, bucket, "k", b"data")
         assert count[0] == 1, bucket
         with transactions(node) as count:
-            await node.service.copy_object(CopySource(bucket, "k", Conditions()), bucket, "k2", None)
+            await node.service.copy_object(
+                CopySource(bucket, "k", Conditions()), bucket, "k2", None
+            )
         assert count[0] == 1, bucket
         with transactions(node) as count:
             await node.service.delete_object(bucket, "k")
@@ -299,10 +301,18 @@ async def test_a_write_waits_for_the_older_batch_of_its_key_in_flight(node: Node
     meta, mount_id = node.meta, node.mounts[PLAIN]
     recorder = MetadataRecorder(meta, delay=0.0)
     async with held(node):
-        recorder.record(mount_id, "k", object_info("k", size=1))
-        await eventually_async(lambda: recorder.pending == 0)  # the batch is being written
-        newer = asyncio.create_task(recorder.record_now(mount_id, "k", object_info("k", size=2)))
-        assert await recorder.lookup(mount_id, "k") == object_info("k", size=2)
+        with transactions(node) as count:
+            recorder.record(mount_id, "k", object_info("k", size=1))
+            await eventually_async(lambda: count[0] == 1)  # the batch is being written
+            assert await recorder.lookup(mount_id, "k") == object_info("k", size=1)
+            change = recorder.record_now(mount_id, "k", object_info("k", size=2))
+            newer = asyncio.create_task(change)
+
+            async def the_newer_known() -> bool:
+                return await recorder.lookup(mount_id, "k") == object_info("k", size=2)
+
+            await eventually_async(the_newer_known)  # the newer change has begun...
+            assert not newer.done() and count[0] == 1  # ...and waits for the batch to end
     await newer
     assert await objects(meta, mount_id) == {"k": 2}
     await recorder.close()
