@@ -193,6 +193,13 @@ class Multipart:
             if done is None:
                 raise
             return done
+        if upload_id in self._completed:
+            # Completed here, and its rows left behind (the transaction that removes them
+            # failed): a retry gets the first answer, not a second complete at the store.
+            done = await self._completed_before(bucket, key, upload_id, requested)
+            if done is None:
+                raise errors.NoSuchUpload(UploadId=upload_id)
+            return done
         if not requested:
             raise errors.MalformedXML("You must specify at least one part.")
         numbers = [n for n, _ in requested]

@@ -225,6 +225,9 @@ async def test_a_failed_complete_keeps_the_upload_rows_and_writes_no_catalog_row
     assert info.size == 8  # the client has its object
     assert await upload_rows(node) == (1, 1)  # left for the janitor, with no row of the object
     assert await both(node) == ({}, {})
+    # A retry (its answer lost) gets the same answer, not a second complete at the store.
+    again = await node.service.complete_multipart_upload(IMMUTABLE, "mp", upload, parts)
+    assert again == info
 
 
 # -- transactions a write costs ---------------------------------------------------------------
