@@ -1,19 +1,21 @@
 """Object metadata of immutable (TTL -1) mounts in the database, read and written in batches.
 
 A cold miss learns an object's metadata; a write through the gateway makes or removes a
-version. Both are remembered in the database so that a restarted node still knows them, but
-no request waits for that: changes queue here and one task writes them, many to a
-transaction, `delay` (0.25 s) after the first of them, so that the misses of that time share
-it (one turn of the event loop, as before, held one or two at a few hundred misses a second;
-a transaction costs ~0.5-1 ms of CPU, a row little). A crash loses at most what was learnt in
-that time, which the next miss learns again. Before a cold miss goes to the store, it asks
-whether the database remembers the key; the lookups of one turn of the event loop become one
-query (with several worker processes the version known is what makes their fills one).
+version. Both are remembered in the database so that a restarted node still knows them, and
+(but for the writes below) no request waits for that: changes queue here and one task writes
+them, many to a transaction, `delay` (0.25 s) after the first of them, so that the misses of
+that time share it (one turn of the event loop, as before, held one or two at a few hundred
+misses a second; a transaction costs ~0.5-1 ms of CPU, a row little). A crash loses at most
+what was learnt in that time, which the next miss learns again. Before a cold miss goes to
+the store, it asks whether the database remembers the key; the lookups of one turn of the
+event loop become one query (with several worker processes the version known is what makes
+their fills one).
 
 A write through the gateway to a mount with a catalog (or a completed multipart upload)
 has more bookkeeping than its row here: `record_now` writes the row at once, in one
 transaction with the other statements it is given (the catalog's row, the upload's removal),
-and returns once that transaction is over. The recorder stays the only writer of these rows.
+and returns once that transaction is over (docs/catalog.md, "A write's bookkeeping"). The
+recorder stays the only writer of these rows.
 
 Changes to one key are written in the order they were made (a later change replaces a
 queued one, and waits for an older one being written), so a delete is never overtaken by the
