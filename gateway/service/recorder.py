@@ -149,12 +149,10 @@ class MetadataRecorder:
             if earlier is not None:
                 await asyncio.shield(earlier.done)
             await self._meta.record_objects([(*item, writing.info)], also=also)
-        except MetaUnavailable as exc:
-            log.warning("metadata of %s not persisted, nor its catalog row: %s", item[1], exc)
-        except sa_exc.IntegrityError as exc:  # the mount removed meanwhile
-            log.info("metadata of %s not persisted: %s", item[1], exc)
+        except (MetaUnavailable, sa_exc.IntegrityError) as exc:  # or the mount removed meanwhile
+            log.warning("bookkeeping of the write of %s not recorded: %s", item[1], exc)
         except Exception:
-            log.exception("metadata of %s not persisted, nor its catalog row", item[1])
+            log.exception("bookkeeping of the write of %s not recorded", item[1])
         finally:
             if self._writing.get(item) is writing:
                 del self._writing[item]
