@@ -34,6 +34,7 @@ from gateway.service.shared import Shared
 from gateway.service.writes import WriteConditions
 from gateway.stores import WriteAttrs
 from tests.support.net import eventually_async
+from tests.support.postgres import database_outage
 from tests.unit.test_meta import object_info
 
 pytestmark = pytest.mark.anyio
@@ -166,7 +167,7 @@ async def test_every_write_has_its_objects_row_and_catalog_row_when_it_returns(
 
 
 async def test_a_failed_transaction_writes_neither_row_and_the_write_still_succeeds(
-    node: Node,
+    node: Node, caplog: pytest.LogCaptureFixture
 ) -> None:
     old = await put(node, IMMUTABLE, "cat/x", b"old")
     await refuse(node, "catalog_entries", "cat/")
@@ -178,10 +179,27 @@ async def test_a_failed_transaction_writes_neither_row_and_the_write_still_succe
     # The objects row refused: no catalog row either.
     await put(node, IMMUTABLE, "obj/y", b"y")
     assert await both(node) == ({"cat/x": old}, {"cat/x": old})
+    assert "bookkeeping of the write of obj/y not recorded" in caplog.text
     # Either way the store has the write, and the node serves it.
     got = await node.service.head_object(IMMUTABLE, "cat/x", None, Conditions())
     assert got.info.etag == new
     assert (await node.service.head_object(IMMUTABLE, "obj/y", None, Conditions())).info.size == 1
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])  # a database server that goes away
+async def test_with_the_database_away_a_write_succeeds_and_says_what_it_left_out(
+    node: Node, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    old = await put(node, IMMUTABLE, "o", b"old")
+    outage = database_outage(database_url)
+    await asyncio.to_thread(outage.__enter__)  # it runs an event loop of its own
+    try:
+        new = await put(node, IMMUTABLE, "o", b"new bytes")
+    finally:
+        await asyncio.to_thread(outage.__exit__, None, None, None)
+    assert new != old
+    assert "bookkeeping of the write of o not recorded" in caplog.text
+    assert await both(node) == ({"o": old}, {"o": old})  # for the next crawl to correct
 
 
 # -- multipart complete -----------------------------------------------------------------------
