@@ -18,6 +18,7 @@ from email.header import decode_header, make_header
 from typing import TypeVar
 
 from sqlalchemy import Executable
+from sqlalchemy import exc as sa_exc
 
 from gateway import errors
 from gateway.cache import BlockWriter, FillFailed
@@ -140,11 +141,12 @@ async def from_source(
 
 
 async def _apply(shared: Shared, key: str, statements: Sequence[Executable]) -> None:
-    """A write's bookkeeping, on a mount with no `objects` rows, in one transaction."""
+    """A write's bookkeeping, on a mount with no `objects` rows, in one transaction; a
+    failure logged, not raised: the store has the write, the next crawl brings the catalog
+    up to it."""
     try:
-        await asyncio.shield(shared.meta.apply(statements))  # the client leaving: still done
-    except MetaUnavailable as exc:
-        # The store has the write; the next crawl brings the catalog up to it.
+        await shared.meta.apply(statements)
+    except (MetaUnavailable, sa_exc.IntegrityError) as exc:  # or the mount removed meanwhile
         log.warning("bookkeeping of the write of %s not recorded: %s", key, exc)
     except Exception:
         log.exception("bookkeeping of the write of %s not recorded", key)
@@ -156,6 +158,7 @@ class ObjectWriter:
     def __init__(self, shared: Shared, reads: Reads) -> None:
         self.shared = shared
         self.reads = reads
+        self._bookkeeping: set[asyncio.Task[None]] = set()  # held while they run
 
     async def put(
         self,
@@ -242,8 +245,11 @@ class ObjectWriter:
             await shared.recorder.record_now(handle.id, key, info if remember else None, statements)
         elif handle.ttl < 0:
             shared.recorder.record(handle.id, key, info if remember else None)
-        elif statements:
-            await _apply(shared, key, statements)
+        elif statements:  # a task, so that the client going away does not cancel it
+            task = asyncio.create_task(_apply(shared, key, statements))
+            self._bookkeeping.add(task)
+            task.add_done_callback(self._bookkeeping.discard)
+            await asyncio.shield(task)
         if shared.fleet is not None:
             # Before the client hears success: a read through any node then sees the new version.
             await shared.fleet.invalidate(handle.id, key)

@@ -180,6 +180,10 @@ async def test_a_failed_transaction_writes_neither_row_and_the_write_still_succe
     await put(node, IMMUTABLE, "obj/y", b"y")
     assert await both(node) == ({"cat/x": old}, {"cat/x": old})
     assert "bookkeeping of the write of obj/y not recorded" in caplog.text
+    # A mount with a TTL has only the catalog row, refused alike.
+    await put(node, TIMED, "cat/z", b"z")
+    assert "bookkeeping of the write of cat/z not recorded" in caplog.text
+    assert await both(node, TIMED) == ({}, {})
     # Either way the store has the write, and the node serves it.
     got = await node.service.head_object(IMMUTABLE, "cat/x", None, Conditions())
     assert got.info.etag == new
