@@ -156,11 +156,17 @@ class Catalog:
     # -- changes -----------------------------------------------------------------------------
 
     async def written(self, mount_id: int, key: str, info: ObjectInfo | None) -> None:
-        """A write through the gateway made `info` the key's version (None: deleted it)."""
+        """A write through the gateway made `info` the key's version (None: deleted it), in
+        a transaction of its own."""
+        await self._change(self.change(mount_id, key, info), key)
+
+    def change(self, mount_id: int, key: str, info: ObjectInfo | None) -> Any:
+        """The statement that makes `info` the key's catalogued version (None: removes the
+        key), for the caller to run in the transaction of the rest of a write's bookkeeping
+        (gateway.service.writes): its failure is the caller's to log."""
         if info is None:
-            await self.remove(mount_id, key)
-        else:
-            await self.put(mount_id, info)
+            return self._removal(mount_id, key)
+        return self._upsert(mount_id, info, complete=True)
 
     async def learnt(self, mount_id: int, key: str, info: ObjectInfo | None) -> None:
         """The store told the key's version (None: it has none), where the catalog did not:
@@ -171,15 +177,21 @@ class Catalog:
     async def put(self, mount_id: int, info: ObjectInfo, complete: bool = True) -> None:
         """`info` is the key's current version (a write through the gateway, or the store's
         own answer)."""
-        row = entry_row(mount_id, info, complete, self.clock())
-        insert = self.insert(E).values(row)
-        update = {name: insert.excluded[name] for name in row if name not in ("mount_id", "key")}
-        query = insert.on_conflict_do_update(index_elements=["mount_id", "key"], set_=update)
-        await self._change(query, info.key)
+        await self._change(self._upsert(mount_id, info, complete), info.key)
 
     async def remove(self, mount_id: int, key: str) -> None:
         """The key has no version any more."""
-        await self._change(sa.delete(E).where(E.c.mount_id == mount_id, E.c.key == key), key)
+        await self._change(self._removal(mount_id, key), key)
+
+    def _upsert(self, mount_id: int, info: ObjectInfo, complete: bool) -> Any:
+        row = entry_row(mount_id, info, complete, self.clock())
+        insert = self.insert(E).values(row)
+        update = {name: insert.excluded[name] for name in row if name not in ("mount_id", "key")}
+        return insert.on_conflict_do_update(index_elements=["mount_id", "key"], set_=update)
+
+    @staticmethod
+    def _removal(mount_id: int, key: str) -> sa.Delete:
+        return sa.delete(E).where(E.c.mount_id == mount_id, E.c.key == key)
 
     async def doubt(self, mount_id: int, key: str) -> None:
         """The catalogued version was not found at the store: listed still, but not trusted

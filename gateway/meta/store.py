@@ -323,9 +323,12 @@ class MetaStore(MultipartUploads, Tenants):
         self,
         changes: Sequence[tuple[int, str, ObjectInfo | None]],
         checked_at: datetime | None = None,
+        also: Sequence[sa.Executable] = (),
     ) -> None:
         """Many (mount_id, key, info) in one transaction: an info replaces what is known of
-        the key, None forgets it. Each key at most once."""
+        the key, None forgets it. Each key at most once. `also`: statements of the same
+        change made elsewhere (the catalog's row, a completed upload's removal), run in the
+        same transaction: all of it is committed, or none."""
         checked_at = checked_at or _now()
         rows = [_object_row(m, info, checked_at) for m, _, info in changes if info is not None]
         gone = [{"mount_id": m, "key": key} for m, key, info in changes if info is None]
@@ -334,6 +337,14 @@ class MetaStore(MultipartUploads, Tenants):
                 await conn.execute(self._object_upsert, rows)
             if gone:
                 await conn.execute(self._object_delete, gone)
+            for statement in also:
+                await conn.execute(statement)
+
+    async def apply(self, statements: Sequence[sa.Executable]) -> None:
+        """Run statements in one transaction: all of them are committed, or none."""
+        async with self._connect() as conn:
+            for statement in statements:
+                await conn.execute(statement)
 
     @functools.cached_property
     def _object_upsert(self) -> sa.TextClause:

@@ -210,10 +210,15 @@ class MultipartUploads:
 
     async def delete_upload(self, upload_id: str) -> bool:
         """Forget an upload and (by cascade) its parts; False if there was none."""
-        query = sa.delete(multipart_uploads).where(multipart_uploads.c.upload_id == upload_id)
         async with self._connect() as conn:
-            result = await conn.execute(query)
+            result = await conn.execute(self.upload_removal(upload_id))
         return result.rowcount > 0
+
+    @staticmethod
+    def upload_removal(upload_id: str) -> sa.Delete:
+        """The statement that forgets an upload and (by cascade) its parts, for a transaction
+        of the caller's: a completed upload goes with the rows of the object it made."""
+        return sa.delete(multipart_uploads).where(multipart_uploads.c.upload_id == upload_id)
 
     # -- uploads a node opened at a store on its own behalf ---------------------------------
 

@@ -193,6 +193,13 @@ class Multipart:
             if done is None:
                 raise
             return done
+        if upload_id in self._completed:
+            # Completed here, and its rows left behind (the transaction that removes them
+            # failed): a retry gets the first answer, not a second complete at the store.
+            done = await self._completed_before(bucket, key, upload_id, requested)
+            if done is None:
+                raise errors.NoSuchUpload(UploadId=upload_id)
+            return done
         if not requested:
             raise errors.MalformedXML("You must specify at least one part.")
         numbers = [n for n, _ in requested]
@@ -219,16 +226,14 @@ class Multipart:
             info = await handle.store.complete_multipart(
                 key, record.store_upload_id, chosen, _attrs_of(record)
             )
-        await self.writer.written(handle, key, info)
         self._completed[upload_id] = (handle.id, key, _listed(requested), info)
         if len(self._completed) > _COMPLETED_KEPT:
             self._completed.popitem(last=False)
-        try:
-            await self.shared.meta.delete_upload(upload_id)
-        except MetaUnavailable as exc:
-            # The object is complete and visible; only the bookkeeping is left behind, and the
-            # janitor removes it once the database answers again.
-            log.warning("completed upload %s not yet forgotten: %s", upload_id, exc)
+        # The upload's rows go in the transaction of the object's own (objects, catalog). If
+        # it fails, the object is complete and visible all the same; the upload's rows are left
+        # behind, and the janitor removes them once the database answers again.
+        removal = self.shared.meta.upload_removal(upload_id)
+        await self.writer.written(handle, key, info, also=[removal])
         return info
 
     async def _completed_before(

@@ -1,25 +1,36 @@
 """Object metadata of immutable (TTL -1) mounts in the database, read and written in batches.
 
 A cold miss learns an object's metadata; a write through the gateway makes or removes a
-version. Both are remembered in the database so that a restarted node still knows them, but
-no request waits for that: changes queue here and one task writes them, many to a
-transaction, `delay` (0.25 s) after the first of them, so that the misses of that time share
-it (one turn of the event loop, as before, held one or two at a few hundred misses a second;
-a transaction costs ~0.5-1 ms of CPU, a row little). A crash loses at most what was learnt in
-that time, which the next miss learns again. Before a cold miss goes to the store, it asks
-whether the database remembers the key; the lookups of one turn of the event loop become one
-query (with several worker processes the version known is what makes their fills one).
+version. Both are remembered in the database so that a restarted node still knows them, and
+(but for the writes below) no request waits for that: changes queue here and one task writes
+them, many to a transaction, `delay` (0.25 s) after the first of them, so that the misses of
+that time share it (one turn of the event loop, as before, held one or two at a few hundred
+misses a second; a transaction costs ~0.5-1 ms of CPU, a row little). A crash loses at most
+what was learnt in that time, which the next miss learns again. Before a cold miss goes to
+the store, it asks whether the database remembers the key; the lookups of one turn of the
+event loop become one query (with several worker processes the version known is what makes
+their fills one).
+
+A write through the gateway to a mount with a catalog (or a completed multipart upload)
+has more bookkeeping than its row here: `record_now` writes the row at once, in one
+transaction with the other statements it is given (the catalog's row, the upload's removal),
+and returns once that transaction is over (docs/catalog.md, "A write's bookkeeping"). The
+recorder stays the only writer of these rows.
 
 Changes to one key are written in the order they were made (a later change replaces a
-queued one), so a delete is never overtaken by the miss that came before it, and a lookup
-sees a queued change before the database does.
+queued one, and waits for an older one being written), so a delete is never overtaken by the
+miss that came before it, and a lookup sees a queued change, or one being written, before
+the database does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
+import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
 from gateway.meta import MetaStore, MetaUnavailable
@@ -29,6 +40,19 @@ log = logging.getLogger("gateway.service")
 
 BATCH = 256  # changes a transaction at most
 DELAY = 0.25  # seconds changes wait for others to share their transaction
+
+Item = tuple[int, str]  # (mount id, key)
+
+
+@dataclass(eq=False, slots=True)
+class _Writing:
+    """A change of a key whose transaction is under way; `done` when it is over (committed
+    or not). A newer change of the key waits for it."""
+
+    info: ObjectInfo | None
+    done: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
 
 
 class MetadataRecorder:
@@ -40,12 +64,17 @@ class MetadataRecorder:
         self._wanted: dict[tuple[int, str], asyncio.Future[ObjectInfo | None]] = {}
         self._finder: asyncio.Task[None] | None = None
         self._wake: asyncio.Future[None] | None = None  # ends the pause before a write
+        self._writing: dict[Item, _Writing] = {}  # the newest change of each key under way
+        self._now: set[asyncio.Task[None]] = set()  # record_now's transactions
 
     async def lookup(self, mount_id: int, key: str) -> ObjectInfo | None:
         """What is remembered of the key (None: nothing, or the database is unavailable)."""
         item = (mount_id, key)
         if item in self._queued:
             return self._queued[item]
+        writing = self._writing.get(item)
+        if writing is not None:
+            return writing.info
         wanted = self._wanted.get(item)
         if wanted is None:
             wanted = asyncio.get_running_loop().create_future()
@@ -88,6 +117,47 @@ class MetadataRecorder:
         elif len(self._queued) >= BATCH:
             self._hurry()
 
+    async def record_now(
+        self,
+        mount_id: int,
+        key: str,
+        info: ObjectInfo | None,
+        also: Sequence[sa.Executable] = (),
+    ) -> None:
+        """`record`, written at once, with the statements `also` in the same transaction;
+        returns when it is over. A change of the key still queued is older: this one replaces
+        it, so it is never written after this. A change of the key being written is waited
+        for. A failure is logged, never raised (the store has the write; the catalog catches
+        up at its next crawl), and the caller's cancellation does not stop the transaction."""
+        item = (mount_id, key)
+        self._queued.pop(item, None)
+        earlier = self._writing.get(item)
+        writing = self._writing[item] = _Writing(info)
+        task = asyncio.create_task(self._now_write(item, writing, earlier, also))
+        self._now.add(task)
+        task.add_done_callback(self._now.discard)
+        await asyncio.shield(task)
+
+    async def _now_write(
+        self,
+        item: Item,
+        writing: _Writing,
+        earlier: _Writing | None,
+        also: Sequence[sa.Executable],
+    ) -> None:
+        try:
+            if earlier is not None:
+                await asyncio.shield(earlier.done)
+            await self._meta.record_objects([(*item, writing.info)], also=also)
+        except (MetaUnavailable, sa_exc.IntegrityError) as exc:  # or the mount removed meanwhile
+            log.warning("bookkeeping of the write of %s not recorded: %s", item[1], exc)
+        except Exception:
+            log.exception("bookkeeping of the write of %s not recorded", item[1])
+        finally:
+            if self._writing.get(item) is writing:
+                del self._writing[item]
+            writing.done.set_result(None)
+
     @property
     def pending(self) -> int:
         return len(self._queued)
@@ -100,9 +170,30 @@ class MetadataRecorder:
                 batch = []
                 for item in list(self._queued)[:BATCH]:
                     batch.append((*item, self._queued.pop(item)))
-                await self._write(batch)
+                await self._write_after(batch)
         finally:
             self._task = None
+
+    async def _write_after(self, batch: list[tuple[int, str, ObjectInfo | None]]) -> None:
+        """Write the batch after the changes of its keys already under way (record_now's)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        earlier = []
+        for mount_id, key, info in batch:
+            before = self._writing.get((mount_id, key))
+            if before is not None:
+                earlier.append(before.done)
+            self._writing[(mount_id, key)] = _Writing(info, done)
+        try:
+            for wait in earlier:
+                await asyncio.shield(wait)
+            await self._write(batch)
+        finally:
+            items = [(mount_id, key) for mount_id, key, _ in batch]
+            for item in items:
+                if (current := self._writing.get(item)) is not None and current.done is done:
+                    del self._writing[item]
+            if not done.done():
+                done.set_result(None)
 
     async def _write(self, batch: list[tuple[int, str, ObjectInfo | None]]) -> None:
         try:
@@ -144,13 +235,13 @@ class MetadataRecorder:
         self._hurry()
         if self._finder is not None:
             self._finder.cancel()
-        task = self._task
-        if task is None:
+        tasks = [*self._now, *([self._task] if self._task is not None else [])]
+        if not tasks:
             return
-        try:
-            await asyncio.wait_for(asyncio.shield(task), wait)
-        except TimeoutError:
+        _, late = await asyncio.wait(tasks, timeout=wait)
+        for task in late:
             task.cancel()
+        if late:
             log.warning("metadata of %d objects not persisted at shutdown", len(self._queued))
 
 

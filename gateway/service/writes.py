@@ -10,15 +10,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, replace
 from email.errors import HeaderParseError
 from email.header import decode_header, make_header
 from typing import TypeVar
 
+from sqlalchemy import Executable
+from sqlalchemy import exc as sa_exc
+
 from gateway import errors
 from gateway.cache import BlockWriter, FillFailed
+from gateway.meta import MetaUnavailable
 from gateway.service.conditions import check_conditions
 from gateway.service.inputs import CopySource
 from gateway.service.namespace import MountHandle
@@ -136,12 +140,25 @@ async def from_source(
     raise AssertionError("unreachable")
 
 
+async def _apply(shared: Shared, key: str, statements: Sequence[Executable]) -> None:
+    """A write's bookkeeping, on a mount with no `objects` rows, in one transaction; a
+    failure logged, not raised: the store has the write, the next crawl brings the catalog
+    up to it."""
+    try:
+        await shared.meta.apply(statements)
+    except (MetaUnavailable, sa_exc.IntegrityError) as exc:  # or the mount removed meanwhile
+        log.warning("bookkeeping of the write of %s not recorded: %s", key, exc)
+    except Exception:
+        log.exception("bookkeeping of the write of %s not recorded", key)
+
+
 class ObjectWriter:
     """PUT, copy and delete; `reads` gives a copy its source."""
 
     def __init__(self, shared: Shared, reads: Reads) -> None:
         self.shared = shared
         self.reads = reads
+        self._bookkeeping: set[asyncio.Task[None]] = set()  # held while they run
 
     async def put(
         self,
@@ -197,11 +214,22 @@ class ObjectWriter:
         return info
 
     async def written(
-        self, handle: MountHandle, key: str, info: ObjectInfo | None, remember: bool = True
+        self,
+        handle: MountHandle,
+        key: str,
+        info: ObjectInfo | None,
+        remember: bool = True,
+        also: Sequence[Executable] = (),
     ) -> None:
         """A new version (or, with None, no version) of key: forget the old one at once.
         remember=False keeps the new version's metadata out of every cache (SSE-C: a HEAD
-        without the key must reach the store, which refuses it)."""
+        without the key must reach the store, which refuses it). `also`: the write's own
+        bookkeeping statements (a completed upload's removal).
+
+        The write's database bookkeeping (its `objects` row on a TTL -1 mount, its catalog
+        row on a catalog=on mount, `also`) is one transaction, committed before the client
+        hears success; a failure of it is logged, not the client's (the store has the write).
+        A TTL -1 mount's row with nothing to go with it is recorded in the background."""
         shared = self.shared
         previous = shared.metadata.peek(handle.id, key)
         if previous is not None and (info is None or not remember or previous.etag != info.etag):
@@ -210,10 +238,18 @@ class ObjectWriter:
             shared.metadata.forget(handle.id, key)
         else:
             shared.metadata.put(handle.id, key, info, time.monotonic())
-        if handle.ttl < 0:
-            shared.recorder.record(handle.id, key, info if remember else None)
+        statements = list(also)
         if handle.catalog is not None:  # listed through every node from now on
-            await shared.catalog.written(handle.id, key, info)
+            statements.append(shared.catalog.change(handle.id, key, info))
+        if handle.ttl < 0 and statements:
+            await shared.recorder.record_now(handle.id, key, info if remember else None, statements)
+        elif handle.ttl < 0:
+            shared.recorder.record(handle.id, key, info if remember else None)
+        elif statements:  # a task, so that the client going away does not cancel it
+            task = asyncio.create_task(_apply(shared, key, statements))
+            self._bookkeeping.add(task)
+            task.add_done_callback(self._bookkeeping.discard)
+            await asyncio.shield(task)
         if shared.fleet is not None:
             # Before the client hears success: a read through any node then sees the new version.
             await shared.fleet.invalidate(handle.id, key)

@@ -5,6 +5,7 @@ found by a re-crawl, and within seconds by S3 event notifications through SQS.""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+import asyncpg
 import boto3
 import pytest
 import sqlalchemy as sa
@@ -388,8 +390,10 @@ def _heard(node: GatewayNode) -> set[str]:
     return known
 
 
-def _fleet_mount(fleet: list[GatewayNode], bucket: str, proxy: CountingProxy) -> None:
-    _mount(fleet[0], bucket, proxy, "catalog=on", "metadata_ttl=600")
+def _fleet_mount(
+    fleet: list[GatewayNode], bucket: str, proxy: CountingProxy, ttl: str = "600"
+) -> None:
+    _mount(fleet[0], bucket, proxy, "catalog=on", f"metadata_ttl={ttl}")
     for n in fleet:
         eventually(lambda n=n: bucket in n.buckets())
     fleet[0].cli("sync", bucket, "--quiet")
@@ -426,6 +430,54 @@ def test_writes_through_one_node_are_listed_through_another_at_once(
     # The origin agrees, and the listings came from the catalog.
     assert keys(origin_s3) == [("w/3", 3)]
     assert _from_catalog(fleet[2], bucket, proxy)
+
+
+def _db_rows(url: str, sql: str, *args: object) -> list[tuple[Any, ...]]:
+    async def fetch() -> list[tuple[Any, ...]]:
+        conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"))
+        try:
+            return [tuple(row) for row in await conn.fetch(sql, *args)]
+        finally:
+            await conn.close()
+
+    return asyncio.run(fetch())
+
+
+def test_a_write_to_an_immutable_mount_has_its_rows_and_catalog_row_when_answered(
+    fleet: list[GatewayNode], proxy: CountingProxy, origin_s3: Any
+) -> None:
+    bucket = _bucket("fleet-immutable")
+    _fill(origin_s3, bucket, ["i/0"])
+    _fleet_mount(fleet, bucket, proxy, ttl="-1")
+    url = fleet[0].database_url
+    assert url is not None
+    [(mount_id,)] = _db_rows(url, "SELECT id FROM mounts WHERE bucket = $1", bucket)
+
+    def rows(key: str) -> tuple[list[Any], list[Any]]:
+        """The key's ETag in `objects` and in the catalog, read straight after the answer."""
+        return (
+            [e for (e,) in _db_rows(url, _ETAG_OF.format("objects"), mount_id, key)],
+            [e for (e,) in _db_rows(url, _ETAG_OF.format("catalog_entries"), mount_id, key)],
+        )
+
+    a = fleet[0].client()
+    etag = a.put_object(Bucket=bucket, Key="i/1", Body=b"one")["ETag"]
+    assert rows("i/1") == ([etag], [etag])
+    upload = a.create_multipart_upload(Bucket=bucket, Key="i/2")["UploadId"]
+    part = a.upload_part(Bucket=bucket, Key="i/2", UploadId=upload, PartNumber=1, Body=b"xy")
+    done = a.complete_multipart_upload(
+        Bucket=bucket, Key="i/2", UploadId=upload,
+        MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]},
+    )  # fmt: skip
+    assert rows("i/2") == ([done["ETag"]], [done["ETag"]])
+    assert _db_rows(url, "SELECT 1 FROM multipart_uploads WHERE upload_id = $1", upload) == []
+    listed = fleet[1].client().list_objects_v2(Bucket=bucket, Prefix="i/")["Contents"]
+    assert [o["Key"] for o in listed] == ["i/0", "i/1", "i/2"]
+    a.delete_object(Bucket=bucket, Key="i/1")
+    assert rows("i/1") == ([], [])
+
+
+_ETAG_OF = "SELECT etag FROM {} WHERE mount_id = $1 AND key = $2"
 
 
 def test_a_cold_get_of_a_catalogued_object_through_the_fleet_is_one_origin_request(
