@@ -6,6 +6,7 @@ from .migrate import head_revision, migrations_dir, run_migrations
 from .models import (
     ADMIN_USER,
     SECRET_OPTIONS,
+    USER_NAME,
     AccessKey,
     AccessKeyExists,
     InUse,
@@ -27,6 +28,7 @@ from .uploads import PartRecord, StoreUploadRecord, UploadGone, UploadLeases, Up
 __all__ = [
     "ADMIN_USER",
     "SECRET_OPTIONS",
+    "USER_NAME",
     "AccessKey",
     "AccessKeyExists",
     "InUse",
