@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hmac
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -58,6 +59,7 @@ _HEADERS = {
     "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; "
     "frame-ancestors 'none'; form-action 'self'",
 }
+_MAX_FORM = 64 << 10  # bytes of a posted form
 _NO_KEY_SECRET = "x" * 40  # compared against when the key is unknown: the same work either way
 
 Handler = Callable[[Request, Session], Awaitable[Response]]
@@ -184,7 +186,7 @@ class Console:
             session = await self._session(request)
             if session is None:
                 return _refused(401, "sign in first")
-            form = await request.form()
+            form = await _form(request)
             token = request.headers.get("x-csrf-token") or form.get("csrf")
             if not isinstance(token, str) or not self.sessions.csrf_ok(session, token):
                 return _refused(403, "the form's CSRF token is missing or wrong")
@@ -217,7 +219,7 @@ class Console:
         """Sign in with an admin access key and its secret: a new session on success; 401 for
         a wrong key or secret, 403 for a key that is not an admin key or a bad CSRF token."""
         before = self.sessions.read(request.cookies.get(COOKIE))
-        form = await request.form()
+        form = await _form(request)
         token = form.get("csrf")
         if before is None or not isinstance(token, str) or not self.sessions.csrf_ok(before, token):
             return self._login_page(request, None, "The form expired: please sign in again.", 403)
@@ -294,7 +296,7 @@ class Console:
     async def _start_job(self, request: Request, session: Session) -> Response:
         """A preload ("load") or a catalog sync ("sync": --metadata-only) of a prefix, through
         the jobs API's own submit."""
-        form = await request.form()
+        form = await _form(request)
         kind = str(form.get("kind", "load"))
         options: dict[str, Any] = {
             "bucket": str(form.get("bucket", "")), "prefix": str(form.get("prefix", "")),
@@ -335,7 +337,7 @@ class Console:
         return self._render(request, "result.html", {"message": message, **more}, session)
 
     async def _create_user(self, request: Request, session: Session) -> Response:
-        form = await request.form()
+        form = await _form(request)
         name, policy = str(form.get("name", "")), str(form.get("policy", DEFAULT_USER_POLICY))
         if not USER_NAME.fullmatch(name):
             return self._result(request, session, f"{name!r}: 1-64 of letters, digits, _+=,.@-")
@@ -356,7 +358,7 @@ class Console:
         return self._result(request, session, f"deleted user {name}")
 
     async def _attach(self, request: Request, session: Session) -> Response:
-        form = await request.form()
+        form = await _form(request)
         name, policy = str(form.get("user", "")), str(form.get("policy", ""))
         if policy not in BUILTIN and policy not in await self._meta.custom_policies():
             return self._result(request, session, f"no policy {policy!r}")
@@ -378,7 +380,7 @@ class Console:
 
     async def _create_key(self, request: Request, session: Session) -> Response:
         """A key with a generated secret, shown in this answer only."""
-        form = await request.form()
+        form = await _form(request)
         user = str(form.get("user", "")) or None
         description = str(form.get("description", ""))
         try:
@@ -403,7 +405,7 @@ class Console:
 
     async def _check_cache(self, request: Request, session: Session) -> Response:
         """Count what of a prefix is cached where reads look for it: `gateway load --verify`."""
-        form = await request.form()
+        form = await _form(request)
         options = {
             "bucket": str(form.get("bucket", "")), "prefix": str(form.get("prefix", "")),
             "verify": True,
@@ -430,6 +432,20 @@ class Console:
         ]  # fmt: skip
         share = min(1.0, cached / job.total_bytes) if job.total_bytes else None
         return {"job": _job_row(job, _now()), "nodes": nodes, "cached": cached, "share": share}
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """The posted form (URL-encoded, as browsers and htmx send it), read once per request;
+    a body past _MAX_FORM is not read at all (an empty form, which every action refuses)."""
+    form: dict[str, str] | None = getattr(request.state, "form", None)
+    if form is None:
+        body = b""
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) <= _MAX_FORM:
+            body = await request.body()
+        pairs = urllib.parse.parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
+        form = request.state.form = dict(pairs)
+    return form
 
 
 def _refused(status: int, message: str) -> Response:
