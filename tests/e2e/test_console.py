@@ -276,3 +276,15 @@ def test_no_session_a_forged_or_an_expired_one_is_refused(fleet: JobsFleet) -> N
     assert ask(good)[:2] == (200, 200)  # a session signed with the fleet's key: any node's
     for cookie in (None, expired, forged, tampered, "garbage"):
         assert ask(cookie) == (303, 401, 401), cookie
+
+
+def test_the_grafana_dashboard_names_metrics_the_nodes_export(fleet: JobsFleet) -> None:
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json")
+                           .read_text())  # fmt: skip
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    named = {m for e in exprs for m in re.findall(r"\bgateway_[a-z_]+", e)}
+    exported = httpx.get(fleet.nodes[0].url + "/metrics").text
+    families = set(re.findall(r"^# TYPE (gateway_[a-z_]+) ", exported, re.M))
+    for name in sorted(named):
+        base = re.sub(r"_(total|bucket)$", "", name)
+        assert name in families or base in families, name
