@@ -24,6 +24,7 @@ import click
 from gateway.config import Settings, build_settings
 from gateway.meta import (
     ADMIN_USER,
+    USER_NAME,
     AccessKeyExists,
     InUse,
     MetaStore,
@@ -462,7 +463,7 @@ def keys_delete(access_key: str, **kwargs: Any) -> None:
 
 # -- users and policies (docs/tenants.md) ------------------------------------------------
 
-_USER_NAME = re.compile(r"[A-Za-z0-9_+=,.@-]{1,64}")
+_USER_NAME = USER_NAME
 _POLICY_NAME = re.compile(r"[A-Za-z0-9_+=,.@-]{1,128}")
 
 

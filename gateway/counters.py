@@ -43,6 +43,17 @@ def observe(op: str, status: int, cache: str, sent: int, seconds: float) -> None
     latency.observe(seconds)
 
 
+def totals() -> tuple[int, int]:
+    """Requests answered and body bytes sent by this process so far (the console's samples,
+    taken with the heartbeat: never on the request path)."""
+    return _total(REQUESTS), _total(RESPONSE_BYTES)
+
+
+def _total(counter: Counter) -> int:
+    samples = (s for family in counter.collect() for s in family.samples)
+    return int(sum(s.value for s in samples if s.name.endswith("_total")))
+
+
 STORE_BYTES = Counter(
     "gateway_store_bytes", "Bytes read from under-stores", ["store"], registry=REGISTRY
 )

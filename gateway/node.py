@@ -12,6 +12,7 @@ import logging
 import os
 import ssl
 
+from gateway import counters
 from gateway.admin.metrics import publish_forever, shared_dir, watch_cache
 from gateway.admin.routes import ADMIN_PATHS, admin_app
 from gateway.cache import PageStore
@@ -23,6 +24,7 @@ from gateway.cluster.peers import Fleet
 from gateway.cluster.placement import DEFAULT_MAX_REPLICAS, DEFAULT_PARTITIONS
 from gateway.cluster.registry import NodeFigures, NodeRegistry
 from gateway.config import Settings, build_settings
+from gateway.console import Console, is_console_path
 from gateway.edge import install_fast_path
 from gateway.jobs.api import JobsApi, is_jobs_path
 from gateway.jobs.db import JobStore
@@ -146,6 +148,7 @@ class Node:
         self.local: LocalReads | None = None
         self.jobs: JobRunner | None = None
         self.jobs_api: JobsApi | None = None
+        self.console: Console | None = None
 
     async def start(self) -> None:
         s = self.settings
@@ -177,7 +180,8 @@ class Node:
         self._tasks.append(asyncio.create_task(self._catalog_upkeep(shared, service).run()))
         if (folder := shared_dir()) is not None:  # one of several workers
             self._tasks.append(asyncio.create_task(publish_forever(pages, folder)))
-        self._start_jobs(meta, service.reader, fleet)
+        jobs_api = self._start_jobs(meta, service.reader, fleet)
+        self.console = Console(meta, shared, jobs_api, s.heartbeat_timeout)
         self.shared = shared
         self.s3 = S3App(service, s.region, s.base_domain, s.access_log)
         if s.fast_hits:
@@ -220,10 +224,14 @@ class Node:
 
         def figures() -> NodeFigures:
             node = pages.janitor_stats()
+            requests, sent = counters.totals()
             return NodeFigures(
                 cache_bytes=node.bytes_used if node else 0,
                 hits=pages.stats.hits,
                 misses=pages.stats.misses,
+                requests=requests,
+                sent_bytes=sent,
+                capacity_bytes=pages.capacity,
             )
 
         membership = Membership(
@@ -240,7 +248,7 @@ class Node:
         self.internal_port = s.effective_internal_port
         log.info("joined the fleet as %s at %s", me.id, me.address)
 
-    def _start_jobs(self, meta: MetaStore, reader: Reader, fleet: Fleet | None) -> None:
+    def _start_jobs(self, meta: MetaStore, reader: Reader, fleet: Fleet | None) -> JobsApi:
         """The job loop (gateway/jobs): preload work for this node, polled from the database."""
         s = self.settings
         store = JobStore(meta.engine)
@@ -258,6 +266,7 @@ class Node:
         )  # fmt: skip
         self.jobs_api = JobsApi(store, meta, self.jobs.wake)
         self._tasks.append(asyncio.create_task(self.jobs.run()))
+        return self.jobs_api
 
     async def stop(self) -> None:
         install_fast_path(self.settings.port, None)
@@ -294,6 +303,8 @@ class Node:
                 await self.admin(scope, receive, send)
             elif is_jobs_path(scope["path"]) and self.jobs_api is not None:
                 await self.jobs_api(scope, receive, send)
+            elif is_console_path(scope["path"]) and self.console is not None:
+                await self.console(scope, receive, send)
             elif self.s3 is not None:
                 await self.s3(scope, receive, send)
             else:

@@ -6,6 +6,8 @@ are none and members learn of changes by polling.
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -17,7 +19,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from gateway.meta.store import transaction
-from gateway.meta.tables import UTCDateTime, nodes
+from gateway.meta.tables import UTCDateTime, node_samples, nodes
 
 from .placement import Node
 
@@ -31,6 +33,12 @@ LAPSED = "lapsed"  # never stored: UP in the table, but silent for longer than t
 # SQLAlchemy reads back as a datetime (and julianday() parses).
 _SQLITE_NOW = "%Y-%m-%d %H:%M:%f"
 _SECONDS_PER_DAY = 86400.0
+_UNIX_EPOCH_JULIAN_DAY = 2440587.5
+
+# A heartbeat writes a sample of the node's totals (node_samples) when its last is this old;
+# samples are kept this long (the console charts the last hour).
+SAMPLE_INTERVAL = 5.0
+SAMPLES_KEPT = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +48,10 @@ class NodeFigures:
     cache_bytes: int = 0
     hits: int = 0
     misses: int = 0
+    # Sampled for the console's charts (node_samples), not kept in the nodes table.
+    requests: int = 0
+    sent_bytes: int = 0
+    capacity_bytes: int = 0
 
     @property
     def hit_ratio(self) -> float | None:
@@ -106,11 +118,13 @@ class NodeRegistry:
         self.heartbeat_timeout = heartbeat_timeout
         self._postgres = engine.dialect.name == "postgresql"
         self._clock = clock
+        self._sampled = -SAMPLE_INTERVAL  # monotonic time of this process's last sample
 
     async def join(self, me: Node, figures: NodeFigures) -> list[NodeRecord]:
         """Mark `me` up as just started, tell the fleet, and return every node's record."""
         async with self._begin() as conn:
             await conn.execute(self._upsert(me, figures, restart=True))
+            await self._sample(conn, me, figures)
             await self._notify(conn, "join", [me.id])
             return await self._records(conn)
 
@@ -124,6 +138,7 @@ class NodeRegistry:
         """
         async with self._begin() as conn:
             await conn.execute(self._upsert(me, figures, restart=False))
+            await self._sample(conn, me, figures)
             if announce:
                 await self._notify(conn, "join", [me.id])
             return await self._records(conn)
@@ -173,6 +188,37 @@ class NodeRegistry:
             set_={name: statement.excluded[name] for name in row if name not in kept},
         )
 
+    async def samples(self, since: float) -> tuple[float, list[dict[str, Any]]]:
+        """The database's clock (seconds since the epoch) and the samples of the last `since`
+        seconds by it, ordered by node, worker and time."""
+        async with self._begin() as conn:
+            now = float((await conn.execute(sa.select(self._epoch()))).scalar_one())
+            query = (
+                sa.select(node_samples)
+                .where(node_samples.c.at > now - since)
+                .order_by(node_samples.c.node_id, node_samples.c.worker, node_samples.c.at)
+            )
+            rows = (await conn.execute(query)).mappings().all()
+        return now, [dict(row) for row in rows]
+
+    async def _sample(self, conn: AsyncConnection, me: Node, figures: NodeFigures) -> None:
+        """Every SAMPLE_INTERVAL: this process's totals into node_samples, and the fleet's
+        samples older than SAMPLES_KEPT out of it."""
+        moment = time.monotonic()
+        if moment - self._sampled < SAMPLE_INTERVAL:
+            return
+        self._sampled = moment
+        now = self._epoch()
+        row = {
+            "node_id": me.id, "worker": os.getpid(), "at": now,
+            "requests": figures.requests, "sent_bytes": figures.sent_bytes,
+            "hits": figures.hits, "misses": figures.misses,
+            "cache_bytes": figures.cache_bytes, "capacity_bytes": figures.capacity_bytes,
+        }  # fmt: skip
+        insert = postgresql.insert if self._postgres else sqlite.insert
+        await conn.execute(insert(node_samples).values(row).on_conflict_do_nothing())
+        await conn.execute(sa.delete(node_samples).where(node_samples.c.at < now - SAMPLES_KEPT))
+
     async def _records(self, conn: AsyncConnection) -> list[NodeRecord]:
         age = self._age()
         live = sa.and_(nodes.c.state == UP, age < self.heartbeat_timeout)
@@ -204,6 +250,15 @@ class NodeRegistry:
         if self._postgres:
             return sa.func.now()
         return sa.func.strftime(_SQLITE_NOW, "now")
+
+    def _epoch(self) -> sa.ColumnElement[float]:
+        """The database's clock (or the injected one) in seconds since the Unix epoch."""
+        if self._clock is not None:
+            return sa.literal(self._clock().timestamp(), sa.Float)
+        if self._postgres:
+            return sa.cast(sa.extract("epoch", sa.func.now()), sa.Float)
+        days = sa.func.julianday("now") - _UNIX_EPOCH_JULIAN_DAY
+        return sa.cast(days * _SECONDS_PER_DAY, sa.Float)
 
     def _age(self) -> sa.ColumnElement[float]:
         """Seconds since each node's heartbeat, by the database's clock."""

@@ -80,13 +80,11 @@ class JobsApi:
         path, method = request.url.path, request.method
         if path == PREFIX and method == "POST":
             try:
-                spec = JobSpec.from_json(_json(body))
-                job_id = await self._store.submit(spec, who)
+                job_id = await self.submit(_json(body), who)
             except (ValueError, TypeError) as exc:
                 code = "NoSuchBucket" if isinstance(exc, UnknownBucket) else "InvalidArgument"
                 status = 404 if isinstance(exc, UnknownBucket) else 400
                 return JSONResponse({"error": code, "message": str(exc)}, status)
-            self._submitted()
             return await self._one(job_id, 201)
         if path == PREFIX and method == "GET":
             try:
@@ -102,6 +100,14 @@ class JobsApi:
                 return _missing(int(m.group(1)))
             return await self._one(int(m.group(1)))
         return JSONResponse({"error": "NotFound", "message": f"no {method} {path}"}, 404)
+
+    async def submit(self, options: dict[str, Any], who: str) -> int:
+        """Submit a job from its options as JSON (the API's body, the console's form) on
+        behalf of access key `who`, and wake this node's job loop; its id. ValueError (or
+        UnknownBucket) for options that make no job."""
+        job_id = await self._store.submit(JobSpec.from_json(options), who)
+        self._submitted()
+        return job_id
 
     async def _one(self, job_id: int, status: int = 200) -> Response:
         job = await self._store.get(job_id)

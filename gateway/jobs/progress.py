@@ -34,7 +34,7 @@ def size(count: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _done_fraction(job: JobView) -> float:
+def done_fraction(job: JobView) -> float:
     """How far the work is, as a share of the job's bytes: what is loaded (or found cached)
     for a load; the shares of batches checked for --verify, which loads nothing."""
     if job.spec.verify or job.spec.metadata_only:
@@ -169,7 +169,7 @@ async def follow(
             total = job.total_bytes if job.listed else None
             objects = f"{job.objects_done}/{job.total_objects}" + ("" if job.listed else "+")
             bar.update(
-                task, total=total, completed=_done_fraction(job) * job.total_bytes,
+                task, total=total, completed=done_fraction(job) * job.total_bytes,
                 state=_state(job), objects=objects,
                 failures=f"{job.failures} failed" if job.failures else "",
             )  # fmt: skip

@@ -6,6 +6,7 @@ from .migrate import SCHEMA_HEAD, head_revision, migrations_dir, run_migrations
 from .models import (
     ADMIN_USER,
     SECRET_OPTIONS,
+    USER_NAME,
     AccessKey,
     AccessKeyExists,
     InUse,
@@ -28,6 +29,7 @@ __all__ = [
     "ADMIN_USER",
     "SCHEMA_HEAD",
     "SECRET_OPTIONS",
+    "USER_NAME",
     "AccessKey",
     "AccessKeyExists",
     "InUse",

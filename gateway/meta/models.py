@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -62,6 +63,9 @@ class AccessKeyExists(MetaError):
 class MetaUnavailable(MetaError):
     """The database cannot be reached or is busy; retrying later may help."""
 
+
+# IAM's user names: what `gateway users create` and the console accept.
+USER_NAME = re.compile(r"[A-Za-z0-9_+=,.@-]{1,64}")
 
 ADMIN_USER = "admin"  # the user every key and mount had before there were users (0007)
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
+import hmac
 import os
 import re
 import tempfile
@@ -47,6 +50,10 @@ class SecretBox:
                     "(32 url-safe base64-encoded bytes; make one with `Fernet.generate_key()`)"
                 ) from exc
         self._fernet = MultiFernet(fernets)
+        first = keys[0]
+        self._first = base64.urlsafe_b64decode(
+            first if isinstance(first, bytes) else first.encode()
+        )
 
     @classmethod
     def from_config(cls, key: str | None, key_file: Path | None, data_dir: Path) -> SecretBox:
@@ -64,6 +71,11 @@ class SecretBox:
     @staticmethod
     def generate_key() -> str:
         return Fernet.generate_key().decode("ascii")
+
+    def derive(self, purpose: str) -> bytes:
+        """A key of its own for `purpose` (HMAC-SHA256 of the name under the first key): the
+        same on every node that shares the key, and never the key that encrypts secrets."""
+        return hmac.new(self._first, b"gateway/" + purpose.encode(), hashlib.sha256).digest()
 
     def encrypt(self, plain: str) -> str:
         return self._fernet.encrypt(plain.encode("utf-8")).decode("ascii")

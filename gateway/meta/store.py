@@ -127,6 +127,11 @@ class MetaStore(MultipartUploads, Tenants):
         self._box = box
         self._engine = create_engine(self.url)
 
+    def derive_key(self, purpose: str) -> bytes:
+        """A key for `purpose` derived from the secrets' key (SecretBox.derive): the console
+        signs its sessions with it, so that every node of the fleet accepts them."""
+        return self._box.derive(purpose)
+
     @property
     def engine(self) -> AsyncEngine:
         """For other parts of gateway.meta that bring their own tables (jobs, nodes)."""

@@ -202,6 +202,26 @@ nodes = sa.Table(
     sa.CheckConstraint("state IN ('up', 'left')", name="state"),
 )
 
+# Each node's running totals at a heartbeat, at most one every SAMPLE_INTERVAL seconds
+# (gateway/cluster/registry.py), for the console's charts of the last hour: rates are the
+# differences of consecutive samples of one process (`worker`: its pid; a node with several
+# workers writes a series per worker). `at` is the database's clock in seconds since the
+# epoch; samples older than an hour are pruned as new ones are written.
+node_samples = sa.Table(
+    "node_samples",
+    metadata,
+    sa.Column("node_id", sa.Text, primary_key=True),
+    sa.Column("worker", sa.Integer, primary_key=True),
+    sa.Column("at", sa.Float, primary_key=True),
+    sa.Column("requests", sa.BigInteger, nullable=False),
+    sa.Column("sent_bytes", sa.BigInteger, nullable=False),
+    sa.Column("hits", sa.BigInteger, nullable=False),
+    sa.Column("misses", sa.BigInteger, nullable=False),
+    sa.Column("cache_bytes", sa.BigInteger, nullable=False),
+    sa.Column("capacity_bytes", sa.BigInteger, nullable=False),
+    sa.Index("ix_node_samples_at", "at"),
+)
+
 # Uploads a node opened at an under-store on its own behalf (an S3 origin's multipart upload
 # that streams a large PUT), held under a lease its writer renews: one whose lease ran out
 # (its writer crashed) is aborted by a janitor. Leases run by the database's clock.

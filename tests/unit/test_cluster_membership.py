@@ -307,3 +307,23 @@ def test_local_node_comes_from_the_fleet_settings(tmp_path: Path) -> None:
         data_dir=tmp_path, node_id="n7", advertise_host="::1", internal_port=7000, node_weight=3
     )
     assert local_node(tuned) == Node("n7", "[::1]:7000", 3.0, "")
+
+
+async def test_heartbeats_write_samples_for_the_console_and_prune_old_ones(
+    meta: MetaStore,
+) -> None:
+    two_hours_ago = datetime.now(UTC) - timedelta(hours=2)
+    old = NodeRegistry(meta.engine, 60.0, clock=lambda: two_hours_ago)
+    await old.join(Node("gone", "gone:9001"), NodeFigures(requests=7))
+    registry = NodeRegistry(meta.engine, 60.0)
+    figures = NodeFigures(cache_bytes=5, hits=3, misses=1, requests=9, sent_bytes=99,
+                          capacity_bytes=1000)  # fmt: skip
+    await registry.join(Node("a", "a:9001"), figures)
+    await registry.beat(Node("a", "a:9001"), figures)  # within SAMPLE_INTERVAL: no sample
+    now, rows = await registry.samples(3600.0)
+    assert abs(now - datetime.now(UTC).timestamp()) < 60  # the database's clock, in epoch s
+    assert [(r["node_id"], r["requests"], r["sent_bytes"], r["capacity_bytes"]) for r in rows] == [
+        ("a", 9, 99, 1000)
+    ]
+    _, everything = await registry.samples(10 * 3600.0)
+    assert {r["node_id"] for r in everything} == {"a"}  # the two-hour-old one was pruned

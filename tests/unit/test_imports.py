@@ -38,6 +38,11 @@ ALLOWED: dict[str, set[str]] = {
     # Preload jobs drive the Reader (serve_block) like a client would, and check the API's
     # signatures with the S3 layer's SigV4 verifier.
     "gateway.jobs": {"gateway.service", "gateway.s3"} | BELOW_THE_SERVICE | BASE,
+    # The operator console: pages over the service's mounts, the jobs API's submit, the
+    # built-in policies, and the database beneath.
+    "gateway.console": {"gateway.service", "gateway.jobs", "gateway.iam"}
+    | BELOW_THE_SERVICE
+    | BASE,
     "gateway.edge": {"gateway.s3"} | BASE,  # the HTTP server's limits, answered as S3 errors
     # Runs in training jobs, apart from any node: reads block files as the page store wrote
     # them, and finds owners with the nodes' own placement function.
