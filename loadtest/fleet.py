@@ -30,7 +30,7 @@ from typing import Any
 
 from loadtest.common import Options, Run, prime
 from loadtest.data import gateway_targets, seed_objects
-from loadtest.httpclient import Job, LoadClient, Tally
+from loadtest.httpclient import CLIENT, Job, LoadClient, Tally
 from loadtest.procs import cpu_seconds, free_port, machine_busy_seconds, wait_http
 from loadtest.procs import run as run_cmd
 from loadtest.report import Report, Row, format_table
@@ -79,6 +79,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--epoch-object-size", type=parse_size, default=parse_size("100KiB"))
     p.add_argument("--readers", type=int, default=16, help="epoch readers in all (16)")
+    p.add_argument(
+        "--no-client", dest="client", action="store_false",
+        help="skip the warm epochs of fleets of 2+ nodes read by each key's owner and by the "
+        "gateway's client library routing each read to the owner",
+    )  # fmt: skip
     p.add_argument(
         "--postgres",
         default="postgresql://postgres@127.0.0.1:5432",
@@ -447,46 +452,97 @@ def _epochs(
     (one client process per node, two for a single node): cold (epoch 1), then warm."""
     targets = [gateway_targets(n.url, keys) for n in nodes]
     procs = max(2, len(nodes))
+    readers = [args.readers // procs + (i < args.readers % procs) for i in range(procs)]
+    urls = [nodes[i % len(nodes)].url for i in range(procs)]
     for epoch in (1, 2):
-        order = list(range(len(keys)))
-        random.Random(epoch).shuffle(order)
+        order = _order(len(keys), epoch)
         shares = [[Job(targets[i % len(nodes)][k]) for k in order[i::procs]] for i in range(procs)]
-        readers = [args.readers // procs + (i < args.readers % procs) for i in range(procs)]
-        conns = origin.connections()
-        tally, meter = _spread(clients, nodes, shares, readers, timeout)
-        cores, machine = meter.stop()
-        rps = tally.requests / tally.seconds
-        row = report.add(
-            part="epochs",
-            nodes=len(nodes),
-            epoch="cold" if epoch == 1 else "warm",
-            seconds=round(tally.seconds, 3),
-            **{"objects/s": rps, "MB/s": tally.bytes / tally.seconds / 1e6},
-            **{"p50 ms": tally.percentile_ms(50), "p99 ms": tally.percentile_ms(99)},
-            **_cpu_cells(cores, machine, rps),
-            errors=tally.errors + tally.unfinished,
-            **{"x-cache": ",".join(f"{k}:{v}" for k, v in sorted(tally.x_cache.items()))},
-        )
-        if conns is not None:
-            row["origin reqs"] = (origin.connections() or 0) - conns
-        r.log(f"epochs x {len(nodes)} node(s), {row['epoch']}: {rps:.0f} obj/s, "
-              f"CPU {row['CPU per node']}, {row['x-cache']}")  # fmt: skip
+        _epoch(r, report, nodes, clients, origin, timeout,
+               (urls, shares, readers), "cold" if epoch == 1 else "warm")  # fmt: skip
+    if not args.client or len(nodes) < 2:
+        return
+    # The same warm epoch twice more: each key read through its owner (no hop: the baseline
+    # a routed read should cost), and through the gateway's client library, which finds the
+    # owner itself from the fleet's placement (gateway.client; ranged GETs over HTTP).
+    owners = _warm(nodes, {n.name: targets[i] for i, n in enumerate(nodes)}, keys)
+    order = _order(len(keys), 2)
+    by_owner = [[Job(targets[i][k]) for k in order if owners[keys[k]] == n.name]
+                for i, n in enumerate(nodes)]  # fmt: skip
+    share_of = [max(1, round(args.readers * len(jobs) / len(keys))) for jobs in by_owner]
+    _epoch(r, report, nodes, clients, origin, timeout,
+           ([n.url for n in nodes], by_owner, share_of), "warm, to owner")  # fmt: skip
+    prefix = keys[0].rsplit("/", 1)[0] + "/"
+    library = CLIENT + json.dumps(
+        {
+            "endpoint_url": nodes[0].url,
+            "key": ACCESS_KEY,
+            "secret": SECRET_KEY,
+            "dataset": f"{BUCKET}/{prefix}",
+        }
+    )
+    paths = [Job(f"{BUCKET}/{keys[k]}") for k in order]
+    shares = [paths[i::procs] for i in range(procs)]
+    # Twice: the first pass also lists the dataset and fetches the placement, once per client
+    # process (a DataLoader worker's start); the second is an epoch of a running job.
+    for label in ("warm, client 1st pass", "warm, client routed"):
+        _epoch(r, report, nodes, clients, origin, timeout,
+               ([library] * procs, shares, readers), label)  # fmt: skip
+
+
+def _order(n: int, epoch: int) -> list[int]:
+    order = list(range(n))
+    random.Random(epoch).shuffle(order)  # the same order for every path of an epoch
+    return order
+
+
+def _epoch(
+    r: Run,
+    report: Report,
+    nodes: list[_Node],
+    clients: list[LoadClient],
+    origin: Origin,
+    timeout: float,
+    plan: tuple[list[str], list[list[Job]], list[int]],
+    label: str,
+) -> None:
+    """One epoch: client process i reads share i of the jobs from base URL i with its readers
+    (plan: base URLs, shares, readers), all at once; a row of the epochs table."""
+    conns = origin.connections()
+    tally, meter = _spread(clients, nodes, *plan, timeout)
+    cores, machine = meter.stop()
+    rps = tally.requests / tally.seconds
+    row = report.add(
+        part="epochs",
+        nodes=len(nodes),
+        epoch=label,
+        seconds=round(tally.seconds, 3),
+        **{"objects/s": rps, "MB/s": tally.bytes / tally.seconds / 1e6},
+        **{"p50 ms": tally.percentile_ms(50), "p99 ms": tally.percentile_ms(99)},
+        **_cpu_cells(cores, machine, rps),
+        errors=tally.errors + tally.unfinished,
+        **{"x-cache": ",".join(f"{k}:{v}" for k, v in sorted(tally.x_cache.items()))},
+    )
+    if conns is not None:
+        row["origin reqs"] = (origin.connections() or 0) - conns
+    r.log(f"epochs x {len(nodes)} node(s), {label}: {rps:.0f} obj/s, CPU {row['CPU per node']}, "
+          f"{row['CPU us/req']:.0f} us/req, {row['x-cache']}")  # fmt: skip
 
 
 def _spread(
     clients: list[LoadClient],
     nodes: list[_Node],
+    urls: list[str],
     shares: list[list[Job]],
     readers: list[int],
     timeout: float,
 ) -> tuple[Tally, _Meter]:
-    """Share i of the jobs read through node i % N by client process i, all at once; the meter
-    starts when the first process does."""
+    """Share i of the jobs read from base URL i by client process i, all at once; the meter
+    (every node's CPU) starts when the first process does."""
     meters: list[_Meter] = []
 
     def one(i: int) -> Tally:
         start = (lambda: meters.append(_Meter(nodes))) if i == 0 else None
-        return clients[i].run(nodes[i % len(nodes)].url, shares[i], readers[i], timeout, start)
+        return clients[i].run(urls[i], shares[i], readers[i], timeout, start)
 
     tally = Tally()
     with ThreadPoolExecutor(len(shares)) as pool:
@@ -510,10 +566,18 @@ def _ratios(rows: list[Row]) -> dict[str, float]:
         ratios[f"{size} c={c}: via peer / owner (CPU us/req)"] = (
             via["CPU us/req"] / owner["CPU us/req"]
         )
-    epochs = {(x["nodes"], x["epoch"]): x["objects/s"] for x in rows if x["part"] == "epochs"}
-    for (n, epoch), value in epochs.items():
+    epochs = {(x["nodes"], x["epoch"]): x for x in rows if x["part"] == "epochs"}
+    for (n, epoch), row in epochs.items():
         if n > 1 and (1, epoch) in epochs:
-            ratios[f"epochs {epoch}: {n} nodes / 1 node (objects/s)"] = value / epochs[(1, epoch)]
+            ratios[f"epochs {epoch}: {n} nodes / 1 node (objects/s)"] = (
+                row["objects/s"] / epochs[(1, epoch)]["objects/s"]
+            )
+        owner = epochs.get((n, "warm, to owner"), {})
+        if owner and epoch in ("warm", "warm, client routed"):
+            name = "through any node" if epoch == "warm" else "client routed"
+            ratios[f"epochs warm x {n}: {name} / to owner (CPU us/req)"] = (
+                row["CPU us/req"] / owner["CPU us/req"]
+            )
     return ratios
 
 
@@ -578,8 +642,8 @@ def draw(data: dict[str, Any], out: Path) -> None:
             ax.set_title("one forwarding hop: req/s through owner vs peer", fontsize=9)
         else:
             groups = list(dict.fromkeys(x["epoch"] for x in mine))
-            series = {f"{n} node(s)": [next(x["objects/s"] for x in mine if x["nodes"] == n
-                                            and x["epoch"] == g) for g in groups]
+            series = {f"{n} node(s)": [next((x["objects/s"] for x in mine if x["nodes"] == n
+                                             and x["epoch"] == g), 0) for g in groups]
                       for n in dict.fromkeys(x["nodes"] for x in mine)}  # fmt: skip
             ax.set_title("epochs of small objects: objects/s", fontsize=9)
         width = 0.8 / max(len(series), 1)

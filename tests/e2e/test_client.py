@@ -120,6 +120,16 @@ def test_a_second_epoch_asks_the_node_nothing(node: GatewayNode) -> None:
     fs.close()
 
 
+def test_a_listed_small_object_is_read_over_http_with_a_plain_get(node: GatewayNode) -> None:
+    # A whole object of one block goes to its owner without a Range: the node answers it on
+    # its quickest path (the edge's, for an object in its memory tier) once it is cached.
+    dataset = GatewayDataset("data/train/", **_options(node, local=False))
+    assert [dataset[i] for i in range(OBJECTS)] == [_blob(50_000 + i, i) for i in range(OBJECTS)]
+    fast = node.metric("gateway_edge_fast_answers")
+    assert [dataset[i] for i in range(OBJECTS)] == [_blob(50_000 + i, i) for i in range(OBJECTS)]
+    assert node.metric("gateway_edge_fast_answers") == fast + OBJECTS
+
+
 def test_a_batch_of_keys_is_leased_in_one_request(node: GatewayNode) -> None:
     fs = _fs(node)
     paths = [f"gw://data/train/{i:03d}.bin" for i in range(OBJECTS)]
