@@ -153,6 +153,11 @@ class CacheCollector(Collector):
         yield GaugeMetricFamily(
             "gateway_cache_blocks", "Blocks on disk", node.entries if node else 0
         )
+        yield GaugeMetricFamily(
+            "gateway_cache_pinned_bytes",
+            "Bytes of pinned blocks on disk (never evicted)",
+            node.pinned_bytes if node else 0,
+        )
         yield CounterMetricFamily(
             "gateway_cache_evictions",
             "Blocks evicted by the janitor",

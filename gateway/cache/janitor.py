@@ -65,6 +65,7 @@ class JanitorStats:
     free_bytes: int  # of the cache's file system, as the last pass saw it
     updated: float  # time.time() of the last pass
     pid: int
+    pinned_bytes: int = 0  # of pinned blocks (a file published before it: none counted)
 
 
 def read_stats(root: str) -> JanitorStats | None:
@@ -486,6 +487,7 @@ class Janitor:
             free_bytes=free,
             updated=time.time(),
             pid=os.getpid(),
+            pinned_bytes=policy.pinned_bytes,
         )
         tmp = f"{self.root}/.{STATS}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:

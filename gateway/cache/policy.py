@@ -98,6 +98,11 @@ class Policy:
     def capacity(self) -> int:
         return self._capacity
 
+    @property
+    def pinned_bytes(self) -> int:
+        """Bytes of pinned blocks: never evicted, so not room for anything else."""
+        return self._segment_bytes[PINNED]
+
     def set_capacity(self, capacity: int) -> None:
         """A smaller capacity takes effect in the next victims()."""
         if capacity < 0:

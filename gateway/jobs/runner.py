@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from gateway import counters, errors
 from gateway.cache import BlockKey, FillFailed
+from gateway.cache.janitor import JanitorStats
 from gateway.cache.layout import file_size
 from gateway.catalog import SyncBusy, SyncProgress, sync_parallel
 from gateway.cluster.peers import PeerUnavailable
@@ -331,6 +332,9 @@ class JobRunner:
         job = _Job(self, spec, handle, row, departed, nodes)
         if row.job_id not in self._used:
             self._used[row.job_id] = await self.store.node_bytes(row.job_id, self.me.id)
+        job.leave_room_for_pins(
+            await asyncio.to_thread(self.reader.pages.janitor_stats), self._used[row.job_id]
+        )
         # The reporter and the work stop each other by word, not by cancelling: a task
         # cancelled inside a database call can have its cancellation swallowed by the
         # connection pool's reset (SQLAlchemy logs it), and would then never end.
@@ -414,6 +418,15 @@ class _Job:
         self.live = {n.id for n in self.now.nodes}
         self.budget = handle.quota if handle.quota is not None else self.reader.pages.capacity
         self.budget = min(self.budget, self.reader.pages.capacity)
+
+    def leave_room_for_pins(self, stats: JanitorStats | None, used: int) -> None:
+        """Pinned blocks are never evicted: the job may fill only what the cache holds beside
+        them, or it would make room for more of itself by evicting what it loaded. A --pin
+        job's own pins (from before a restart) are in `used` already: counted once."""
+        if stats is None:
+            return
+        pinned = max(0, stats.pinned_bytes - used) if self.spec.pin else stats.pinned_bytes
+        self.budget = min(self.budget, max(0, self.reader.pages.capacity - pinned))
 
     async def run(self, items: list[Item]) -> None:
         """Every item from the cursor on. An item's counts join the share's when the cursor

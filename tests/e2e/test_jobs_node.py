@@ -268,6 +268,29 @@ def test_pinned_data_survives_cache_pressure(
     assert origin.count("GET", "/pin/") == 0
 
 
+def test_a_job_fills_only_the_room_beside_pinned_data(
+    small_node: GatewayNode, origin: CountingProxy, dataset: dict[str, bytes]
+) -> None:
+    # 0.5 MiB pinned in a 2 MiB cache: 1.5 MiB (with checksums, a little more) of big/ would
+    # not fit beside it, and the job would evict its own blocks to make room for more.
+    out = small_node.cli("load", "data/pin/", "--pin", "--format", "json")
+    assert json.loads(out.stdout)["state"] == "done"
+    eventually(lambda: small_node.metric("gateway_cache_pinned_bytes") >= MiB // 2, timeout=30)
+    out = small_node.cli("load", "data/big/", "--format", "json", check=False)
+    ended = json.loads(out.stdout)
+    assert out.returncode == 3 and ended["state"] == "partial", ended
+    loaded = ended["loaded_bytes"]
+    assert 0 < loaded <= 2 * MiB - MiB // 2, ended
+    verify = json.loads(small_node.cli("load", "data/big/", "--verify", "--format", "json").stdout)
+    assert verify["cached_bytes"] == loaded, (ended, verify)
+    origin.reset()
+    assert (
+        small_node.client().get_object(Bucket="data", Key="pin/kept")["Body"].read()
+        == (dataset["pin/kept"])
+    )
+    assert origin.count("GET", "/pin/") == 0
+
+
 @pytest.fixture
 def fresh_node(
     tmp_path: Path, origin: CountingProxy, dataset: dict[str, bytes]
