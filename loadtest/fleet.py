@@ -49,14 +49,15 @@ from loadtest.sizes import fmt_size, parse_size
 from loadtest.wan import Origin
 from loadtest.wrk import WrkCounts, write_targets, wrk
 
+IDLE_SECONDS = 3.0  # the nodes' idle CPU, measured before the routed epochs
 SUMMARY = "fleets of 1-3 nodes: hit req/s spread over nodes, cost of a forwarding hop, epochs"
 _CPU = ["CPU per node", "server CPU", "CPU us/req", "machine CPU %"]
 _LAT = ["p50 ms", "p99 ms"]
 COLUMNS = {
     "throughput": ["size", "nodes", "conns", "req/s", "MB/s", *_LAT, *_CPU, "errors", "vs 1 node"],
     "hop": ["size", "path", "conns", "req/s", "MB/s", *_LAT, *_CPU, "errors"],
-    "epochs": ["nodes", "epoch", "objects/s", "MB/s", *_LAT, *_CPU, "origin reqs", "errors",
-               "x-cache"],
+    "epochs": ["nodes", "epoch", "objects/s", "MB/s", *_LAT, *_CPU, "busy us/req", "origin reqs",
+               "errors", "x-cache"],
 }  # fmt: skip
 
 
@@ -465,12 +466,18 @@ def _epochs(
     # a routed read should cost), and through the gateway's client library, which finds the
     # owner itself from the fleet's placement (gateway.client; ranged GETs over HTTP).
     owners = _warm(nodes, {n.name: targets[i] for i, n in enumerate(nodes)}, keys)
+    # What the nodes burn idle (heartbeats, refreshes, the janitor): at the client's few
+    # hundred requests a second it is a large share of CPU per request, at thousands a small
+    # one; "busy us/req" leaves it out, so that rows at different rates compare.
+    idle = _Meter(nodes)
+    time.sleep(IDLE_SECONDS)
+    idle_cores = sum(idle.stop()[0])
     order = _order(len(keys), 2)
     by_owner = [[Job(targets[i][k]) for k in order if owners[keys[k]] == n.name]
                 for i, n in enumerate(nodes)]  # fmt: skip
     share_of = [max(1, round(args.readers * len(jobs) / len(keys))) for jobs in by_owner]
     _epoch(r, report, nodes, clients, origin, timeout,
-           ([n.url for n in nodes], by_owner, share_of), "warm, to owner")  # fmt: skip
+           ([n.url for n in nodes], by_owner, share_of), "warm, to owner", idle_cores)  # fmt: skip
     prefix = keys[0].rsplit("/", 1)[0] + "/"
     library = CLIENT + json.dumps(
         {
@@ -486,7 +493,7 @@ def _epochs(
     # process (a DataLoader worker's start); the second is an epoch of a running job.
     for label in ("warm, client 1st pass", "warm, client routed"):
         _epoch(r, report, nodes, clients, origin, timeout,
-               ([library] * procs, shares, readers), label)  # fmt: skip
+               ([library] * procs, shares, readers), label, idle_cores)  # fmt: skip
 
 
 def _order(n: int, epoch: int) -> list[int]:
@@ -504,6 +511,7 @@ def _epoch(
     timeout: float,
     plan: tuple[list[str], list[list[Job]], list[int]],
     label: str,
+    idle_cores: float | None = None,
 ) -> None:
     """One epoch: client process i reads share i of the jobs from base URL i with its readers
     (plan: base URLs, shares, readers), all at once; a row of the epochs table."""
@@ -524,6 +532,8 @@ def _epoch(
     )
     if conns is not None:
         row["origin reqs"] = (origin.connections() or 0) - conns
+    if idle_cores is not None:
+        row["busy us/req"] = (sum(cores) - idle_cores) / rps * 1e6
     r.log(f"epochs x {len(nodes)} node(s), {label}: {rps:.0f} obj/s, CPU {row['CPU per node']}, "
           f"{row['CPU us/req']:.0f} us/req, {row['x-cache']}")  # fmt: skip
 
@@ -577,6 +587,10 @@ def _ratios(rows: list[Row]) -> dict[str, float]:
             name = "through any node" if epoch == "warm" else "client routed"
             ratios[f"epochs warm x {n}: {name} / to owner (CPU us/req)"] = (
                 row["CPU us/req"] / owner["CPU us/req"]
+            )
+        if owner and epoch == "warm, client routed":
+            ratios[f"epochs warm x {n}: client routed / to owner (busy us/req)"] = (
+                row["busy us/req"] / owner["busy us/req"]
             )
     return ratios
 

@@ -98,7 +98,7 @@ class S3App:
         self.access_log = AccessLog() if log_access else None
         self.verifier = SigV4Verifier(service.secret_for)
         self.verifier_v2 = SigV2Verifier(service.secret_for)
-        self.fast = FastHits(service, self.verifier, base_domain, self.access_log)
+        self.fast = FastHits(service, self.verifier, base_domain, self.access_log, self.verifier_v2)
         # JSON documents for clients at /_gateway/<name> (the node gives them), signed GETs.
         self.documents: dict[str, Callable[[], Awaitable[bytes]]] = {}
 

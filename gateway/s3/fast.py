@@ -1,8 +1,8 @@
 """Cache hits answered at the edge, before an ASGI request cycle exists.
 
 The plain GET or HEAD of a whole small object that this node holds in its memory tier, by a
-request that is signed with SigV4 (or anonymous on a public mount) and asks for nothing else
-(no range, no condition, no response-* override), is answered from the
+request that is signed with SigV4 or SigV2 (or anonymous on a public mount) and asks for
+nothing else (no range, no condition, no response-* override), is answered from the
 HTTP protocol's parser callback: the same checks, the same headers, the same metrics and
 access-log line as the ASGI path, without the request cycle, task and message passing that
 cost several times the answer itself (docs/performance.md). Anything else, and any doubt (a
@@ -24,7 +24,8 @@ from gateway.s3 import limits
 from gateway.s3.handlers import checksum_headers, object_headers
 from gateway.s3.http import Reply, new_request_id
 from gateway.s3.routing import AUTH_PARAMS
-from gateway.s3.sigv4 import SigV4Verifier
+from gateway.s3.sigv2 import SigV2Verifier, is_sigv2
+from gateway.s3.sigv4 import AuthResult, SigV4Verifier
 from gateway.service import S3Service
 
 # Headers that ask for more than the plain whole object, or carry a body: the full path.
@@ -37,8 +38,8 @@ _NOT_PLAIN = frozenset(
         b"origin",  # a browser's: the bucket's CORS rules answer it (s3/cors.py)
     }
 )  # fmt: skip
-# SigV2's parameters: verified on the full path only.
-_FAST_PARAMS = AUTH_PARAMS - {"AWSAccessKeyId", "Expires", "Signature"}
+# The query parameters a plain GET may carry: SigV4's and SigV2's (a presigned URL of either).
+_FAST_PARAMS = AUTH_PARAMS
 _STATUS = b"HTTP/1.1 200 OK\r\n"
 _TARGET_MAX = 2048  # longer request targets are looked at every time, never kept
 _TARGETS_KEPT = 4096
@@ -53,9 +54,11 @@ class FastHits:
         verifier: SigV4Verifier,
         base_domain: str | None,
         access_log: AccessLog | None,
+        verifier_v2: SigV2Verifier | None = None,
     ) -> None:
         self._service = service
         self._verifier = verifier
+        self._verifier_v2 = verifier_v2
         self._base_domain = base_domain
         self._access_log = access_log
         # What each request target seen is (parsing it costs more than the rest of a hit).
@@ -91,8 +94,15 @@ class FastHits:
             return None
         raw_path, qs, bucket, key = plain
         verb = "GET" if method == b"GET" else "HEAD"
+        auth: AuthResult | None
         try:
-            auth = self._verifier.verify(verb, raw_path, qs, headers)
+            if is_sigv2(headers, qs):
+                # boto3's presigned URLs for an endpoint of one's own are SigV2 by default.
+                if self._verifier_v2 is None:
+                    return None
+                auth = self._verifier_v2.verify(verb, raw_path, qs, headers, None)
+            else:
+                auth = self._verifier.verify(verb, raw_path, qs, headers)
         except errors.S3Error:
             return None  # the full path answers with the error
         # Authorized as the full path would (docs/tenants.md); a refusal, or a decision a
@@ -151,8 +161,8 @@ def object_target(
     target: bytes, base_domain: str | None
 ) -> tuple[str, str, str, str] | Literal[False]:
     """(raw path, query, bucket, key) of a path-style request target that names an object and
-    whose query holds only SigV4's parameters, and that passes the limits; False for any
-    other (the full path then judges it)."""
+    whose query holds only signature parameters (SigV4's or SigV2's), and that passes the
+    limits; False for any other (the full path then judges it)."""
     if base_domain is not None:
         return False  # virtual-hosted buckets: the full path tells them from path-style
     try:

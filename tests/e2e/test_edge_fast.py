@@ -11,10 +11,12 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+import boto3
 import pytest
+from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from tests.support.gateway import GatewayNode, run_cli, start_gateway
+from tests.support.gateway import ACCESS_KEY, SECRET_KEY, GatewayNode, run_cli, start_gateway
 from tests.support.net import eventually
 
 BODY = bytes(range(256)) * 16  # 4 KiB
@@ -155,6 +157,40 @@ def test_a_bad_or_expired_signature_is_refused_by_the_full_path(node: GatewayNod
         return status == 403 and b"Request has expired" in body
 
     eventually(expired, timeout=10)
+
+
+def _url_v2(node: GatewayNode, key: str = "small.bin", expires: int = 3600) -> str:
+    """A presigned GET as boto3 makes it for an endpoint of one's own by default: SigV2."""
+    s3 = boto3.client(
+        "s3", endpoint_url=node.url, aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY, region_name="us-east-1",
+        config=Config(signature_version="s3", s3={"addressing_style": "path"}),
+    )  # fmt: skip
+    url: str = s3.generate_presigned_url(
+        "get_object", Params={"Bucket": "fast", "Key": key}, ExpiresIn=expires
+    )
+    assert "Signature=" in url and "X-Amz-Signature" not in url
+    return url
+
+
+def test_a_sigv2_presigned_get_is_answered_at_the_edge_for_its_key_only(
+    node: GatewayNode,
+) -> None:
+    node.client().get_object(Bucket="fast", Key="small.bin")["Body"].read()
+    url = _url_v2(node)
+    before = _fast(node)
+    [(status, headers, body)] = _responses(node.port, _request(node, url), 1)
+    assert (status, body, headers["x-cache"]) == (200, BODY, "hit")
+    assert _fast(node) == before + 1
+    # Its signature is for small.bin: on another key, tampered or expired, the full path
+    # refuses it.
+    other = _request(node, url).replace(b"/small.bin?", b"/other.txt?")
+    tampered = _request(node, url.replace("Signature=", "Signature=0"))
+    expired = _request(node, _url_v2(node, expires=-10))
+    for request in (other, tampered, expired):
+        [(status, _, body)] = _responses(node.port, request, 1)
+        assert status == 403 and b"<Code>" in body and BODY not in body, body
+    assert _fast(node) == before + 1
 
 
 def test_a_deleted_key_is_refused_at_once_after_its_urls_were_answered(
