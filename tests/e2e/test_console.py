@@ -2,8 +2,9 @@
 database: in headless Chromium (Debian's, driven by playwright), an admin signs in, sees the
 three nodes, starts a preload through the form and watches its bar reach 100 %, cancels
 another job, makes a read-only user and a key whose secret is shown once (boto3: a GET
-allowed, a PUT refused), checks what of a prefix is cached, and signs out; a screenshot of
-each page goes to test-artifacts/console/. Over plain HTTP: sign-in refused for a non-admin
+allowed, a PUT refused; disabled with its button, refused), checks what of a prefix is
+cached, and signs out; a screenshot of each page goes to test-artifacts/console/. Over plain
+HTTP: sign-in refused for a non-admin
 key and for a wrong secret, a POST without the CSRF token or with a wrong one refused, no
 session, a forged cookie or an expired one (issued under an injected clock) refused. Disabled
 keys: one disabled with the CLI is refused on every node (SigV4, SigV2, a presigned URL, the
@@ -158,6 +159,14 @@ def test_an_admin_runs_the_fleet_from_the_browser(fleet: JobsFleet, browser: Any
     with pytest.raises(ClientError) as refused:
         s3.put_object(Bucket="data", Key="pre/new", Body=b"no")
     assert refused.value.response["Error"]["Code"] == "AccessDenied"
+    # Its disable button (an htmx POST with the session's CSRF header): refused at once.
+    key_row = page.locator(f"div.key[data-key='{access_key}']")
+    key_row.locator("button.disable-key").click()
+    expect(page.locator("#result-message")).to_have_text(f"disabled key {access_key}")
+    expect(key_row).to_have_attribute("data-state", "disabled")
+    expect(key_row.locator("button.enable-key")).to_be_visible()
+    eventually(lambda: s3_code(lambda: s3.get_object(Bucket="data", Key="pre/000")) != "")
+    assert s3_code(lambda: s3.get_object(Bucket="data", Key="pre/000")) == "InvalidAccessKeyId"
 
     # What of pre/ is cached, and where: all of it, after the preload.
     page.click("#nav-cache")
