@@ -1,4 +1,5 @@
-"""`gateway` command line: serve, migrate, mount add|list|remove, keys create|list|delete,
+"""`gateway` command line: serve, migrate, mount add|list|remove,
+keys create|list|delete|disable|enable,
 users create|list|delete, policies create|delete|attach|detach|list|show, status, load,
 jobs list|show|wait|cancel.
 
@@ -435,19 +436,33 @@ def keys_create(
 
 
 @keys.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
 @_options(_DB_OPTIONS)
-def keys_list(**kwargs: Any) -> None:
-    """List access key ids (never their secrets), each with its user."""
+def keys_list(as_json: bool, **kwargs: Any) -> None:
+    """List access key ids (never their secrets), each with its user and state: tab-separated
+    key, created, admin or -, user, enabled or disabled, description."""
 
     async def read(meta: MetaStore) -> tuple[list[Any], dict[int, str]]:
         users = {u.id: u.name for u in await meta.list_users()}
         return await meta.list_keys(), users
 
     found, names = _run(_with_meta(_settings(kwargs), read))
-    for key in found:
-        role = "admin" if key.admin else "-"
-        user = ADMIN_USER if key.user_id is None else names.get(key.user_id, "?")
-        line = f"{key.access_key}\t{key.created_at.isoformat()}\t{role}\t{user}\t{key.description}"
+    rows = [
+        {"access_key": key.access_key, "created_at": key.created_at.isoformat(),
+         "admin": key.admin,
+         "user": ADMIN_USER if key.user_id is None else names.get(key.user_id, "?"),
+         "state": "disabled" if key.disabled else "enabled", "description": key.description}
+        for key in found
+    ]  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        role = "admin" if r["admin"] else "-"
+        line = (
+            f"{r['access_key']}\t{r['created_at']}\t{role}\t{r['user']}\t{r['state']}"
+            f"\t{r['description']}"
+        )
         click.echo(line.rstrip())
 
 
@@ -459,6 +474,32 @@ def keys_delete(access_key: str, **kwargs: Any) -> None:
     if not _run(_with_meta(_settings(kwargs), lambda meta: meta.delete_key(access_key))):
         raise click.ClickException(f"no access key {access_key!r}")
     click.echo(f"deleted {access_key}")
+
+
+def _set_disabled(access_key: str, disabled: bool, kwargs: dict[str, Any]) -> None:
+    if not _run(
+        _with_meta(_settings(kwargs), lambda meta: meta.set_key_disabled(access_key, disabled))
+    ):
+        raise click.ClickException(f"no access key {access_key!r}")
+    click.echo(f"{'disabled' if disabled else 'enabled'} {access_key}")
+
+
+@keys.command("disable")
+@click.argument("access_key")
+@_options(_DB_OPTIONS)
+def keys_disable(access_key: str, **kwargs: Any) -> None:
+    """Disable an access key: requests signed with it (S3, the jobs API) and the console's
+    sign-ins and sessions are refused within --refresh-interval seconds, on every node, until
+    `gateway keys enable` (the key and its secret are kept)."""
+    _set_disabled(access_key, True, kwargs)
+
+
+@keys.command("enable")
+@click.argument("access_key")
+@_options(_DB_OPTIONS)
+def keys_enable(access_key: str, **kwargs: Any) -> None:
+    """Enable a disabled access key again (with the secret it had)."""
+    _set_disabled(access_key, False, kwargs)
 
 
 # -- users and policies (docs/tenants.md) ------------------------------------------------

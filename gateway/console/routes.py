@@ -1,16 +1,19 @@
 """The operator console at /_gateway/console/: server-rendered pages (Jinja2) whose live parts
 are fragments htmx polls every 2 s, and forms that post through htmx with the session's CSRF
 token. Every request but the login page's and the static files' needs a signed-in session of
-an admin key (checked against the database each time: a deleted key's session ends); a page
-without one redirects to the login page, a fragment or a POST gets 401 (htmx is told to go to
-the login page), a POST without the session's CSRF token 403.
+an admin key (checked against the database each time: a deleted or disabled key's session
+ends); a page without one redirects to the login page, a fragment or a POST gets 401 (htmx is
+told to go to the login page), a POST without the session's CSRF token 403. Failed sign-ins
+are limited per key and per client address (signin.py): 429 past the limit.
 
 Nothing here is on the S3 request path: the node routes /_gateway/console to this app only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
+import math
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -37,6 +40,7 @@ from gateway.meta import (
     AccessKeyExists,
     InUse,
     MetaStore,
+    MetaUnavailable,
     NoSuchUser,
     UserExists,
 )
@@ -44,6 +48,7 @@ from gateway.service.shared import Shared
 
 from . import figures
 from .sessions import COOKIE, Session, Sessions
+from .signin import SignInLimits
 
 PREFIX = "/_gateway/console"
 LOGIN = f"{PREFIX}/login"
@@ -71,7 +76,8 @@ def is_console_path(path: str) -> bool:
 
 class Console:
     """The ASGI app behind PREFIX, over the node's database, namespace, page store and jobs
-    API. `clock` (seconds since the epoch) decides sessions' expiry."""
+    API. `clock` (seconds since the epoch) decides sessions' expiry and when failed sign-ins
+    stop counting."""
 
     def __init__(
         self,
@@ -88,6 +94,7 @@ class Console:
         self._registry = NodeRegistry(meta.engine, heartbeat_timeout)
         self._clock = clock
         self.sessions = Sessions(meta.derive_key("console-session"), clock)
+        self.sign_ins = SignInLimits(clock)
         self._templates = Jinja2Templates(directory=_HERE / "templates")
         self._templates.env.filters.update(size=_size, percent=_percent, seconds=_seconds)
         self._app = Starlette(routes=[Mount(PREFIX, routes=self._routes())])
@@ -119,6 +126,8 @@ class Console:
             Route("/users/{name}/detach/{policy}", act(self._detach), methods=["POST"]),
             Route("/keys", act(self._create_key), methods=["POST"]),
             Route("/keys/{access_key}/delete", act(self._delete_key), methods=["POST"]),
+            Route("/keys/{access_key}/disable", act(self._disable_key), methods=["POST"]),
+            Route("/keys/{access_key}/enable", act(self._enable_key), methods=["POST"]),
             Route("/cache", page("cache.html", self._cache_form)),
             Route("/cache", act(self._check_cache), methods=["POST"]),
             Route("/cache/{job_id:int}/live", live("cache_live.html", self._cache_job)),
@@ -127,12 +136,13 @@ class Console:
     # -- sessions
 
     async def _session(self, request: Request) -> Session | None:
-        """The request's signed-in session, if its key still exists and is an admin key."""
+        """The request's signed-in session, if its key still exists, is an admin key and is
+        not disabled."""
         session = self.sessions.read(request.cookies.get(COOKIE))
         if session is None or not session.signed_in:
             return None
         key = await self._meta.get_key(session.access_key)
-        return session if key is not None and key.admin else None
+        return session if key is not None and key.admin and not key.disabled else None
 
     def _render(
         self, request: Request, name: str, context: dict[str, Any], session: Session | None,
@@ -217,17 +227,30 @@ class Console:
 
     async def _login(self, request: Request) -> Response:
         """Sign in with an admin access key and its secret: a new session on success; 401 for
-        a wrong key or secret, 403 for a key that is not an admin key or a bad CSRF token."""
+        a wrong key or secret, 403 for a key that is not an admin key, a disabled key or a bad
+        CSRF token; 429, whatever the secret, for a key or a client address past the limit of
+        failed sign-ins."""
         before = self.sessions.read(request.cookies.get(COOKIE))
         form = await _form(request)
         token = form.get("csrf")
         if before is None or not isinstance(token, str) or not self.sessions.csrf_ok(before, token):
             return self._login_page(request, None, "The form expired: please sign in again.", 403)
         access_key, secret = str(form.get("access_key", "")), str(form.get("secret_key", ""))
+        client = request.client.host if request.client else None
+        wait = self.sign_ins.retry_after(access_key, client)
+        if wait > 0:
+            seconds = math.ceil(wait)
+            said = f"Too many failed sign-ins: try again in {seconds} s."
+            response = self._login_page(request, before, said, 429)
+            response.headers["Retry-After"] = str(seconds)
+            return response
         key = await self._meta.get_key(access_key) if access_key else None
         expected = key.secret_key if key is not None else _NO_KEY_SECRET
         if not hmac.compare_digest(secret.encode(), expected.encode()) or key is None:
+            self.sign_ins.failed(access_key, client)
             return self._login_page(request, before, "Wrong access key or secret.", 401)
+        if key.disabled:
+            return self._login_page(request, before, f"{access_key} is disabled.", 403)
         if not key.admin:
             return self._login_page(request, before, f"{access_key} is not an admin key.", 403)
         session, cookie = self.sessions.issue(key.access_key)
@@ -396,6 +419,23 @@ class Console:
         if not await self._meta.delete_key(access_key):
             return self._result(request, session, f"no access key {access_key}")
         return self._result(request, session, f"deleted key {access_key}")
+
+    async def _disable_key(self, request: Request, session: Session) -> Response:
+        return await self._set_disabled(request, session, True)
+
+    async def _enable_key(self, request: Request, session: Session) -> Response:
+        return await self._set_disabled(request, session, False)
+
+    async def _set_disabled(self, request: Request, session: Session, disabled: bool) -> Response:
+        """Disable or enable a key; this process's namespace re-reads the keys at once, the
+        other workers and nodes at their next refresh (refresh_interval)."""
+        access_key = request.path_params["access_key"]
+        if not await self._meta.set_key_disabled(access_key, disabled):
+            return self._result(request, session, f"no access key {access_key}")
+        with contextlib.suppress(MetaUnavailable):  # the periodic refresh will see it
+            await self._shared.namespace.refresh_keys()
+        said = "disabled" if disabled else "enabled"
+        return self._result(request, session, f"{said} key {access_key}")
 
     # -- the cache of a prefix (a --verify job)
 

@@ -6,7 +6,8 @@
     POST /_gateway/jobs/ID/cancel     cancel it                         -> 200 the job
 
 Every request is signed with SigV4 (as an S3 request is, the payload's SHA-256 included) by an
-access key marked admin (`gateway keys create --admin`); anything else gets 403.
+access key marked admin (`gateway keys create --admin`) and not disabled; anything else gets
+403.
 """
 
 from __future__ import annotations
@@ -56,8 +57,9 @@ class JobsApi:
         await response(scope, receive, send)
 
     async def _authenticate(self, scope: Scope, body: bytes) -> str:
-        """The admin access key that signed the request; 403 for any other."""
-        keys = {k.access_key: k for k in await self._meta.list_keys()}
+        """The admin access key that signed the request; 403 for any other (a disabled key
+        is one that does not exist: InvalidAccessKeyId)."""
+        keys = {k.access_key: k for k in await self._meta.list_keys() if not k.disabled}
         verifier = SigV4Verifier(lambda ak: keys[ak].secret_key if ak in keys else None)
         raw = scope.get("raw_path")
         raw_path = raw.decode("latin-1") if raw else scope["path"]

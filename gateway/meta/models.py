@@ -46,6 +46,7 @@ class AccessKey:
     description: str = ""
     admin: bool = False  # may use the operator API (/_gateway/jobs) too
     user_id: int | None = None  # its user (None: the admin user)
+    disabled: bool = False  # refused everywhere (S3, jobs API, console) until enabled again
 
 
 class MetaError(Exception):

@@ -306,6 +306,18 @@ class MetaStore(MultipartUploads, Tenants):
             result = await conn.execute(query)
         return result.rowcount > 0
 
+    async def set_key_disabled(self, access_key: str, disabled: bool) -> bool:
+        """Disable a key (it authenticates nowhere: S3, the jobs API, the console) or enable it
+        again; False if there is no such key. Nodes see it at their next refresh of the keys."""
+        query = (
+            sa.update(access_keys)
+            .where(access_keys.c.access_key == access_key)
+            .values(disabled=disabled)
+        )
+        async with self._connect() as conn:
+            result = await conn.execute(query)
+        return result.rowcount > 0
+
     def _access_key(self, row: sa.RowMapping) -> AccessKey:
         return AccessKey(
             access_key=row["access_key"],
@@ -314,6 +326,7 @@ class MetaStore(MultipartUploads, Tenants):
             description=row["description"],
             admin=bool(row["admin"]),
             user_id=row.get("user_id"),
+            disabled=bool(row.get("disabled", False)),
         )
 
     # -- object metadata

@@ -81,6 +81,10 @@ access_keys = sa.Table(
     sa.Column("admin", sa.Boolean, nullable=False, server_default=sa.false()),
     # The user the key belongs to (users.id); NULL: the admin user. See docs/tenants.md.
     sa.Column("user_id", sa.Integer, nullable=True),
+    # A disabled key authenticates nowhere (S3, the jobs API, the console) until enabled again.
+    # False by the server's default only: an INSERT that names no `disabled` (create_key) also
+    # works on a schema before 0008, as the tests of older migrations need.
+    sa.Column("disabled", sa.Boolean, nullable=False, server_default=sa.false()),
 )
 
 # Tenants (docs/tenants.md): users, the custom policies (the built-in ones are in

@@ -2,8 +2,10 @@
 sees them: in-process, no database.
 
 All are re-read from the metadata store every few seconds, and on demand for an unknown
-access key or bucket, so `gateway mount add` or `gateway keys create` on any machine is usable
-on every worker of every node as soon as the command returns.
+access key or bucket, so `gateway mount add` or `gateway keys create` (or `keys enable`) on any
+machine is usable on every worker of every node as soon as the command returns. A disabled key
+is left out of the secrets, as a deleted one is: refused by every worker once it has re-read
+the keys (within refresh_interval).
 """
 
 from __future__ import annotations
@@ -300,7 +302,9 @@ class Namespace:
         )
 
     async def lookup_unknown_key(self, access_key: str) -> str | None:
-        """A key perhaps created since the last refresh: wait for a re-read of the keys."""
+        """A key perhaps created (or enabled) since the last refresh: wait for a re-read of
+        the keys. Requests with a key that does not exist or is disabled come here each time;
+        Reread starts at most one re-read every REREAD_GAP for all of them."""
         if access_key not in self._secrets:
             await self._keys.fresh()
         return self._secrets.get(access_key)
@@ -345,7 +349,8 @@ class Namespace:
     async def _read_keys(self) -> None:
         keys = await self._meta.list_keys()
         tenancy = await self._meta.read_tenancy()
-        self._secrets = {k.access_key: k.secret_key for k in keys}
+        # A disabled key is left out: to every verifier it is a key that does not exist.
+        self._secrets = {k.access_key: k.secret_key for k in keys if not k.disabled}
         self._publish_auth(tenancy)
 
     async def run(self, interval: float) -> None:

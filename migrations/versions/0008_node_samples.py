@@ -1,5 +1,6 @@
 """Node samples: each node's running totals (requests, bytes sent, cache hits and misses, cache
-bytes and capacity) every few heartbeats, an hour of them, for the console's charts.
+bytes and capacity) every few heartbeats, an hour of them, for the console's charts; and
+access_keys.disabled: a disabled key authenticates nowhere.
 
 Revision ID: 0008_node_samples
 Revises: 0007_tenants
@@ -36,8 +37,14 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("node_id", "worker", "at", name=op.f("pk_node_samples")),
     )
     op.create_index("ix_node_samples_at", "node_samples", ["at"])
+    with op.batch_alter_table("access_keys") as batch:
+        batch.add_column(
+            sa.Column("disabled", sa.Boolean(), nullable=False, server_default=sa.false())
+        )
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("access_keys") as batch:
+        batch.drop_column("disabled")
     op.drop_index("ix_node_samples_at", table_name="node_samples")
     op.drop_table("node_samples")

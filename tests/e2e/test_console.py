@@ -2,10 +2,15 @@
 database: in headless Chromium (Debian's, driven by playwright), an admin signs in, sees the
 three nodes, starts a preload through the form and watches its bar reach 100 %, cancels
 another job, makes a read-only user and a key whose secret is shown once (boto3: a GET
-allowed, a PUT refused), checks what of a prefix is cached, and signs out; a screenshot of
-each page goes to test-artifacts/console/. Over plain HTTP: sign-in refused for a non-admin
+allowed, a PUT refused; disabled with its button, refused), checks what of a prefix is
+cached, and signs out; a screenshot of each page goes to test-artifacts/console/. Over plain
+HTTP: sign-in refused for a non-admin
 key and for a wrong secret, a POST without the CSRF token or with a wrong one refused, no
-session, a forged cookie or an expired one (issued under an injected clock) refused."""
+session, a forged cookie or an expired one (issued under an injected clock) refused. Disabled
+keys: one disabled with the CLI is refused on every node (SigV4, SigV2, a presigned URL, the
+jobs API, the console) until enabled; the console's disable and enable buttons; a disabled admin
+key's session ends. Failed sign-ins: 429 past five, per key and per client address (other
+loopback addresses)."""
 
 from __future__ import annotations
 
@@ -17,8 +22,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
 import httpx
 import pytest
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.config import Config
+from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
 from gateway.console.sessions import COOKIE, Sessions
@@ -149,6 +159,14 @@ def test_an_admin_runs_the_fleet_from_the_browser(fleet: JobsFleet, browser: Any
     with pytest.raises(ClientError) as refused:
         s3.put_object(Bucket="data", Key="pre/new", Body=b"no")
     assert refused.value.response["Error"]["Code"] == "AccessDenied"
+    # Its disable button (an htmx POST with the session's CSRF header): refused at once.
+    key_row = page.locator(f"div.key[data-key='{access_key}']")
+    key_row.locator("button.disable-key").click()
+    expect(page.locator("#result-message")).to_have_text(f"disabled key {access_key}")
+    expect(key_row).to_have_attribute("data-state", "disabled")
+    expect(key_row.locator("button.enable-key")).to_be_visible()
+    eventually(lambda: s3_code(lambda: s3.get_object(Bucket="data", Key="pre/000")) != "")
+    assert s3_code(lambda: s3.get_object(Bucket="data", Key="pre/000")) == "InvalidAccessKeyId"
 
     # What of pre/ is cached, and where: all of it, after the preload.
     page.click("#nav-cache")
@@ -288,3 +306,149 @@ def test_the_grafana_dashboard_names_metrics_the_nodes_export(fleet: JobsFleet) 
     for name in sorted(named):
         base = re.sub(r"_(total|bucket)$", "", name)
         assert name in families or base in families, name
+
+
+# -- disabled keys and the limit on failed sign-ins -----------------------------------------
+
+
+def new_key(node: Any, *args: str) -> tuple[str, str]:
+    out = node.cli("keys", "create", *args).stdout
+    return out.split("access key:")[1].split()[0], out.split("secret key:")[1].split()[0]
+
+
+def s3_code(call: Any) -> str:
+    """The S3 error code of a call, or "" when it succeeds."""
+    try:
+        call()
+    except ClientError as exc:
+        return str(exc.response["Error"]["Code"])
+    return ""
+
+
+def sigv2_client(node_url: str, access_key: str, secret_key: str) -> Any:
+    return boto3.client(
+        "s3", endpoint_url=node_url, aws_access_key_id=access_key,
+        aws_secret_access_key=secret_key, region_name="us-east-1",
+        config=Config(signature_version="s3", s3={"addressing_style": "path"},
+                      retries={"max_attempts": 1, "mode": "standard"}),
+    )  # fmt: skip
+
+
+def jobs_api_status(node_url: str, access_key: str, secret_key: str) -> tuple[int, str]:
+    """GET /_gateway/jobs signed with the key: the status and the error code, if any."""
+    url = f"{node_url}/_gateway/jobs?limit=1"
+    request = AWSRequest(method="GET", url=url)
+    S3SigV4Auth(Credentials(access_key, secret_key), "s3", "us-east-1").add_auth(request)
+    answer = httpx.get(url, headers=dict(request.headers.items()), timeout=30)
+    body = answer.json()
+    return answer.status_code, body.get("error", "") if isinstance(body, dict) else ""
+
+
+def key_state(node: Any, access_key: str) -> str:
+    listed = json.loads(node.cli("keys", "list", "--json").stdout)
+    return str(next(k["state"] for k in listed if k["access_key"] == access_key))
+
+
+def test_a_key_disabled_with_the_cli_authenticates_nowhere_until_enabled(
+    fleet: JobsFleet,
+) -> None:
+    node = fleet.nodes[1]
+    access_key, secret_key = new_key(node, "--admin", "--description", "to disable")
+    v4 = node.client(access_key, secret_key)
+    v2 = sigv2_client(node.url, access_key, secret_key)
+    presigned = v4.generate_presigned_url("get_object", Params={"Bucket": "data", "Key": "pre/001"})
+    eventually(lambda: s3_code(v4.list_buckets) == "")
+    assert httpx.get(presigned).content == blob("pre/001")  # and remembered as verified
+    assert s3_code(v2.list_buckets) == ""
+    assert jobs_api_status(node.url, access_key, secret_key)[0] == 200
+
+    assert node.cli("keys", "disable", access_key).stdout.strip() == f"disabled {access_key}"
+    assert key_state(node, access_key) == "disabled"
+    # Every node refuses it within its refresh interval, as a key that does not exist.
+    for other in fleet.nodes:
+        client = other.client(access_key, secret_key)
+        eventually(lambda c=client: s3_code(c.list_buckets) == "InvalidAccessKeyId")
+    refused = httpx.get(presigned)
+    assert refused.status_code == 403 and b"<Code>InvalidAccessKeyId</Code>" in refused.content
+    assert s3_code(v2.list_buckets) == "InvalidAccessKeyId"
+    assert jobs_api_status(node.url, access_key, secret_key) == (403, "InvalidAccessKeyId")
+    with console(node.url) as client:
+        said = sign_in(client, access_key, secret_key)
+        assert said.status_code == 403 and "is disabled" in said.text
+    assert node.cli("keys", "disable", "GKNOSUCHKEY000000000", check=False).returncode != 0
+
+    assert node.cli("keys", "enable", access_key).stdout.strip() == f"enabled {access_key}"
+    eventually(lambda: s3_code(v4.list_buckets) == "")  # at once: an unknown key is re-read
+    assert httpx.get(presigned).content == blob("pre/001")
+    assert s3_code(v2.list_buckets) == ""
+    assert jobs_api_status(node.url, access_key, secret_key)[0] == 200
+
+
+def test_the_consoles_disable_button_and_a_disabled_admins_session(fleet: JobsFleet) -> None:
+    node = fleet.nodes[0]
+    plain_key, plain_secret = new_key(node, "--description", "button")
+    admin_key, admin_secret = new_key(node, "--admin", "--description", "second admin")
+    s3 = fleet.nodes[2].client(plain_key, plain_secret)
+    eventually(lambda: s3_code(s3.list_buckets) == "")
+    with console(node.url) as client, console(node.url) as other:
+        assert sign_in(client, ACCESS_KEY, SECRET_KEY).status_code == 303
+        token = csrf(client.get("/users").text)
+        gone = client.post(f"/keys/{plain_key}/disable")
+        assert gone.status_code == 403  # no CSRF token: nothing happens
+        said = client.post(f"/keys/{plain_key}/disable", data={"csrf": token})
+        assert said.status_code == 200 and f"disabled key {plain_key}" in said.text
+        live = client.get("/users/live").text
+        assert f'data-key="{plain_key}" data-state="disabled"' in live
+        assert f"/keys/{plain_key}/enable" in live
+        eventually(lambda: s3_code(s3.list_buckets) == "InvalidAccessKeyId")
+        said = client.post(f"/keys/{plain_key}/enable", data={"csrf": token})
+        assert said.status_code == 200 and f"enabled key {plain_key}" in said.text
+        assert f'data-key="{plain_key}" data-state="enabled"' in client.get("/users/live").text
+        eventually(lambda: s3_code(s3.list_buckets) == "")
+        missing = client.post("/keys/GKNOSUCHKEY000000000/disable", data={"csrf": token})
+        assert "no access key GKNOSUCHKEY000000000" in missing.text
+
+        # A disabled admin key's session ends at its next request, on every node; enabled
+        # again, the same cookie works (it had not expired).
+        assert sign_in(other, admin_key, admin_secret).status_code == 303
+        assert signed_in(other)
+        client.post(f"/keys/{admin_key}/disable", data={"csrf": token})
+        page = other.get("/fleet")
+        assert page.status_code == 303 and page.headers["location"] == CONSOLE + "/login"
+        assert other.get("/fleet/live").status_code == 401
+        assert other.post("/logout", data={"csrf": "x"}).status_code == 401
+        with console(fleet.nodes[1].url) as elsewhere:
+            elsewhere.cookies.set(COOKIE, other.cookies[COOKIE])
+            assert not signed_in(elsewhere)
+        client.post(f"/keys/{admin_key}/enable", data={"csrf": token})
+        assert signed_in(other)
+
+
+def from_address(node_url: str, address: str) -> httpx.Client:
+    """A console client whose connections come from `address` (another loopback address):
+    the limit on failed sign-ins counts per client address too."""
+    transport = httpx.HTTPTransport(local_address=address)
+    return httpx.Client(base_url=node_url + CONSOLE, timeout=30, transport=transport)
+
+
+def test_failed_sign_ins_are_limited_per_key_and_per_address(fleet: JobsFleet) -> None:
+    node = fleet.nodes[2]
+    admin_key, admin_secret = new_key(node, "--admin", "--description", "guessed at")
+    with from_address(node.url, "127.0.0.2") as guesser:
+        for _ in range(5):
+            assert sign_in(guesser, admin_key, "wrong").status_code == 401
+        # The key is limited, the right secret included, whoever asks ...
+        limited = sign_in(guesser, admin_key, admin_secret)
+        assert limited.status_code == 429 and "Too many failed sign-ins" in limited.text
+        assert 0 < int(limited.headers["retry-after"]) <= 300
+        with from_address(node.url, "127.0.0.3") as elsewhere:
+            assert sign_in(elsewhere, admin_key, admin_secret).status_code == 429
+        # ... and so is the address, for any key.
+        assert sign_in(guesser, ACCESS_KEY, SECRET_KEY).status_code == 429
+        assert not signed_in(guesser)
+    # Other keys from other addresses are not: the key signs in on another node too (the
+    # limit is each node's own).
+    with from_address(node.url, "127.0.0.4") as admin:
+        assert sign_in(admin, ACCESS_KEY, SECRET_KEY).status_code == 303
+    with console(fleet.nodes[0].url) as other_node:
+        assert sign_in(other_node, admin_key, admin_secret).status_code == 303

@@ -1,5 +1,6 @@
 """The tenancy tables on SQLite and PostgreSQL: migration 0007 moves every key and mount to
-the admin user; users, policies, owners and bucket policies round-trip."""
+the admin user; users, policies, owners and bucket policies round-trip; keys are disabled and
+enabled again (migration 0008's access_keys.disabled)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from gateway.meta import (
 )
 from gateway.meta.migrate import alembic_config
 from gateway.service.authz import build_authorizer
+from gateway.service.namespace import Namespace
 
 pytestmark = pytest.mark.anyio
 
@@ -122,3 +124,47 @@ async def test_bucket_policies_go_with_their_mount(store: MetaStore) -> None:
     await store.remove_mount("b")
     await store.add_mount("b", "file:///srv/b", {})
     assert await store.get_bucket_policy("b") is None
+
+
+async def test_keys_disabled_and_enabled_again(database_url: str, box: SecretBox) -> None:
+    """Migration 0008 adds access_keys.disabled (false for the keys there are); a disabled key
+    keeps its secret in the database and is left out of the namespace's secrets."""
+    config = alembic_config(database_url)
+    await asyncio.to_thread(command.upgrade, config, "0007_tenants")
+    async with MetaStore(database_url, box) as store:
+        await store.create_key("GKOLDKEY", "old-secret", admin=True)
+        await store.migrate()
+        old = await store.get_key("GKOLDKEY")
+        assert old is not None and not old.disabled
+        made = await store.create_key("GKNEWKEY", "new-secret")
+        assert not made.disabled
+
+        assert await store.set_key_disabled("GKNEWKEY", True)
+        assert not await store.set_key_disabled("GKNOSUCHKEY", True)
+        listed = {k.access_key: k for k in await store.list_keys()}
+        assert listed["GKNEWKEY"].disabled and listed["GKNEWKEY"].secret_key == "new-secret"
+        assert not listed["GKOLDKEY"].disabled
+        assert await store.set_key_disabled("GKNEWKEY", True)  # already: still found
+
+        namespace = Namespace(store, default_ttl=60)
+        try:
+            await namespace.refresh_keys()
+            assert namespace.secret_for("GKNEWKEY") is None
+            assert await namespace.lookup_unknown_key("GKNEWKEY") is None
+            assert namespace.secret_for("GKOLDKEY") == "old-secret"
+            assert await store.set_key_disabled("GKNEWKEY", False)
+            assert await namespace.lookup_unknown_key("GKNEWKEY") == "new-secret"
+        finally:
+            await namespace.close()
+
+        # Down to 0007 and up again: the column goes, and comes back false for every key.
+        await store.set_key_disabled("GKNEWKEY", True)
+        await asyncio.to_thread(command.downgrade, config, "0007_tenants")
+        async with store.engine.connect() as conn:
+            columns = await conn.run_sync(
+                lambda s: {c["name"] for c in sa.inspect(s).get_columns("access_keys")}
+            )
+        assert "disabled" not in columns and "user_id" in columns
+        await store.migrate()
+        await store.engine.dispose()  # PostgreSQL's prepared statements name the old columns
+        assert not any(k.disabled for k in await store.list_keys())
