@@ -460,12 +460,16 @@ def _epochs(
         shares = [[Job(targets[i % len(nodes)][k]) for k in order[i::procs]] for i in range(procs)]
         _epoch(r, report, nodes, clients, origin, timeout,
                (urls, shares, readers), "cold" if epoch == 1 else "warm")  # fmt: skip
-    if not args.client or len(nodes) < 2:
+    if not args.client:
         return
     # The same warm epoch twice more: each key read through its owner (no hop: the baseline
     # a routed read should cost), and through the gateway's client library, which finds the
     # owner itself from the fleet's placement (gateway.client; ranged GETs over HTTP).
-    owners = _warm(nodes, {n.name: targets[i] for i, n in enumerate(nodes)}, keys)
+    owners = (
+        _warm(nodes, {n.name: targets[i] for i, n in enumerate(nodes)}, keys)
+        if len(nodes) > 1
+        else dict.fromkeys(keys, nodes[0].name)
+    )
     # What the nodes burn idle (heartbeats, refreshes, the janitor): at the client's few
     # hundred requests a second it is a large share of CPU per request, at thousands a small
     # one; "busy us/req" leaves it out, so that rows at different rates compare.
@@ -476,8 +480,9 @@ def _epochs(
     by_owner = [[Job(targets[i][k]) for k in order if owners[keys[k]] == n.name]
                 for i, n in enumerate(nodes)]  # fmt: skip
     share_of = [max(1, round(args.readers * len(jobs) / len(keys))) for jobs in by_owner]
-    _epoch(r, report, nodes, clients, origin, timeout,
-           ([n.url for n in nodes], by_owner, share_of), "warm, to owner", idle_cores)  # fmt: skip
+    if len(nodes) > 1:  # (one node: the warm epoch above)
+        plan = ([n.url for n in nodes], by_owner, share_of)
+        _epoch(r, report, nodes, clients, origin, timeout, plan, "warm, to owner", idle_cores)
     prefix = keys[0].rsplit("/", 1)[0] + "/"
     library = CLIENT + json.dumps(
         {
@@ -591,6 +596,12 @@ def _ratios(rows: list[Row]) -> dict[str, float]:
         if owner and epoch == "warm, client routed":
             ratios[f"epochs warm x {n}: client routed / to owner (busy us/req)"] = (
                 row["busy us/req"] / owner["busy us/req"]
+            )
+        alone = epochs.get((1, "warm, client routed"), {})
+        if n > 1 and alone and epoch == "warm, client routed":
+            # The same client, the same requests: on one node none can take a hop.
+            ratios[f"epochs warm x {n}: client routed / client on 1 node (busy us/req)"] = (
+                row["busy us/req"] / alone["busy us/req"]
             )
     return ratios
 
