@@ -11,6 +11,7 @@ Nothing here is on the S3 request path: the node routes /_gateway/console to thi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import math
@@ -280,8 +281,25 @@ class Console:
                 "hits_chart": figures.sparkline(line.hit_ratio, top=1.0),
                 "cache_chart": figures.sparkline(line.cache_bytes, top=line.capacity_bytes),
             })  # fmt: skip
+        if self._shared.fleet is None and not nodes:
+            nodes.append(await self._alone())
         live = sum(1 for n in nodes if n["live"])
         return {"nodes": nodes, "live": live, "page": "fleet"}
+
+    async def _alone(self) -> dict[str, Any]:
+        """A node in no fleet writes no heartbeats and no samples: its row is what it knows of
+        itself now (no history, no request rate)."""
+        pages = self._shared.pages
+        stats = await asyncio.to_thread(pages.janitor_stats)
+        hits, misses = pages.stats.hits, pages.stats.misses
+        return {
+            "id": "this node", "address": "not in a fleet", "zone": None, "weight": 1.0,
+            "state": "alone", "live": True, "heartbeat_age": 0.0,
+            "cache_bytes": stats.bytes_used if stats is not None else 0,
+            "capacity": pages.capacity,
+            "hit_ratio": hits / (hits + misses) if hits + misses else None,
+            "rps": None, "rps_chart": "", "hits_chart": "", "cache_chart": "",
+        }  # fmt: skip
 
     # -- mounts
 

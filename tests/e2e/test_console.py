@@ -34,7 +34,7 @@ from botocore.exceptions import ClientError
 from gateway.console.sessions import COOKIE, Sessions
 from gateway.meta import SecretBox
 from tests.e2e.test_jobs_fleet import JobsFleet
-from tests.support.gateway import ACCESS_KEY, SECRET_KEY
+from tests.support.gateway import ACCESS_KEY, SECRET_KEY, start_gateway
 from tests.support.net import eventually
 from tests.support.origin import CountingProxy
 from tests.support.postgres import temp_database
@@ -452,3 +452,15 @@ def test_failed_sign_ins_are_limited_per_key_and_per_address(fleet: JobsFleet) -
         assert sign_in(admin, ACCESS_KEY, SECRET_KEY).status_code == 303
     with console(fleet.nodes[0].url) as other_node:
         assert sign_in(other_node, admin_key, admin_secret).status_code == 303
+
+
+def test_a_node_in_no_fleet_shows_itself(tmp_path: Path) -> None:
+    # The embedded default: SQLite, no fleet secret, so no heartbeats and no samples.
+    node = start_gateway(tmp_path / "alone")
+    try:
+        client = console(node.url)
+        assert sign_in(client, ACCESS_KEY, SECRET_KEY).status_code == 303
+        page = client.get("/fleet/live").text
+        assert "1 of 1 nodes live" in page and 'data-state="alone"' in page, page
+    finally:
+        node.stop()
