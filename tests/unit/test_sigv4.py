@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import calendar
 import hashlib
 import time
 from collections.abc import Callable, Iterator
@@ -339,15 +340,24 @@ def test_rotated_secret_is_not_served_from_the_key_cache(path_client: Any) -> No
 @pytest.mark.parametrize("offset", [-901.0, 901.0, -86400.0])
 def test_clock_skew_beyond_fifteen_minutes_is_refused(path_client: Any, offset: float) -> None:
     wire = capture(path_client, "get_object", Bucket="b", Key="k")
+    # The verifier's clock set from the request's own time (whole seconds), not from the
+    # wall clock a moment later: -901 s is then 901 s, however long the capture took.
+    signed = _signed_at(wire.headers["x-amz-date"])
     with pytest.raises(errors.RequestTimeTooSkewed) as info:
-        verify(wire, verifier(clock=lambda: time.time() + offset))
+        verify(wire, verifier(clock=lambda: signed + offset))
     assert info.value.status == 403
     assert info.value.fields["RequestTime"] == wire.headers["x-amz-date"]
 
 
 def test_clock_skew_within_fifteen_minutes_is_accepted(path_client: Any) -> None:
     wire = capture(path_client, "get_object", Bucket="b", Key="k")
-    assert verify(wire, verifier(clock=lambda: time.time() - 800)) is not None
+    signed = _signed_at(wire.headers["x-amz-date"])
+    for offset in (-899.0, 899.0):
+        assert verify(wire, verifier(clock=lambda o=offset: signed + o)) is not None
+
+
+def _signed_at(amz_date: str) -> float:
+    return calendar.timegm(time.strptime(amz_date, "%Y%m%dT%H%M%SZ"))
 
 
 def _auth(scope: str = "20130524/us-east-1/s3/aws4_request") -> str:
