@@ -150,7 +150,19 @@ def test_one_endless_header_value_is_answered_431(node: GatewayNode) -> None:
             sent += 65536
         answer = _read_to_close(sock, 10)
     assert _status(answer) == 431
-    assert sent < 4 * MiB
+    # The node stopped reading at its limit: what got out is at most what the kernels
+    # buffer in between (this socket's send buffer and the node's receive buffer, each
+    # autotuned up to its maximum; on a busy machine the node reads late and they fill up).
+    assert sent < _buffered_at_most() + MiB
+
+
+def _buffered_at_most() -> int:
+    """The largest TCP send and receive buffers this kernel gives a connection, added."""
+    most = 0
+    for name in ("tcp_rmem", "tcp_wmem"):
+        with open(f"/proc/sys/net/ipv4/{name}") as f:
+            most += int(f.read().split()[2])
+    return most
 
 
 def test_endless_trailers_of_a_chunked_body_are_answered_431(node: GatewayNode) -> None:
