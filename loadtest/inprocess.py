@@ -114,9 +114,9 @@ def _measure(size: int, n: int, access_log: bool, profile: bool) -> list[Row]:
         sys.stderr = stderr
 
 
-async def _hits(
-    node: Any, path: str, query: str, size: int, n: int, access_log: bool, profile: bool
-) -> list[Row]:
+async def _started(node: Any) -> Callable[[], Awaitable[None]]:
+    """Run the node's lifespan startup, with the load's access key, as `gateway serve` does
+    with --admin-access-key; returns what ends the lifespan."""
     lifespan: asyncio.Queue[Message] = asyncio.Queue()
     said: list[Message] = []
     started = asyncio.Event()
@@ -130,10 +130,21 @@ async def _hits(
     await started.wait()
     if said[0]["type"] != "lifespan.startup.complete":
         raise RuntimeError(f"the node did not start: {said[0]}")
-    # What `gateway serve` does with --admin-access-key before it starts the node.
     if await node.shared.meta.get_key(_ACCESS_KEY) is None:
         await node.shared.meta.create_key(_ACCESS_KEY, _SECRET, "loadtest inprocess")
     await node.shared.namespace.refresh()
+
+    async def stop() -> None:
+        await lifespan.put({"type": "lifespan.shutdown"})
+        await running
+
+    return stop
+
+
+async def _hits(
+    node: Any, path: str, query: str, size: int, n: int, access_log: bool, profile: bool
+) -> list[Row]:
+    stop = await _started(node)
     headers = [(b"host", b"127.0.0.1:9000"), (b"user-agent", b"wrk"), (b"accept", b"*/*")]
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
@@ -177,8 +188,7 @@ async def _hits(
             await asgi()
         profiler.disable()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
-    await lifespan.put({"type": "lifespan.shutdown"})
-    await running
+    await stop()
     return rows
 
 
@@ -269,22 +279,7 @@ def _misses(args: argparse.Namespace) -> list[Row]:
 
 
 async def _cold(node: Any, targets: list[str], size: int, readers: int, profile: bool) -> list[Row]:
-    lifespan: asyncio.Queue[Message] = asyncio.Queue()
-    said: list[Message] = []
-    started = asyncio.Event()
-
-    async def tell(message: Message) -> None:
-        said.append(message)
-        started.set()
-
-    await lifespan.put({"type": "lifespan.startup"})
-    running = asyncio.create_task(node({"type": "lifespan"}, lifespan.get, tell))
-    await started.wait()
-    if said[0]["type"] != "lifespan.startup.complete":
-        raise RuntimeError(f"the node did not start: {said[0]}")
-    if await node.shared.meta.get_key(_ACCESS_KEY) is None:
-        await node.shared.meta.create_key(_ACCESS_KEY, _SECRET, "loadtest inprocess")
-    await node.shared.namespace.refresh()
+    stop = await _started(node)
     headers = [(b"host", b"127.0.0.1:9000"), (b"user-agent", b"wrk"), (b"accept", b"*/*")]
     problems: list[str] = []
     caches: dict[str, int] = {}
@@ -356,8 +351,7 @@ async def _cold(node: Any, targets: list[str], size: int, readers: int, profile:
     print(f"x-cache: {dict(sorted(caches.items()))}")
     if profiler is not None:
         profiler.report()
-    await lifespan.put({"type": "lifespan.shutdown"})
-    await running
+    await stop()
     return rows
 
 
