@@ -305,7 +305,7 @@ class Console:
 
     async def _mounts(self, request: Request) -> dict[str, Any]:
         handles = {h.bucket: h for h in self._shared.namespace.mounts()}
-        stats = self._shared.pages.janitor_stats()
+        stats = await asyncio.to_thread(self._shared.pages.janitor_stats)
         rows = []
         for mount in await self._meta.list_mounts():
             h = handles.get(mount.bucket)
