@@ -412,21 +412,28 @@ class JobStore:
             rows = (await conn.execute(query)).all()
         return [Item(*row) for row in rows]
 
-    async def report(self, row: WorkRow, owner: str, lease: float, *, done: bool = False) -> bool:
-        """Write a row's counters and cursor, and renew its lease (or end it: `done`); False
-        when the lease is no longer ours."""
+    async def report(
+        self, row: WorkRow, owner: str, lease: float, *, done: bool = False, release: bool = False
+    ) -> bool:
+        """Write a row's counters and cursor, and renew its lease (or end it: `done`; or give
+        it up with the share unfinished: `release`, so that it is taken up again at once);
+        False when the lease is no longer ours, or (a renewal) the job is no longer active:
+        one round trip for both, as the reporter asks after each object."""
         values = {**row.tally.values(), "cursor": row.cursor}
+        where = [
+            job_work.c.job_id == row.job_id, job_work.c.batch == row.batch,
+            job_work.c.node_id == row.node_id, job_work.c.lease_owner == owner,
+            job_work.c.state == LEASED,
+        ]  # fmt: skip
         if done:
             values.update(state=WORK_DONE, lease_owner=None, lease_expires=None)
+        elif release:
+            values.update(state=PENDING, lease_owner=None, lease_expires=None)
         else:
             values["lease_expires"] = self._clock(lease)
-        query = (
-            sa.update(job_work)
-            .where(job_work.c.job_id == row.job_id, job_work.c.batch == row.batch,
-                   job_work.c.node_id == row.node_id, job_work.c.lease_owner == owner,
-                   job_work.c.state == LEASED)
-            .values(values)
-        )  # fmt: skip
+            active = sa.select(jobs.c.id).where(jobs.c.id == row.job_id, jobs.c.state.in_(ACTIVE))
+            where.append(active.exists())
+        query = sa.update(job_work).where(*where).values(values)
         async with transaction(self._engine) as conn:
             return (await conn.execute(query)).rowcount > 0
 

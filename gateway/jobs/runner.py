@@ -350,6 +350,12 @@ class JobRunner:
         reporter.result()
         if job.halt is not None:
             log.info("jobs: job %d batch %d: %s", row.job_id, row.batch, job.halt)
+            if self.stopping:
+                # What is done is written down and the share let go: the restart (or, past
+                # the takeover delay, another node) goes on from here, not from the last
+                # report, and without waiting for the lease to run out.
+                with contextlib.suppress(MetaUnavailable):
+                    await self.store.report(row, self.owner, self.lease, release=True)
             return
         row.cursor = len(items)
         await self.store.report(row, self.owner, self.lease, done=True)
@@ -363,11 +369,9 @@ class JobRunner:
             job.progressed.clear()
             if job.ended:
                 return
-            if await self.store.state(row.job_id) not in ACTIVE:
-                job.halt = "the job is no longer active"
-                return
             if not await self.store.report(row, self.owner, self.lease):
-                job.halt = "its lease was taken over"
+                active = await self.store.state(row.job_id) in ACTIVE
+                job.halt = "its lease was taken over" if active else "the job is no longer active"
                 return
             await self._sleep(REPORT_GAP)
 

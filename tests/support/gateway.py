@@ -84,15 +84,19 @@ class GatewayNode:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def stop(self) -> None:
+    def stop(self, wait: float = 15) -> bool:
+        """SIGTERM, and SIGKILL if the node has not ended `wait` seconds later; whether it
+        ended by itself (or had ended already)."""
         _LIVE.discard(self)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(15)
+                self.proc.wait(wait)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+                return False
+        return True
 
 
 def _env(extra: dict[str, str] | None) -> dict[str, str]:

@@ -107,20 +107,24 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         chunked = "chunked" in self.headers.get("Transfer-Encoding", "").lower()
         if chunked:
             headers["Transfer-Encoding"] = "chunked"
-        try:
-            upstream = self._upstream()
-            upstream.request(
-                self.command,
-                self.path,
-                body=self._request_body(chunked),
-                headers=headers,
-                encode_chunked=chunked,
-            )
-            response = upstream.getresponse()
-        except (OSError, http.client.HTTPException) as exc:
-            self._drop_upstream()
-            self._bad_gateway(exc)
-            return
+        body = self._request_body(chunked)
+        # A request without a body is sent again once on a new upstream connection when the
+        # first try fails before any answer (a loaded moto resetting a connection): the
+        # client sees one request, as it would from a real origin, not a 502 it retries.
+        for attempt in (1, 2) if body is None else (1,):
+            try:
+                upstream = self._upstream()
+                upstream.request(
+                    self.command, self.path, body=body, headers=headers, encode_chunked=chunked
+                )
+                response = upstream.getresponse()
+                break
+            except (OSError, http.client.HTTPException) as exc:
+                self._drop_upstream()
+                self.server.owner._upstream_failed(self.command, path, exc)
+                if attempt == 2 or body is not None:
+                    self._bad_gateway(exc)
+                    return
         try:
             self._relay(response)
         except (OSError, http.client.HTTPException):
@@ -235,6 +239,7 @@ class CountingProxy:
         if target.scheme != "http" or not target.netloc:
             raise ValueError(f"CountingProxy forwards to http://host:port only, not {upstream!r}")
         self.requests: list[ProxiedRequest] = []
+        self.upstream_failures: list[str] = []  # tries the upstream failed (see do_any)
         self.body_bytes: dict[str, int] = {}  # response body bytes relayed, by method
         self._lock = threading.Lock()
         self._server = _ProxyServer(("127.0.0.1", 0), _Handler)
@@ -249,6 +254,10 @@ class CountingProxy:
     def _record(self, request: ProxiedRequest) -> None:
         with self._lock:
             self.requests.append(request)
+
+    def _upstream_failed(self, method: str, path: str, exc: Exception) -> None:
+        with self._lock:
+            self.upstream_failures.append(f"{method} {path}: {type(exc).__name__}: {exc}")
 
     def _sent(self, method: str, n: int) -> None:
         with self._lock:
@@ -271,6 +280,7 @@ class CountingProxy:
         with self._lock:
             self.requests.clear()
             self.body_bytes.clear()
+            self.upstream_failures.clear()
 
     def stop(self) -> None:
         self._server.shutdown()

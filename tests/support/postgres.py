@@ -39,6 +39,19 @@ def _run(sql: str, *args: object) -> None:
         )
 
 
+def rows(url: str, sql: str, *args: object) -> list[dict[str, object]]:
+    """The rows a query answers in the database of `url` (a temp_database URL)."""
+
+    async def fetch() -> list[dict[str, object]]:
+        conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"))
+        try:
+            return [dict(r) for r in await conn.fetch(sql, *args)]
+        finally:
+            await conn.close()
+
+    return asyncio.run(fetch())
+
+
 @contextmanager
 def temp_database() -> Iterator[str]:
     """A fresh, uniquely named database, as a postgresql+asyncpg URL; dropped afterwards."""

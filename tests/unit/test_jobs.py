@@ -172,6 +172,33 @@ async def test_a_lapsed_lease_is_taken_again_and_a_cancelled_job_stops(meta: Met
     assert states == ["leased"]
 
 
+async def test_a_share_given_up_at_a_stop_is_taken_up_at_once_from_its_cursor(
+    meta: MetaStore,
+) -> None:
+    store = JobStore(meta.engine)
+    job_id = await store.submit(JobSpec("data"), "me")
+    assert await store.take_listing(job_id, "a", 30)
+    assert await store.add_items(job_id, "a", 30, items(0, 10))
+    assert await store.finish_listing(job_id, "a")
+    await store.seed(job_id, 0, 1, ["n1", "n2"])
+    row = await store.claim(job_id, "n1", "n1:before", 30, live=["n1", "n2"])
+    assert row is not None
+    row.cursor, row.tally.objects = 4, 4
+    assert await store.report(row, "n1:before", 30, release=True)  # the node stops
+    assert not await store.report(row, "n1:before", 30)  # and holds it no more
+    # n2 does not take n1's share (n1 is kept: back soon); n1's restart takes it at once,
+    # with a lease of 30 s that has not run out, from where it was.
+    assert await store.claim(job_id, "n2", "n2:p", 30, live=["n1", "n2"]) is not None  # own
+    assert await store.claim(job_id, "n2", "n2:p2", 30, live=["n1", "n2"]) is None
+    again = await store.claim(job_id, "n1", "n1:after", 30, live=["n1", "n2"])
+    assert again is not None and (again.cursor, again.tally.objects) == (4, 4)
+    # A renewal fails once the job is no longer active: the reporter stops the work.
+    assert await store.report(again, "n1:after", 30)
+    await store.cancel(job_id)
+    assert not await store.report(again, "n1:after", 30)
+    assert await store.state(job_id) == "cancelled"
+
+
 def test_a_job_is_shown_in_binary_units_with_its_nodes() -> None:
     from datetime import UTC, datetime
 
