@@ -148,7 +148,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._silent = 0
         self._progress = False
         self._fast: FastAnswer | None = None  # this port's answer to plain hits, if any
-        self._fast_answer: bytes | None = None  # the answer to the request being parsed
+        self._fast_answer: list[bytes | memoryview] | None = None  # to the request parsed
         self._fast_keep_alive = True
 
     # -- connection ------------------------------------------------------------------------
@@ -278,7 +278,10 @@ class EdgeProtocol(HttpToolsProtocol):
         transport = self.transport
         if transport.is_closing():
             return
-        transport.write(answer)
+        if len(answer) == 1:
+            transport.write(answer[0])
+        else:
+            transport.writelines(answer)
         FAST_ANSWERS.inc()
         if not self._fast_keep_alive:
             transport.close()
@@ -335,7 +338,8 @@ class EdgeProtocol(HttpToolsProtocol):
 # The answers to plain cache hits, by listening port (the S3 port; never the fleet's): set by
 # the node of this process once it has started (gateway/s3/fast.py).
 FastAnswer = Callable[
-    [bytes, bytes, list[tuple[bytes, bytes]], bool, list[tuple[bytes, bytes]]], bytes | None
+    [bytes, bytes, list[tuple[bytes, bytes]], bool, list[tuple[bytes, bytes]]],
+    list[bytes | memoryview] | None,
 ]
 _FAST: dict[int, FastAnswer] = {}
 

@@ -93,6 +93,41 @@ def _read_whole(fd: int, data_len: int, verify: bool) -> bytes:
     data = _pread_exact(fd, data_len, 0)
     # One byte more than the tail: a longer file is no block of ours either.
     tail = os.pread(fd, tail_size(data_len) + 1, data_len)
+    _check_whole(data, tail, data_len, verify)
+    return data
+
+
+def read_resident(path: str, data_len: int, verify: bool) -> memoryview | None:
+    """The whole block if all of it is in the page cache now, else None (or a block gone):
+    read with RWF_NOWAIT, which never waits for the disk, so it may run on the event loop
+    (a 1 MiB block: ~0.1 ms of copying, against ~0.1 ms of CPU for a thread hop and a wait
+    behind the other reads). One read of the data and its tail; Corrupt as read()."""
+    try:
+        fd = os.open(path, _READ)
+    except FileNotFoundError:
+        return None
+    try:
+        tail_len = tail_size(data_len)
+        buf = bytearray(data_len + tail_len + 1)  # one byte more: a longer file is no block
+        try:
+            got = os.preadv(fd, [buf], 0, os.RWF_NOWAIT)
+        except BlockingIOError:
+            return None
+    finally:
+        os.close(fd)
+    # A read stops at the first page not in memory: too short to be the block is no answer
+    # (the read on a thread tells a page out of memory from a file of the wrong size).
+    view = memoryview(buf)
+    if got < data_len + TRAILER_SIZE:
+        return None
+    parsed = parse_trailer(bytes(view[data_len : data_len + TRAILER_SIZE]))
+    if parsed is not None and parsed[0] != MAGIC_V1 and got < data_len + tail_len:
+        return None
+    _check_whole(view[:data_len], bytes(view[data_len:got]), data_len, verify)
+    return view[:data_len]
+
+
+def _check_whole(data: bytes | memoryview, tail: bytes, data_len: int, verify: bool) -> None:
     parsed = parse_trailer(tail[:TRAILER_SIZE])
     if parsed is None:
         raise Corrupt("no block trailer")
@@ -104,7 +139,6 @@ def _read_whole(fd: int, data_len: int, verify: bool) -> bytes:
         raise Corrupt(f"block file of {data_len + len(tail)} bytes, pieces of {piece}")
     if verify and crc32c(data) != crc:
         raise Corrupt("block checksum mismatch")
-    return data
 
 
 def _read_range(fd: int, data_len: int, start: int, length: int, verify: bool) -> bytes:

@@ -349,6 +349,33 @@ class PageStore:
                 self._journal.access(bkey.digest, bkey.mount_id, pinned)
         return data
 
+    def peek_disk(self, bkey: BlockKey, length: int, pinned: bool = False) -> memoryview | None:
+        """The whole block from its file without waiting for the disk, so on the event loop:
+        only a block this process has read from disk before (its file was there and is most
+        likely in the page cache still), and only if all of it is in memory now. None for
+        anything else: the full read path reads it on a thread."""
+        name = bkey.name
+        if name not in self._verified or name in self._fills or self._io is None:
+            return None
+        verify = self._verify_sample >= 1.0 or random.random() < self._verify_sample
+        path = block_path(self.root, bkey.mount_id, name)
+        try:
+            data = blockfile.read_resident(path, length, verify)
+        except (blockfile.Corrupt, OSError):
+            # The full path reads it again, checks it (no longer counted as verified) and
+            # drops it, or says what the disk's trouble is.
+            self._verified.pop(name, None)
+            return None
+        if data is None:
+            return None
+        if self._journal is not None:
+            self._journal.access(bkey.digest, bkey.mount_id, pinned)
+        self.stats.hits += 1
+        self.stats.hit_bytes += length
+        if self.memory.accepts(length):
+            self.memory.put(name, bytes(data))
+        return data
+
     def known(self, bkey: BlockKey) -> bool:
         """In memory or read from disk by this process: a cheap guess that it is cached."""
         name = bkey.name

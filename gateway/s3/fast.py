@@ -43,6 +43,7 @@ _FAST_PARAMS = AUTH_PARAMS
 _STATUS = b"HTTP/1.1 200 OK\r\n"
 _TARGET_MAX = 2048  # longer request targets are looked at every time, never kept
 _TARGETS_KEPT = 4096
+_JOINED_MAX = 64 << 10  # a body up to this size is joined to the head; a larger one is not
 
 
 class FastHits:
@@ -71,8 +72,9 @@ class FastHits:
         fields: list[tuple[bytes, bytes]],
         keep_alive: bool,
         default_headers: list[tuple[bytes, bytes]],
-    ) -> bytes | None:
-        """The whole HTTP response to the request, or None for the full path to answer."""
+    ) -> list[bytes | memoryview] | None:
+        """The whole HTTP response to the request, as buffers to write in turn (the head, and
+        a large body apart), or None for the full path to answer."""
         started = time.perf_counter()
         if method != b"GET" and method != b"HEAD":
             return None
@@ -120,7 +122,7 @@ class FastHits:
         if info.checksums and headers.get("x-amz-checksum-mode", "").upper() == "ENABLED":
             checksum_headers(reply, info.checksums)
         reply.header("x-cache", "hit")
-        head = [_STATUS]
+        head: list[bytes | memoryview] = [_STATUS]
         for name, value in default_headers:
             head += [name, b": ", value, b"\r\n"]
         for name, value in reply.headers:
@@ -134,9 +136,13 @@ class FastHits:
         head.append(b"\r\n")
         op = "GetObject" if verb == "GET" else "HeadObject"
         sent = 0
+        answer: list[bytes | memoryview] = [b""]
         if verb == "GET":
-            head.append(data)
             sent = len(data)
+            if sent <= _JOINED_MAX:
+                head.append(data)  # one write of one buffer
+            else:
+                answer.append(data)  # not copied again: written after the head
         elapsed = time.perf_counter() - started
         counters.observe(op, 200, "hit", sent, elapsed)
         if self._access_log is not None:
@@ -154,7 +160,8 @@ class FastHits:
                     "access_key": access_key,
                 }
             )
-        return b"".join(head)
+        answer[0] = b"".join(head)
+        return answer
 
 
 def object_target(

@@ -116,8 +116,8 @@ class S3Service:
         if caller is not None:
             self.authorize(caller.access_key, action, bucket, key, caller.source_ip)
 
-    def peek_hit(self, bucket: str, key: str) -> tuple[ObjectInfo, bytes] | None:
-        """A whole object from this node's memory, with no I/O and no await, or None."""
+    def peek_hit(self, bucket: str, key: str) -> tuple[ObjectInfo, bytes | memoryview] | None:
+        """A whole object from this node's memory or page cache, with no await, or None."""
         return self.reader.peek_hit(bucket, key)
 
     async def local_blocks(self, bucket: str, key: str, first: int, count: int) -> LocalBlocks:

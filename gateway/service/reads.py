@@ -434,10 +434,11 @@ class Reader:
                 raise errors.ServiceUnavailable(f"The store's answer was cut: {exc}") from None
         raise errors.ServiceUnavailable("The object changed while it was read.")
 
-    def peek_hit(self, bucket: str, key: str) -> tuple[ObjectInfo, bytes] | None:
-        """A whole object answered from this node's memory with no I/O and no await: its
-        version known within the TTL, one block this node serves, that block in the memory
-        tier. None for anything else (the full read path then answers)."""
+    def peek_hit(self, bucket: str, key: str) -> tuple[ObjectInfo, bytes | memoryview] | None:
+        """A whole object answered with no await and no wait for the disk: its version known
+        within the TTL, one block this node serves, that block in the memory tier or, read
+        from disk before by this process, all in the page cache. None for anything else (the
+        full read path then answers)."""
         handle = self.namespace.mount(bucket)
         if handle is None or not handle.cache_enabled:
             return None
@@ -447,9 +448,12 @@ class Reader:
         bkey = block_key(handle.id, info.key, info.etag, handle.block_size, 0)
         if self._placer(handle, info)(0, bkey):
             return None
-        data = self.pages.peek(bkey, handle.pinned(info.key))
+        pinned = handle.pinned(info.key)
+        data: bytes | memoryview | None = self.pages.peek(bkey, pinned)
         if data is None:
-            return None
+            data = self.pages.peek_disk(bkey, info.size, pinned)
+            if data is None:
+                return None
         self._note_sequential(handle, info, 0)
         return info, data
 

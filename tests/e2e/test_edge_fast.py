@@ -7,7 +7,9 @@ an overwrite."""
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from tests.support.gateway import ACCESS_KEY, SECRET_KEY, GatewayNode, run_cli, 
 from tests.support.net import eventually
 
 BODY = bytes(range(256)) * 16  # 4 KiB
+BIG = bytes(range(251)) * 4200  # ~1 MiB: above the memory tier's objects, one block on disk
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +31,7 @@ def node(module_dir: Path) -> Iterator[GatewayNode]:
     files.mkdir()
     (files / "small.bin").write_bytes(BODY)
     (files / "other.txt").write_bytes(b"other bytes")
+    (files / "big.bin").write_bytes(BIG)
     data = module_dir / "data"
     run_cli(data, None, "mount", "add", "fast", files.as_uri())
     node = start_gateway(data)
@@ -245,3 +249,63 @@ def test_http_1_0_is_answered_and_closed(node: GatewayNode) -> None:
     assert b"connection: close" in answer.lower()
     assert answer.endswith(BODY)
     assert _fast(node) == before + 1
+
+
+def _block_file(node: GatewayNode, size: int) -> Path:
+    """The one block file in the node's cache that holds `size` bytes (and its tail)."""
+    found = [
+        p for p in (node.data_dir / "cache" / "blocks").rglob("*")
+        if p.is_file() and size < p.stat().st_size < size + 4096
+    ]  # fmt: skip
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _resident_pages(path: Path) -> int:
+    """How many of the file's pages are in the page cache (util-linux's fincore: asking with a
+    read, even RWF_NOWAIT, starts the kernel's read-ahead)."""
+    out = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "PAGES", str(path)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return int(out.stdout.split()[0])
+
+
+def _evict(path: Path) -> bool:
+    """Drop the file's pages from the page cache (written back first: dirty pages stay)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return _resident_pages(path) == 0
+
+
+def test_a_hit_on_disk_is_answered_at_the_edge_only_from_the_page_cache(
+    node: GatewayNode,
+) -> None:
+    s3 = node.client()
+    for _ in range(2):  # a miss, then a hit read from disk on a thread
+        assert s3.get_object(Bucket="fast", Key="big.bin")["Body"].read() == BIG
+    before = _fast(node)
+    got = s3.get_object(Bucket="fast", Key="big.bin")
+    assert got["Body"].read() == BIG and got["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit"
+    assert _fast(node) == before + 1
+    # Out of the page cache, the edge would wait for the disk: the full path reads it.
+    block = _block_file(node, len(BIG))
+    eventually(lambda: _evict(block))
+    assert s3.get_object(Bucket="fast", Key="big.bin")["Body"].read() == BIG
+    assert _fast(node) == before + 1
+    assert s3.get_object(Bucket="fast", Key="big.bin")["Body"].read() == BIG  # back in memory
+    assert _fast(node) == before + 2
+    # A flipped byte: the edge's checksum refuses it, the full path drops the block and
+    # reads the object from the store again.
+    with open(block, "r+b") as f:
+        f.seek(1000)
+        byte = f.read(1)
+        f.seek(1000)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    assert s3.get_object(Bucket="fast", Key="big.bin")["Body"].read() == BIG
+    assert _fast(node) == before + 2
+    assert node.metric("gateway_cache_corrupt_blocks") >= 1
