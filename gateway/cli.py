@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import click
 
-from gateway.config import Settings, build_settings
+from gateway.config import Settings, build_settings, cpu_cores
 from gateway.meta import (
     ADMIN_USER,
     USER_NAME,
@@ -57,7 +57,7 @@ _SERVE_OPTIONS: list[tuple[str, str]] = [
     ("readahead_blocks", "Blocks fetched ahead of a sequential reader."),
     ("fill_concurrency", "Read-ahead fills in flight per worker process."),
     ("verify_sample", "Share of cache reads that re-check a block's checksum (0..1)."),
-    ("workers", "Worker processes; they share the node's cache."),
+    ("workers", "Worker processes; they share the node's cache. Default: one per core."),
     ("fleet_secret", "Shared secret of the fleet; set, the node joins it (docs/fleet.md)."),
     ("node_id", "This node's id in the fleet; default: kept in <data-dir>/node-id."),
     ("internal_port", "Port of the fleet's internal API; default: port + 1."),
@@ -163,6 +163,10 @@ def serve(**kwargs: Any) -> None:
     from gateway.node import SETTINGS_ENV, Node, settings_to_json
 
     settings = _settings(kwargs)
+    if settings.workers < 0:
+        raise click.UsageError(f"--workers must be 0 (one per core) or more: {settings.workers}")
+    if settings.workers == 0:
+        settings = dataclasses.replace(settings, workers=cpu_cores())
     try:
         limits = EdgeLimits.from_settings(settings)
     except ValueError as exc:

@@ -19,6 +19,11 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 
 
+def cpu_cores() -> int:
+    """The cores this process may run on (its CPU affinity, as a container's cpuset sets it)."""
+    return len(os.sched_getaffinity(0))
+
+
 def parse_size(value: str | int) -> int:
     """'64MiB', '10G', '4096' -> bytes (binary units: k = 1024)."""
     if isinstance(value, int):
@@ -49,7 +54,7 @@ class Settings:
     readahead_blocks: int = 4  # blocks fetched ahead of a sequential reader
     fill_concurrency: int = 16  # store fetches for the cache in flight per process
     verify_sample: float = 1.0  # share of cache reads from disk that check their checksums
-    workers: int = 1  # uvicorn worker processes sharing the node's cache
+    workers: int = 0  # uvicorn worker processes sharing the node's cache; 0: one per core
     # -- the fleet (docs/fleet.md); without a PostgreSQL database_url a node runs alone
     node_id: str | None = None  # default: kept in <data_dir>/node-id
     internal_port: int = 0  # port of the fleet's internal API; 0: port + 1

@@ -84,12 +84,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _gateway_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """`--gateway-args`, with as many worker processes as nginx has (the goals compare like
+    with like) unless they name --workers."""
+    extra = tuple(shlex.split(args.gateway_args))
+    if "--workers" in extra or any(a.startswith("--workers=") for a in extra):
+        return extra
+    return ("--workers", str(args.nginx_workers), *extra)
+
+
 def _options(args: argparse.Namespace) -> Options:
     rate_bps(args.rate)  # fail on a bad rate before anything starts
     return Options(
         wan=WanSettings(args.wan, args.rtt_ms, args.rate, args.stock_moto),
         processes=args.processes,
-        gateway_args=tuple(shlex.split(args.gateway_args)),
+        gateway_args=_gateway_args(args),
         metadata_ttl=args.metadata_ttl,
         phase_timeout=args.phase_timeout,
         results_dir=args.results_dir,

@@ -179,6 +179,13 @@ def test_first_start_creates_and_prints_a_key(tmp_path: Path) -> None:
         node = GatewayNode(f"http://127.0.0.1:{port}", port, tmp_path, None, proc, log)
         assert node.client(ak, sk).list_buckets()["Buckets"] == []
         assert httpx.get(f"http://127.0.0.1:{port}/healthz").json() == {"status": "ok"}
+        # By default, one worker process per core this process may run on.
+        cores = len(os.sched_getaffinity(0))
+
+        def workers_started() -> bool:
+            return log.read_text().count("Application startup complete") == cores
+
+        eventually(workers_started, timeout=60)
     finally:
         proc.terminate()
         proc.wait(10)
