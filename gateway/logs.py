@@ -9,6 +9,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+import orjson
+
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "color_message"}
 
 
@@ -66,7 +68,11 @@ class AccessLog:
             self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
         ts = f"{self._stamp}.{int((now - second) * 1000):03d}Z"
         head = {"ts": ts, "level": "info", "logger": "gateway.access", "msg": "request"}
-        line = json.dumps(head | fields, ensure_ascii=False, default=str)
+        try:
+            # orjson: ~1 µs a line against ~8 for json (a tenth of a small hit's CPU).
+            line = orjson.dumps(head | fields, default=str).decode()
+        except orjson.JSONEncodeError:  # a key with a lone surrogate, say: json writes it
+            line = json.dumps(head | fields, ensure_ascii=False, default=str)
         self._lines.append(line)
         self._size += len(line)
         if self._size >= 64 << 10:

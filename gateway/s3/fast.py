@@ -26,7 +26,7 @@ from gateway.s3.http import Reply, new_request_id
 from gateway.s3.routing import AUTH_PARAMS
 from gateway.s3.sigv2 import SigV2Verifier, is_sigv2
 from gateway.s3.sigv4 import AuthResult, SigV4Verifier
-from gateway.service import S3Service
+from gateway.service import ObjectInfo, S3Service
 
 # Headers that ask for more than the plain whole object, or carry a body: the full path.
 _NOT_PLAIN = frozenset(
@@ -43,6 +43,7 @@ _FAST_PARAMS = AUTH_PARAMS
 _STATUS = b"HTTP/1.1 200 OK\r\n"
 _TARGET_MAX = 2048  # longer request targets are looked at every time, never kept
 _TARGETS_KEPT = 4096
+_HEADS_KEPT = 4096
 _JOINED_MAX = 64 << 10  # a body up to this size is joined to the head; a larger one is not
 
 
@@ -64,6 +65,8 @@ class FastHits:
         self._access_log = access_log
         # What each request target seen is (parsing it costs more than the rest of a hit).
         self._targets: dict[bytes, tuple[str, str, str, str] | Literal[False]] = {}
+        # Each object's header lines, for the version they were rendered from.
+        self._heads: dict[tuple[str, str, bool], tuple[ObjectInfo, bytes]] = {}
 
     def answer(
         self,
@@ -117,16 +120,13 @@ class FastHits:
             return None
         info, data = hit
         request_id = new_request_id()
-        reply = Reply()
-        object_headers(reply, info, {})
-        if info.checksums and headers.get("x-amz-checksum-mode", "").upper() == "ENABLED":
-            checksum_headers(reply, info.checksums)
-        reply.header("x-cache", "hit")
+        checksums = bool(info.checksums) and (
+            headers.get("x-amz-checksum-mode", "").upper() == "ENABLED"
+        )
         head: list[bytes | memoryview] = [_STATUS]
         for name, value in default_headers:
             head += [name, b": ", value, b"\r\n"]
-        for name, value in reply.headers:
-            head += [name, b": ", value, b"\r\n"]
+        head += [self._object_head(bucket, key, info, checksums)]
         head += [
             b"x-amz-request-id: ", request_id.encode(), b"\r\n",
             b"content-length: %d\r\n" % len(data),
@@ -162,6 +162,24 @@ class FastHits:
             )
         answer[0] = b"".join(head)
         return answer
+
+
+    def _object_head(self, bucket: str, key: str, info: ObjectInfo, checksums: bool) -> bytes:
+        """The object's header lines, as the full path writes them: rendered once per version
+        (and checksum mode) while that version is the one served."""
+        kept = self._heads.get((bucket, key, checksums))
+        if kept is not None and kept[0] is info:
+            return kept[1]
+        reply = Reply()
+        object_headers(reply, info, {})
+        if checksums:
+            checksum_headers(reply, info.checksums)
+        reply.header("x-cache", "hit")
+        rendered = b"".join(b"%s: %s\r\n" % (name, value) for name, value in reply.headers)
+        if len(self._heads) >= _HEADS_KEPT:
+            self._heads.pop(next(iter(self._heads)), None)
+        self._heads[(bucket, key, checksums)] = (info, rendered)
+        return rendered
 
 
 def object_target(
