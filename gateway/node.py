@@ -160,7 +160,9 @@ class Node:
         fleet = None
         if s.fleet_secret:
             fleet = Fleet(local_node(s), s.fleet_secret, s.forward_timeout, fleet_tls(s))
-        shared = Shared.build(meta, pages, s.metadata_ttl, s.cache_block_size, fleet)
+        shared = Shared.build(
+            meta, pages, s.metadata_ttl, s.cache_block_size, fleet, workers=s.workers
+        )
         service = S3Service(
             shared,
             readahead=s.readahead_blocks,

@@ -163,7 +163,6 @@ class FastHits:
         answer[0] = b"".join(head)
         return answer
 
-
     def _object_head(self, bucket: str, key: str, info: ObjectInfo, checksums: bool) -> bytes:
         """The object's header lines, as the full path writes them: rendered once per version
         (and checksum mode) while that version is the one served."""

@@ -12,6 +12,7 @@ from gateway.cache import PageStore
 from gateway.catalog import Catalog
 from gateway.cluster.peers import Fleet
 from gateway.meta import MetaStore
+from gateway.service.generations import Generations
 from gateway.service.metadata import MetadataCache
 from gateway.service.namespace import MountHandle, Namespace
 from gateway.service.recorder import MetadataRecorder
@@ -36,13 +37,17 @@ class Shared:
         default_ttl: float,
         block_size: int,
         fleet: Fleet | None = None,
+        workers: int = 1,
     ) -> Shared:
         def mounts_changed(handles: list[MountHandle]) -> None:
             pages.set_quotas({h.id: h.quota for h in handles if h.quota is not None})
 
         namespace = Namespace(meta, default_ttl, block_size, mounts_changed)
+        # Several workers tell each other of the keys they write (generations.py).
+        generations = Generations(pages.root) if workers > 1 else None
         return cls(
-            meta, pages, namespace, MetadataCache(), MetadataRecorder(meta), fleet,
+            meta, pages, namespace, MetadataCache(generations=generations),
+            MetadataRecorder(meta), fleet,
             Catalog(meta.engine),
         )  # fmt: skip
 
@@ -50,6 +55,7 @@ class Shared:
         """Close what build opened; the node closes the metadata and page stores it gave."""
         await self.recorder.close()  # metadata learnt or written, briefly
         await self.namespace.close()
+        self.metadata.close()
 
     def mount(self, bucket: str) -> MountHandle:
         handle = self.namespace.mount(bucket)

@@ -234,9 +234,8 @@ class ObjectWriter:
         previous = shared.metadata.peek(handle.id, key)
         if previous is not None and (info is None or not remember or previous.etag != info.etag):
             shared.invalidate(handle, previous)
-        if info is None or not remember:
-            shared.metadata.forget(handle.id, key)
-        else:
+        shared.metadata.forget(handle.id, key)  # and the node's other workers hear of it
+        if info is not None and remember:
             shared.metadata.put(handle.id, key, info, time.monotonic())
         statements = list(also)
         if handle.catalog is not None:  # listed through every node from now on

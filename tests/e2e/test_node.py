@@ -141,6 +141,34 @@ def test_a_new_mount_and_key_work_at_once_on_every_worker(
         node.stop()
 
 
+def test_a_write_through_one_worker_is_read_new_through_every_worker(tmp_path: Path) -> None:
+    """Each worker remembers versions and keeps small blocks in memory (for 10 minutes on
+    this mount): an overwrite or a delete through one must be what every other reads next."""
+    files = tmp_path / "files"
+    files.mkdir()
+    node = start_gateway(tmp_path / "n", args=("--workers", "2"))
+    try:
+        node.cli("mount", "add", "shared", files.as_uri(), "-o", "metadata_ttl=600")
+        eventually(lambda: "shared" in node.buckets())
+
+        def read_everywhere(expect: bytes | None) -> None:
+            for _ in range(30):  # a new connection each: the kernel spreads them over both
+                s3 = node.client()
+                if expect is None:
+                    with pytest.raises(ClientError, match="NoSuchKey"):
+                        s3.get_object(Bucket="shared", Key="v.bin")
+                else:
+                    assert s3.get_object(Bucket="shared", Key="v.bin")["Body"].read() == expect
+
+        for version in (b"one" * 1000, b"two" * 1000, b"three" * 1000):
+            node.client().put_object(Bucket="shared", Key="v.bin", Body=version)
+            read_everywhere(version)
+        node.client().delete_object(Bucket="shared", Key="v.bin")
+        read_everywhere(None)
+    finally:
+        node.stop()
+
+
 def test_restart_keeps_the_cache(tmp_path: Path, origin: CountingProxy, bucket: str) -> None:
     node = start_gateway(tmp_path / "n")
     _mount_s3(node, "keep", origin, "-o", "metadata_ttl=-1")
