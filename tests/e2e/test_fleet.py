@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from botocore.exceptions import ClientError
 from cryptography.fernet import Fernet
 
 from gateway.client import GatewayFileSystem
@@ -63,8 +64,10 @@ class Fleet:
         origin: CountingProxy,
         size: int = 3,
         ca: CertAuthority | None = None,
+        workers: int = 1,
     ) -> None:
         self.root, self.url, self.origin = root, url, origin
+        self.workers = workers
         self.ca = ca  # set: every node serves TLS, and checks its peers against this CA
         self.env = {"GATEWAY_ENCRYPTION_KEY": Fernet.generate_key().decode()}
         self.nodes: list[GatewayNode] = []
@@ -81,6 +84,7 @@ class Fleet:
             "--fleet-secret", SECRET, "--internal-port", str(internal),
             "--heartbeat-interval", "0.5", "--heartbeat-timeout", "3",
             "--cache-block-size", "1MiB", "--node-id", f"node-{i}", "--no-access-log",
+            "--workers", str(self.workers),
         )  # fmt: skip
         tls = trusted = None
         if self.ca is not None:
@@ -282,6 +286,31 @@ def test_an_overwrite_through_one_node_is_read_new_through_another(
     a.client().delete_object(Bucket="data", Key="rw/obj")
     with pytest.raises(Exception, match="NoSuchKey"):
         _get(b, "rw/obj")
+
+
+def test_nodes_of_several_workers_read_an_overwrite_new_through_every_worker(
+    tmp_path: Path, origin: CountingProxy, origin_bucket: str
+) -> None:
+    """Two nodes of two worker processes each (the default on two cores): a write through
+    one node is read new through every worker of both, though each remembers versions for
+    600 s and keeps small objects in memory."""
+    with temp_database() as url:
+        fleet = Fleet(tmp_path, url, origin, size=2, workers=2)
+        try:
+            fleet.mount("data")
+            eventually(lambda: fleet.settled({"node-0", "node-1"}))
+            for version in (b"one" * 1000, b"two" * 1000):
+                fleet.nodes[0].client().put_object(Bucket="data", Key="w/obj", Body=version)
+                for node in fleet.nodes:
+                    for _ in range(20):  # a new connection each: spread over the workers
+                        assert _get(node, "w/obj") == version
+            fleet.nodes[1].client().delete_object(Bucket="data", Key="w/obj")
+            for node in fleet.nodes:
+                for _ in range(20):
+                    with pytest.raises(ClientError, match="NoSuchKey"):
+                        _get(node, "w/obj")
+        finally:
+            fleet.stop()
 
 
 def test_the_internal_api_refuses_requests_without_the_fleet_secret(fleet: Fleet) -> None:
