@@ -5,7 +5,6 @@ found by a re-crawl, and within seconds by S3 event notifications through SQS.""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 from collections.abc import Iterator
@@ -14,7 +13,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-import asyncpg
 import boto3
 import pytest
 import sqlalchemy as sa
@@ -25,7 +23,7 @@ from gateway.meta.tables import mounts
 from tests.support.gateway import GatewayNode, start_gateway
 from tests.support.net import eventually
 from tests.support.origin import CountingProxy, MotoServer
-from tests.support.postgres import database_outage, temp_database
+from tests.support.postgres import database_outage, rows, temp_database
 
 # Gateway processes, several on PostgreSQL for the fleet.
 pytestmark = pytest.mark.slow
@@ -433,14 +431,7 @@ def test_writes_through_one_node_are_listed_through_another_at_once(
 
 
 def _db_rows(url: str, sql: str, *args: object) -> list[tuple[Any, ...]]:
-    async def fetch() -> list[tuple[Any, ...]]:
-        conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"))
-        try:
-            return [tuple(row) for row in await conn.fetch(sql, *args)]
-        finally:
-            await conn.close()
-
-    return asyncio.run(fetch())
+    return [tuple(row.values()) for row in rows(url, sql, *args)]
 
 
 def test_a_write_to_an_immutable_mount_has_its_rows_and_catalog_row_when_answered(
