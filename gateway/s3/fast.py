@@ -115,7 +115,7 @@ class FastHits:
         access_key = auth.access_key if auth is not None else None
         if self._service.allowed_quick(access_key, "s3:GetObject", bucket, key) is not True:
             return None
-        hit = self._service.peek_hit(bucket, key)
+        hit = self._service.peek_hit(bucket, key, disk=verb == "GET")
         if hit is None:
             return None
         info, data = hit

@@ -116,9 +116,12 @@ class S3Service:
         if caller is not None:
             self.authorize(caller.access_key, action, bucket, key, caller.source_ip)
 
-    def peek_hit(self, bucket: str, key: str) -> tuple[ObjectInfo, bytes | memoryview] | None:
-        """A whole object from this node's memory or page cache, with no await, or None."""
-        return self.reader.peek_hit(bucket, key)
+    def peek_hit(
+        self, bucket: str, key: str, disk: bool = True
+    ) -> tuple[ObjectInfo, bytes | memoryview] | None:
+        """A whole object from this node's memory or page cache (`disk`), with no await, or
+        None."""
+        return self.reader.peek_hit(bucket, key, disk)
 
     async def local_blocks(self, bucket: str, key: str, first: int, count: int) -> LocalBlocks:
         """The key's version and the files of its blocks this node holds (short-circuit)."""

@@ -434,11 +434,14 @@ class Reader:
                 raise errors.ServiceUnavailable(f"The store's answer was cut: {exc}") from None
         raise errors.ServiceUnavailable("The object changed while it was read.")
 
-    def peek_hit(self, bucket: str, key: str) -> tuple[ObjectInfo, bytes | memoryview] | None:
+    def peek_hit(
+        self, bucket: str, key: str, disk: bool = True
+    ) -> tuple[ObjectInfo, bytes | memoryview] | None:
         """A whole object answered with no await and no wait for the disk: its version known
         within the TTL, one block this node serves, that block in the memory tier or, read
         from disk before by this process, all in the page cache. None for anything else (the
-        full read path then answers)."""
+        full read path then answers). `disk` False: the memory tier only (a HEAD, whose
+        answer needs no byte of the block)."""
         handle = self.namespace.mount(bucket)
         if handle is None or not handle.cache_enabled:
             return None
@@ -451,7 +454,7 @@ class Reader:
         pinned = handle.pinned(info.key)
         data: bytes | memoryview | None = self.pages.peek(bkey, pinned)
         if data is None:
-            data = self.pages.peek_disk(bkey, info.size, pinned)
+            data = self.pages.peek_disk(bkey, info.size, pinned) if disk else None
             if data is None:
                 return None
         self._note_sequential(handle, info, 0)

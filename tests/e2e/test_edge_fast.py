@@ -292,6 +292,9 @@ def test_a_hit_on_disk_is_answered_at_the_edge_only_from_the_page_cache(
     got = s3.get_object(Bucket="fast", Key="big.bin")
     assert got["Body"].read() == BIG and got["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit"
     assert _fast(node) == before + 1
+    # A HEAD needs no byte of it: not read from disk at the edge, answered by the full path.
+    assert s3.head_object(Bucket="fast", Key="big.bin")["ContentLength"] == len(BIG)
+    assert _fast(node) == before + 1
     # Out of the page cache, the edge would wait for the disk: the full path reads it.
     block = _block_file(node, len(BIG))
     eventually(lambda: _evict(block))
