@@ -357,10 +357,10 @@ class PageStore:
         name = bkey.name
         if name not in self._verified or name in self._fills or self._io is None:
             return None
-        verify = self._verify_sample >= 1.0 or random.random() < self._verify_sample
+        small = self.memory.accepts(length)
         path = block_path(self.root, bkey.mount_id, name)
         try:
-            data = blockfile.read_resident(path, length, verify)
+            data = blockfile.read_resident(path, length, self._verifies(name, small))
         except (blockfile.Corrupt, OSError):
             # The full path reads it again, checks it (no longer counted as verified) and
             # drops it, or says what the disk's trouble is.
@@ -368,11 +368,9 @@ class PageStore:
             return None
         if data is None:
             return None
-        if self._journal is not None:
-            self._journal.access(bkey.digest, bkey.mount_id, pinned)
-        self.stats.hits += 1
+        self._disk_hit(bkey, pinned)
         self.stats.hit_bytes += length
-        if self.memory.accepts(length):
+        if small:
             self.memory.put(name, bytes(data))
         return data
 
@@ -529,16 +527,12 @@ class PageStore:
     ) -> bytes | None:
         name = bkey.name
         small = self.memory.accepts(length)
-        verify = (
-            small
-            or self._verify_sample >= 1.0
-            or name not in self._verified
-            or random.random() < self._verify_sample
-        )
         first, size = (0, length) if small else (start, end - start)
         path = block_path(self.root, bkey.mount_id, name)
         try:
-            data = await self._hop(blockfile.read, path, length, first, size, verify)
+            data = await self._hop(
+                blockfile.read, path, length, first, size, self._verifies(name, small)
+            )
         except FileNotFoundError:
             return None
         except blockfile.Corrupt as exc:
@@ -553,17 +547,31 @@ class PageStore:
             # Unreadable now (EIO, out of descriptors): not served, fetched; kept for later.
             self._disk_trouble(f"could not read block {name}", exc)
             return None
-        if len(self._verified) >= _VERIFIED_MAX:
-            self._verified.clear()
-        self._verified[name] = None
-        if self._journal is not None:
-            self._journal.access(bkey.digest, bkey.mount_id, pinned)
-        self.stats.hits += 1
+        self._disk_hit(bkey, pinned)
         if small:
             self.memory.put(name, data)
             data = data if (start, end) == (0, length) else data[start:end]
         self.stats.hit_bytes += len(data)
         return data
+
+    def _verifies(self, name: str, small: bool) -> bool:
+        """Whether a read of a block from disk checks its checksum: always for a block going
+        into the memory tier or not read by this process before, else per verify_sample."""
+        return (
+            small
+            or self._verify_sample >= 1.0
+            or name not in self._verified
+            or random.random() < self._verify_sample
+        )
+
+    def _disk_hit(self, bkey: BlockKey, pinned: bool) -> None:
+        """A block served from its file: known as checked here, its use told to the janitor."""
+        if len(self._verified) >= _VERIFIED_MAX:
+            self._verified.clear()
+        self._verified[bkey.name] = None
+        if self._journal is not None:
+            self._journal.access(bkey.digest, bkey.mount_id, pinned)
+        self.stats.hits += 1
 
     # -- fills ----------------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ the request then takes the full path, which gives the answer or the error S3 giv
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Literal, TypeVar
 from urllib.parse import parse_qsl, unquote
 
 import httptools
@@ -42,9 +42,10 @@ _NOT_PLAIN = frozenset(
 _FAST_PARAMS = AUTH_PARAMS
 _STATUS = b"HTTP/1.1 200 OK\r\n"
 _TARGET_MAX = 2048  # longer request targets are looked at every time, never kept
-_TARGETS_KEPT = 4096
-_HEADS_KEPT = 4096
+_KEPT = 4096  # request targets, and objects' header lines, remembered each
 _JOINED_MAX = 64 << 10  # a body up to this size is joined to the head; a larger one is not
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 class FastHits:
@@ -92,9 +93,7 @@ class FastHits:
         if plain is None:
             plain = object_target(target, self._base_domain)
             if len(target) <= _TARGET_MAX:
-                if len(self._targets) >= _TARGETS_KEPT:
-                    self._targets.pop(next(iter(self._targets)), None)
-                self._targets[target] = plain
+                _keep(self._targets, target, plain)
         if not plain:
             return None
         raw_path, qs, bucket, key = plain
@@ -175,10 +174,15 @@ class FastHits:
             checksum_headers(reply, info.checksums)
         reply.header("x-cache", "hit")
         rendered = b"".join(b"%s: %s\r\n" % (name, value) for name, value in reply.headers)
-        if len(self._heads) >= _HEADS_KEPT:
-            self._heads.pop(next(iter(self._heads)), None)
-        self._heads[(bucket, key, checksums)] = (info, rendered)
+        _keep(self._heads, (bucket, key, checksums), (info, rendered))
         return rendered
+
+
+def _keep(kept: dict[K, V], key: K, value: V) -> None:
+    """Remember `value` under `key`, forgetting the oldest entry past _KEPT."""
+    if len(kept) >= _KEPT:
+        kept.pop(next(iter(kept)), None)
+    kept[key] = value
 
 
 def object_target(
