@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -136,11 +137,24 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 async def _with_meta(settings: Settings, work: Callable[[MetaStore], Coroutine[Any, Any, T]]) -> T:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     meta = open_meta(settings)
+    meta.on_change = functools.partial(_tell_node, settings)
     try:
         await meta.migrate()
         return await work(meta)
     finally:
         await meta.close()
+
+
+def _tell_node(settings: Settings) -> None:
+    """Tell the workers of a node over this data dir that mounts, tenants or keys changed, so
+    that the change holds on all of them when this command returns (other nodes: at their
+    next refresh, refresh_interval)."""
+    from gateway.generations import Generations
+
+    node = Generations.existing(str(settings.effective_cache_dir))
+    if node is not None:
+        node.bump_state()
+        node.close()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -172,6 +186,9 @@ def serve(**kwargs: Any) -> None:
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     setup_logging(settings.log_level)
+    from gateway.service import learnt
+
+    learnt.reset(settings.effective_cache_dir)  # versions learnt by a run before this one
     banner = _run(_with_meta(settings, lambda meta: _bootstrap(meta, settings)))
     click.echo(banner)
     sys.stdout.flush()

@@ -176,7 +176,7 @@ class JobRunner:
         the last key written when an earlier lister died."""
         spec = job.spec
         try:
-            handle = self.reader.mount(spec.bucket)
+            handle = await self.reader.current_mount(spec.bucket)
         except errors.S3Error:
             await self.store.fail(job.id, f"bucket {spec.bucket!r} is not mounted")
             return
@@ -281,7 +281,7 @@ class JobRunner:
     async def _work(self, job: ActiveJob) -> None:
         """Take shares of this job's batches until none is left for this node."""
         try:
-            handle = self.reader.mount(job.spec.bucket)
+            handle = await self.reader.current_mount(job.spec.bucket)
         except errors.S3Error:
             return  # not mounted here (yet): the next pass looks again
         while not self.stopping:

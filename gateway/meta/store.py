@@ -27,7 +27,7 @@ from .models import SECRET_OPTIONS, AccessKey, AccessKeyExists, MetaUnavailable,
 from .secrets import SecretBox
 from .tables import access_keys, mounts, objects
 from .uploads import MultipartUploads
-from .users import Tenants
+from .users import Tenants, changes_state
 
 ACCESS_KEY_PREFIX = "GK"
 ACCESS_KEY_LENGTH = 20
@@ -181,6 +181,7 @@ class MetaStore(MultipartUploads, Tenants):
 
     # -- mounts
 
+    @changes_state
     async def add_mount(
         self, bucket: str, uri: str, options: Mapping[str, str], owner: str | None = None
     ) -> Mount:
@@ -206,6 +207,7 @@ class MetaStore(MultipartUploads, Tenants):
             mount_id = result.scalar_one()
         return Mount(mount_id, bucket, uri, MappingProxyType(dict(options)), now)
 
+    @changes_state
     async def remove_mount(self, bucket: str) -> bool:
         """Remove the mount and (by cascade) its object metadata and uploads; False if none."""
         async with self._connect() as conn:
@@ -249,6 +251,7 @@ class MetaStore(MultipartUploads, Tenants):
 
     # -- access keys
 
+    @changes_state
     async def create_key(
         self,
         access_key: str | None = None,
@@ -300,12 +303,14 @@ class MetaStore(MultipartUploads, Tenants):
             rows = (await conn.execute(query)).mappings().all()
         return [self._access_key(row) for row in rows]
 
+    @changes_state
     async def delete_key(self, access_key: str) -> bool:
         query = sa.delete(access_keys).where(access_keys.c.access_key == access_key)
         async with self._connect() as conn:
             result = await conn.execute(query)
         return result.rowcount > 0
 
+    @changes_state
     async def set_key_disabled(self, access_key: str, disabled: bool) -> bool:
         """Disable a key (it authenticates nowhere: S3, the jobs API, the console) or enable it
         again; False if there is no such key. Nodes see it at their next refresh of the keys."""
@@ -434,6 +439,7 @@ class MetaStore(MultipartUploads, Tenants):
     def _safe_url(self) -> str:
         return self._engine.url.render_as_string(hide_password=True)
 
+    @changes_state
     async def set_mount_option(self, bucket: str, name: str, value: str | None) -> bool:
         """Set one option of a mount (None removes it), the others as they are, in one
         transaction; False if there is no such mount. Nodes see it at their next refresh."""

@@ -6,9 +6,11 @@ parses and compiles them (gateway.iam) before they are stored and whenever they 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Coroutine, Iterable
 from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -31,14 +33,39 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+S = TypeVar("S", bound="Tenants")
+
+
+def changes_state(
+    method: Callable[Concatenate[S, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[S, P], Coroutine[Any, Any, R]]:
+    """A query that changes what every request depends on (mounts, owners, users, policies,
+    keys): once it has committed, `on_change` tells the node's workers to re-read
+    (gateway/generations.py), before the caller acknowledges the change."""
+
+    @functools.wraps(method)
+    async def changed(self: S, *args: P.args, **kwargs: P.kwargs) -> R:
+        result = await method(self, *args, **kwargs)
+        if self.on_change is not None:
+            self.on_change()
+        return result
+
+    return changed
+
+
 class Tenants:
     """The tenancy queries of MetaStore (which provides `_connect`)."""
+
+    on_change: Callable[[], None] | None = None
 
     def _connect(self) -> AbstractAsyncContextManager[AsyncConnection]:
         raise NotImplementedError
 
     # -- users
 
+    @changes_state
     async def create_user(self, name: str, policy_names: Iterable[str]) -> User:
         """The policies must exist (built-in names, `builtin`, are the caller's to know)."""
         names = tuple(dict.fromkeys(policy_names))
@@ -87,6 +114,7 @@ class Tenants:
             key=lambda u: u.name,
         )  # fmt: skip
 
+    @changes_state
     async def delete_user(self, name: str) -> None:
         """Delete the user and its keys; InUse while it owns buckets (the admin user: always)."""
         if name == ADMIN_USER:
@@ -104,6 +132,7 @@ class Tenants:
 
     # -- policies
 
+    @changes_state
     async def create_policy(self, name: str, document: str) -> None:
         async with self._connect() as conn:
             try:
@@ -113,6 +142,7 @@ class Tenants:
             except sa_exc.IntegrityError as error:
                 raise PolicyExists(f"policy {name!r} exists already") from error
 
+    @changes_state
     async def delete_policy(self, name: str) -> None:
         async with self._connect() as conn:
             holders = (
@@ -133,6 +163,7 @@ class Tenants:
             rows = await conn.execute(sa.select(policies.c.name, policies.c.document))
             return dict(rows.tuples().all())
 
+    @changes_state
     async def attach_policy(self, user: str, policy: str) -> bool:
         """False when the user holds it already."""
         async with self._connect() as conn:
@@ -146,6 +177,7 @@ class Tenants:
                 return False
         return True
 
+    @changes_state
     async def detach_policy(self, user: str, policy: str) -> bool:
         async with self._connect() as conn:
             user_id = await self.user_id(conn, user)
@@ -158,6 +190,7 @@ class Tenants:
 
     # -- buckets
 
+    @changes_state
     async def set_bucket_policy(self, bucket: str, document: str | None) -> bool:
         """Store (None: remove) the bucket's policy; False when the bucket is not mounted, or
         (removing) has none."""

@@ -115,6 +115,10 @@ class S3App:
         req.receive = tracker.receive
         op: Operation | None = None
         try:
+            if self.service.state_stale():
+                # A bucket, policy, user or key changed through another worker of this node
+                # (or the CLI): every request after its acknowledgement sees it.
+                await self.service.state_current()
             if req.raw_path.startswith(DOCUMENTS):
                 op = _DOCUMENT
                 reply = await self._document(req)

@@ -80,8 +80,8 @@ class FastHits:
         """The whole HTTP response to the request, as buffers to write in turn (the head, and
         a large body apart), or None for the full path to answer."""
         started = time.perf_counter()
-        if method != b"GET" and method != b"HEAD":
-            return None
+        if (method != b"GET" and method != b"HEAD") or self._service.state_stale():
+            return None  # the full path answers (after a re-read of what changed)
         headers: dict[str, str] = {}
         for name, value in fields:
             if name in _NOT_PLAIN:

@@ -65,6 +65,15 @@ class S3Service:
         the keys a second)."""
         return await self._shared.namespace.lookup_unknown_key(access_key)
 
+    def state_stale(self) -> bool:
+        """Whether mounts, tenants or keys changed on this node since this worker read them:
+        one load from shared memory (gateway/generations.py)."""
+        return self._shared.namespace.stale()
+
+    async def state_current(self) -> None:
+        """Re-read what changed on this node, before a request is answered."""
+        await self._shared.namespace.current()
+
     def has_bucket(self, bucket: str) -> bool:
         """Whether the bucket is mounted (known at the last refresh); no I/O."""
         return self._shared.namespace.mount(bucket) is not None

@@ -1,14 +1,19 @@
 """In-process object metadata with per-mount TTL: what keeps a hot hit off store and database.
 
 With several worker processes, what a worker remembers of a key holds only while no sibling
-has written it since (generations.py): a write through any worker is read new through all.
+has written it since (generations.py): a write through any worker is read new through all. And
+what one worker learns, the others find in the node's shared record (learnt.py) when they do
+not know the key themselves: a version is asked of the store once per node, not per worker.
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 
-from gateway.service.generations import Generations
+from gateway.generations import Generations
+from gateway.service.learnt import LearntVersions
 from gateway.stores.base import ObjectInfo
 
 _ASKED_MAX = 65_536  # keys looked up and not yet answered, whose generation is kept
@@ -17,14 +22,21 @@ _ASKED_MAX = 65_536  # keys looked up and not yet answered, whose generation is 
 class MetadataCache:
     """(mount id, key) -> (ObjectInfo, time checked, generation), LRU-bounded by entry count.
     `generations`: the node's shared change counters when it has several workers (None:
-    one worker, nothing to hear of)."""
+    one worker, nothing to hear of); `learnt`: the versions its workers share, with them.
+    `wall`: the clock the shared records are stamped with (the TTL counts from learning)."""
 
     def __init__(
-        self, max_entries: int = 1_000_000, generations: Generations | None = None
+        self,
+        max_entries: int = 1_000_000,
+        generations: Generations | None = None,
+        learnt: LearntVersions | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._max = max_entries
         self._items: OrderedDict[tuple[int, str], tuple[ObjectInfo, float, int]] = OrderedDict()
         self._generations = generations
+        self._learnt = learnt if generations is not None else None
+        self._wall = wall
         # The generation of a key when it was found unknown or stale here: what the answer of
         # the lookup that follows is remembered under, so that a sibling's write landing
         # while that lookup is under way still counts as newer than its answer.
@@ -40,16 +52,40 @@ class MetadataCache:
             elif ttl < 0 or now - checked < ttl:
                 self._items.move_to_end((mount_id, key))
                 return info
-        if gens is not None and (mount_id, key) not in self._asked:
-            if len(self._asked) >= _ASKED_MAX:
-                del self._asked[next(iter(self._asked))]
-            self._asked[(mount_id, key)] = gens.current(gens.slot(mount_id, key))
+        if gens is not None:
+            shared = self._shared(mount_id, key, now)
+            if shared is not None and (ttl < 0 or now - shared[1] < ttl):
+                return shared[0]
+            if (mount_id, key) not in self._asked:
+                if len(self._asked) >= _ASKED_MAX:
+                    del self._asked[next(iter(self._asked))]
+                self._asked[(mount_id, key)] = gens.current(gens.slot(mount_id, key))
         return None
 
     def peek(self, mount_id: int, key: str) -> ObjectInfo | None:
         """The last version known, however old: a hint (the read checks it with the store)."""
         item = self._items.get((mount_id, key))
+        if item is None and self._generations is not None:
+            shared = self._shared(mount_id, key, time.monotonic())
+            return None if shared is None else shared[0]
         return None if item is None else item[0]
+
+    def _shared(self, mount_id: int, key: str, now: float) -> tuple[ObjectInfo, float] | None:
+        """The version a sibling worker learnt, if no change of the key has been heard of
+        since it asked; taken into this worker's memory as learnt when the sibling learnt it."""
+        gens, learnt = self._generations, self._learnt
+        if gens is None or learnt is None:
+            return None
+        generation = gens.current(gens.slot(mount_id, key))
+        found = learnt.lookup(mount_id, key)
+        if found is None or found[2] != generation:
+            return None
+        info, at, _ = found
+        checked = now - max(0.0, self._wall() - at)
+        self._items[(mount_id, key)] = (info, checked, generation)
+        self._items.move_to_end((mount_id, key))
+        self._asked.pop((mount_id, key), None)
+        return info, checked
 
     def put(self, mount_id: int, key: str, info: ObjectInfo, now: float) -> None:
         generation = 0
@@ -61,6 +97,8 @@ class MetadataCache:
         self._items.move_to_end((mount_id, key))
         while len(self._items) > self._max:
             self._items.popitem(last=False)
+        if self._learnt is not None:
+            self._learnt.publish(mount_id, key, info, self._wall(), generation)
 
     def forget(self, mount_id: int, key: str) -> None:
         """Drop the key here, and tell the node's other workers it changed."""
@@ -68,12 +106,15 @@ class MetadataCache:
         gens = self._generations
         if gens is not None:
             self._asked.pop((mount_id, key), None)
+            if self._learnt is not None:
+                self._learnt.forget(mount_id, key)
             gens.bump(gens.slot(mount_id, key))
 
     def close(self) -> None:
-        if self._generations is not None:
-            self._generations.close()
-            self._generations = None
+        if self._learnt is not None:
+            self._learnt.close()
+            self._learnt = None
+        self._generations = None  # the node's, closed by Shared
 
     def __len__(self) -> int:
         return len(self._items)

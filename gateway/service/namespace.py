@@ -1,11 +1,11 @@
 """The mount table, access keys and who may do what (service/authz.py) as the request path
 sees them: in-process, no database.
 
-All are re-read from the metadata store every few seconds, and on demand for an unknown
-access key or bucket, so `gateway mount add` or `gateway keys create` (or `keys enable`) on any
-machine is usable on every worker of every node as soon as the command returns. A disabled key
-is left out of the secrets, as a deleted one is: refused by every worker once it has re-read
-the keys (within refresh_interval).
+All are re-read from the metadata store every few seconds (what a change made on another node
+waits for), on demand for an unknown access key or bucket, and before the next request of each
+worker of the node whenever the node's state counter has moved (generations.py): a change made
+through any worker of a node, or by the CLI on its host (`gateway mount add`, `keys disable`,
+`users`, `policies`, `sync`), holds on every worker of that node once it is acknowledged.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.catalog import OPTIONS as CATALOG_OPTIONS
-from gateway.catalog import CatalogOptions, catalog_options
+from gateway.catalog import Catalog, CatalogOptions, catalog_options
 from gateway.config import Settings, parse_size
+from gateway.generations import Generations
 from gateway.meta import MetaStore, MetaUnavailable, Mount, UploadLeases
 from gateway.meta.engine import sqlite_path
 from gateway.meta.models import TenancyRows
@@ -227,8 +228,14 @@ class Namespace:
         default_ttl: float,
         default_block_size: int = 4 << 20,
         on_mounts: Callable[[list[MountHandle]], None] | None = None,
+        generations: Generations | None = None,
+        catalog: Catalog | None = None,
     ) -> None:
         self._meta = meta
+        self._generations = generations
+        self._catalog = catalog
+        self._seen = -1 if generations is None else generations.state()
+        self._catching_up: asyncio.Task[None] | None = None
         self._default_ttl = default_ttl
         self._default_block_size = default_block_size
         self._on_mounts = on_mounts
@@ -280,8 +287,38 @@ class Namespace:
         return self._secrets.get(access_key)
 
     async def refresh(self) -> None:
+        seen = self._seen if self._generations is None else self._generations.state()
         await self.refresh_mounts()
         await self.refresh_keys()
+        if self._catalog is not None:
+            await self._catalog.refresh()
+        self._seen = seen
+
+    def stale(self) -> bool:
+        """Whether mounts, tenants or keys changed on this node since this worker last read
+        them (one load from shared memory)."""
+        return self._generations is not None and self._generations.state() != self._seen
+
+    async def current(self) -> None:
+        """Return once this worker has re-read what changed on the node before this call; one
+        re-read at a time answers every request that waits. With the database down, the last
+        state read stands (and the periodic refresh tries again)."""
+        while self.stale():
+            task = self._catching_up
+            if task is None or task.done():
+                task = self._catching_up = asyncio.create_task(self._catch_up())
+            await asyncio.shield(task)
+
+    async def _catch_up(self) -> None:
+        assert self._generations is not None
+        seen = self._generations.state()
+        try:
+            await self.refresh()
+        except MetaUnavailable as exc:
+            log.warning("metadata store unavailable, serving last known mounts: %s", exc)
+        except Exception:
+            log.exception("re-read of mounts and keys failed")
+        self._seen = seen
 
     async def refresh_auth(self) -> None:
         """Re-read users, policies, keys' users, owners and bucket policies, and compile them."""
@@ -365,6 +402,8 @@ class Namespace:
                 log.exception("refresh of mounts and keys failed")
 
     async def close(self) -> None:
+        if self._catching_up is not None:
+            self._catching_up.cancel()
         self._keys.close()
         self._mounts_reread.close()
         for task in list(self._tasks):

@@ -33,6 +33,7 @@ from gateway.cache.layout import block_path
 from gateway.cache.pages import Fetch
 from gateway.cluster.peers import Fleet, PeerUnavailable
 from gateway.cluster.placement import Node
+from gateway.generations import OpenClaims
 from gateway.service.conditions import ByteRange, Conditions, check_conditions
 from gateway.service.inputs import ListQuery
 from gateway.service.metadata import MetadataCache
@@ -46,6 +47,8 @@ log = logging.getLogger("gateway.service")
 
 _WALKS_MAX = 4096  # versions whose last read block is remembered, to spot sequential readers
 _READ_TRIES = 4  # reads of an object that changes under them, before 503
+OPEN_POLL = 0.001  # first look again at a sibling worker's open of a key (doubling to 20 ms)
+OPEN_WAIT = 60.0  # a sibling's open taking longer than this: open the key here as well
 
 Place = Callable[[int, BlockKey], tuple[Node, ...]]  # a block's holders; () for this node
 
@@ -284,6 +287,14 @@ class Reader:
 
     # -- buckets ---------------------------------------------------------------------------
 
+    async def current_mount(self, bucket: str) -> MountHandle:
+        """The bucket's mount as the node has it now (for work that no request begins, as a
+        preload job's): re-read when mounts changed on the node, or the bucket is unknown."""
+        await self.namespace.current()
+        if self.namespace.mount(bucket) is None:
+            await self.namespace.lookup_unknown_mount(bucket)
+        return self.mount(bucket)
+
     async def list_objects(self, bucket: str, q: ListQuery) -> ListPage:
         handle = self.mount(bucket)
         if q.max_keys == 0:
@@ -510,7 +521,16 @@ class Reader:
             return None
         opening = asyncio.get_running_loop().create_future()
         self._opening[at] = opening
+        claims, claimed = self.shared.opens, -1
         try:
+            if claims is not None:
+                # One worker of the node opens the key; the others wait for it to have told
+                # the version (learnt.py) and then follow its fill of block 0.
+                byte = claims.byte(handle.id, key)
+                if claims.take(byte):
+                    claimed = byte
+                elif await _sibling_opened(claims, byte):
+                    return None
             if handle.cache_enabled and not here:
                 for node in self._openers(handle, key):
                     try:
@@ -522,6 +542,9 @@ class Reader:
             info, head = await self._open_here(handle, key, pinned)
             return info, head, "miss" if handle.cache_enabled else "bypass"
         finally:
+            if claimed >= 0:
+                assert claims is not None
+                claims.drop(claimed)
             del self._opening[at]
             # Waiters go again: with the version known they join the fill of block 0, which
             # is in flight now (the head is primed); if this failed, one of them tries anew.
@@ -887,6 +910,20 @@ class Reader:
                         files.append((index, length, block_path(root, handle.id, bkey.name)))
             found.append(LocalBlocks(info, size, handle.ttl, files))
         return found
+
+
+async def _sibling_opened(claims: OpenClaims, byte: int) -> bool:
+    """Wait while another worker of the node opens a key: True once it has (its version is
+    known then), False if it has not within OPEN_WAIT (this worker opens it then)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + OPEN_WAIT
+    pause = OPEN_POLL
+    while not claims.free(byte):
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(pause)  # a lock held for the store's first byte, no event to await
+        pause = min(pause * 2, 0.02)
+    return True
 
 
 async def _collect(body: AsyncGenerator[bytes, None]) -> bytes:

@@ -11,8 +11,9 @@ from gateway import errors
 from gateway.cache import PageStore
 from gateway.catalog import Catalog
 from gateway.cluster.peers import Fleet
+from gateway.generations import Generations, OpenClaims
 from gateway.meta import MetaStore
-from gateway.service.generations import Generations
+from gateway.service.learnt import LearntVersions
 from gateway.service.metadata import MetadataCache
 from gateway.service.namespace import MountHandle, Namespace
 from gateway.service.recorder import MetadataRecorder
@@ -28,6 +29,8 @@ class Shared:
     recorder: MetadataRecorder  # the same, for immutable mounts, kept in the database
     fleet: Fleet | None  # None on a node that runs alone
     catalog: Catalog  # the keys of catalog=on mounts, in the database
+    generations: Generations  # the node's change counters, shared by its workers
+    opens: OpenClaims | None  # which of the node's workers opens a key (None: one worker)
 
     @classmethod
     def build(
@@ -42,13 +45,21 @@ class Shared:
         def mounts_changed(handles: list[MountHandle]) -> None:
             pages.set_quotas({h.id: h.quota for h in handles if h.quota is not None})
 
-        namespace = Namespace(meta, default_ttl, block_size, mounts_changed)
-        # Several workers tell each other of the keys they write (generations.py).
-        generations = Generations(pages.root) if workers > 1 else None
+        # The workers of a node tell each other of the keys, mounts and tenants that change
+        # (generations.py), and share the versions they learn (learnt.py); the CLI on the
+        # node's host tells them too, through the same counters.
+        generations = Generations(pages.root)
+        catalog = Catalog(meta.engine)
+        namespace = Namespace(meta, default_ttl, block_size, mounts_changed, generations, catalog)
+        meta.on_change = generations.bump_state
+        several = workers > 1
+        metadata = MetadataCache(
+            generations=generations if several else None,
+            learnt=LearntVersions(pages.root) if several else None,
+        )
         return cls(
-            meta, pages, namespace, MetadataCache(generations=generations),
-            MetadataRecorder(meta), fleet,
-            Catalog(meta.engine),
+            meta, pages, namespace, metadata, MetadataRecorder(meta), fleet, catalog,
+            generations, OpenClaims(pages.root) if several else None,
         )  # fmt: skip
 
     async def close(self) -> None:
@@ -56,6 +67,9 @@ class Shared:
         await self.recorder.close()  # metadata learnt or written, briefly
         await self.namespace.close()
         self.metadata.close()
+        if self.opens is not None:
+            self.opens.close()
+        self.generations.close()
 
     def mount(self, bucket: str) -> MountHandle:
         handle = self.namespace.mount(bucket)

@@ -64,7 +64,7 @@ class Fleet:
         origin: CountingProxy,
         size: int = 3,
         ca: CertAuthority | None = None,
-        workers: int = 1,
+        workers: int | None = None,
     ) -> None:
         self.root, self.url, self.origin = root, url, origin
         self.workers = workers
@@ -84,8 +84,9 @@ class Fleet:
             "--fleet-secret", SECRET, "--internal-port", str(internal),
             "--heartbeat-interval", "0.5", "--heartbeat-timeout", "3",
             "--cache-block-size", "1MiB", "--node-id", f"node-{i}", "--no-access-log",
-            "--workers", str(self.workers),
         )  # fmt: skip
+        if self.workers is not None:
+            args += ("--workers", str(self.workers))
         tls = trusted = None
         if self.ca is not None:
             issuer = issuer or self.ca

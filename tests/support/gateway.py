@@ -142,10 +142,8 @@ def start_gateway(
         "--data-dir", str(data_dir), "--admin-access-key", ACCESS_KEY,
         "--admin-secret-key", SECRET_KEY, "--refresh-interval", "0.5", *args,
     ]  # fmt: skip
-    if "--workers" not in args:
-        # One process unless a test asks for more: what a test reads of a node (metrics, its
-        # memory tier, its log) is then one process's whole.
-        cmd += ["--workers", "1"]
+    # The node's default worker count (one per core) unless a test is about one worker: what
+    # users run is what the tests run.
     if database_url:
         cmd += ["--database-url", database_url]
     if tls:

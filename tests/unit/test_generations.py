@@ -1,4 +1,4 @@
-"""The worker processes of a node telling each other of changed keys (service/generations.py):
+"""The worker processes of a node telling each other of changed keys (gateway/generations.py):
 two metadata caches over one folder's counters stand for two workers."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gateway.service.generations import SLOTS, Generations
+from gateway.generations import SLOTS, Generations
 from gateway.service.metadata import MetadataCache
 from gateway.stores import ObjectInfo
 

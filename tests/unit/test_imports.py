@@ -16,7 +16,9 @@ GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
 # the counters. LEAF: those of them that may sit under stores and the page store, which speak
 # no S3 (a store raises its own typed errors; the service maps them to S3's once).
 LEAF = {"gateway.decimals", "gateway.logs"}
-BASE = LEAF | {"gateway", "gateway.errors", "gateway.config", "gateway.counters"}
+# The node's change counters shared by its workers (a file in the cache folder).
+SIGNALS = {"gateway.generations"}
+BASE = LEAF | SIGNALS | {"gateway", "gateway.errors", "gateway.config", "gateway.counters"}
 BELOW_THE_SERVICE = {
     "gateway.cache", "gateway.catalog", "gateway.cluster", "gateway.meta", "gateway.stores"
 }  # fmt: skip
@@ -48,6 +50,7 @@ ALLOWED: dict[str, set[str]] = {
     # them, and finds owners with the nodes' own placement function.
     "gateway.client": {"gateway.cache", "gateway.cluster"},
     "gateway.node": EVERYTHING,  # builds a node out of the parts
+    "gateway.generations": set(),
     "gateway.cli": EVERYTHING,
     "gateway": set(),
     "gateway.errors": set(),

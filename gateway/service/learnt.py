@@ -1,0 +1,92 @@
+"""The object versions the workers of one node have learnt, shared between them.
+
+A worker that learns a key's version (opening it, revalidating it, loading it for a preload job,
+hearing it from a peer or writing it) keeps it in its own memory (metadata.py) and writes it
+here, so that the node's other workers serve the key without asking the store again while the
+version is within the mount's `metadata_ttl` counted from when it was learnt. One SQLite file in
+the cache folder (the standard library's sqlite3: readers never wait in WAL mode, a write is a
+few tens of microseconds without fsync), made anew at each start of the node: a record is a
+hint, never the authority. Each record carries the generation of its key's slot when the
+version was asked for (generations.py); a record whose slot has moved since is not trusted, so
+that an answer older than a sibling's write can never come back through here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sqlite3
+from pathlib import Path
+
+from gateway.cluster.peers import info_from_wire, info_to_wire
+from gateway.stores import ObjectInfo
+
+log = logging.getLogger(__name__)
+
+FILE = "versions.db"
+_BUSY_MS = 20  # a write waits this long for a sibling's, then is dropped (it is a hint)
+
+
+def reset(root: Path) -> None:
+    """Drop the records of an earlier run: done by `gateway serve` before any worker starts."""
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            (root / (FILE + suffix)).unlink()
+
+
+class LearntVersions:
+    """(mount id, key) -> (version, wall time learnt, slot generation), across the workers."""
+
+    def __init__(self, root: str) -> None:
+        path = os.path.join(root, FILE)
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        self._db = sqlite3.connect(
+            path, timeout=_BUSY_MS / 1000, isolation_level=None, check_same_thread=False
+        )
+        with contextlib.suppress(sqlite3.OperationalError):  # a sibling set them first
+            self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=OFF")
+        with contextlib.suppress(sqlite3.OperationalError):
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS versions (mount INTEGER NOT NULL, key TEXT NOT NULL,"
+                " generation INTEGER NOT NULL, at REAL NOT NULL, info BLOB NOT NULL,"
+                " PRIMARY KEY (mount, key)) WITHOUT ROWID"
+            )
+
+    def lookup(self, mount_id: int, key: str) -> tuple[ObjectInfo, float, int] | None:
+        try:
+            row = self._db.execute(
+                "SELECT info, at, generation FROM versions WHERE mount = ? AND key = ?",
+                (mount_id, key),
+            ).fetchone()
+        except sqlite3.Error as exc:
+            log.debug("learnt versions: lookup failed: %s", exc)
+            return None
+        if row is None:
+            return None
+        try:
+            return info_from_wire(row[0]), float(row[1]), int(row[2])
+        except (ValueError, TypeError, KeyError):
+            return None
+
+    def publish(
+        self, mount_id: int, key: str, info: ObjectInfo, at: float, generation: int
+    ) -> None:
+        try:
+            self._db.execute(
+                "INSERT OR REPLACE INTO versions VALUES (?, ?, ?, ?, ?)",
+                (mount_id, key, generation, at, info_to_wire(info)),
+            )
+        except sqlite3.Error as exc:
+            log.debug("learnt versions: not kept: %s", exc)
+
+    def forget(self, mount_id: int, key: str) -> None:
+        try:
+            self._db.execute("DELETE FROM versions WHERE mount = ? AND key = ?", (mount_id, key))
+        except sqlite3.Error as exc:
+            # The generation moved with the forget: the record is not trusted either way.
+            log.debug("learnt versions: not forgotten: %s", exc)
+
+    def close(self) -> None:
+        self._db.close()

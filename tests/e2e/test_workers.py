@@ -1,0 +1,187 @@
+"""A node of several worker processes answers as one node (issue: the node as one).
+
+Each test runs `gateway serve` with the node's default worker count (one per core, two or
+more here) and makes every request on a new connection, so that the kernel spreads them over
+the workers: what one worker acknowledged must hold in all of them at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from tests.support.gateway import GatewayNode, start_gateway
+from tests.support.origin import CountingProxy
+
+MiB = 1 << 20
+ORIGIN = "origin-workers"
+TRIES = 16  # requests, each on a new connection
+
+
+def _error(call: Any, **params: Any) -> str:
+    """The S3 error code `call(**params)` is answered with, or "OK"."""
+    try:
+        call(**params)
+    except ClientError as exc:
+        return str(exc.response["Error"]["Code"])
+    return "OK"
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayNode]:
+    root = tmp_path_factory.mktemp("workers")
+    # Refreshes an hour apart: what holds here holds because the change was told, not polled.
+    started = start_gateway(
+        root / "node",
+        args=("--bucket-store", (root / "buckets").as_uri(), "--refresh-interval", "3600"),
+    )
+    assert len(_children(started.proc.pid)) >= 2, "the default is one worker per core"
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def origin_objects(origin_s3: Any) -> str:
+    origin_s3.create_bucket(Bucket=ORIGIN)
+    origin_s3.put_object(Bucket=ORIGIN, Key="big.bin", Body=os.urandom(8 * MiB))
+    for i in range(40):
+        origin_s3.put_object(Bucket=ORIGIN, Key=f"ds/{i:03d}", Body=bytes([i]) * 3000)
+    return ORIGIN
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _mount(node: GatewayNode, name: str, origin: CountingProxy, *options: str) -> None:
+    args = ["-o", f"endpoint_url={origin.url}", "-o", "access_key=origin-ak"]
+    args += ["-o", "secret_key=origin-sk"]
+    for option in options:
+        args += ["-o", option]
+    node.cli("mount", "add", name, f"s3://{ORIGIN}", *args)
+
+
+def _user(node: GatewayNode, name: str) -> tuple[str, str]:
+    node.cli("users", "create", name)
+    out = node.cli("keys", "create", "--user", name).stdout
+    return out.split("access key: ")[1].split()[0], out.split("secret key: ")[1].split()[0]
+
+
+def test_a_bucket_created_or_deleted_through_one_worker_is_so_in_every_worker(
+    node: GatewayNode,
+) -> None:
+    for round_ in range(3):
+        name = f"made-{round_}"
+        node.client().create_bucket(Bucket=name)
+        for _ in range(TRIES):
+            listed = {b["Name"] for b in node.client().list_buckets()["Buckets"]}
+            assert name in listed
+            assert _error(node.client().head_bucket, Bucket=name) == "OK"
+        node.client().put_object(Bucket=name, Key="k", Body=b"x")
+        node.client().delete_object(Bucket=name, Key="k")
+        node.client().delete_bucket(Bucket=name)
+        for _ in range(TRIES):
+            s3 = node.client()
+            assert name not in {b["Name"] for b in s3.list_buckets()["Buckets"]}
+            assert _error(s3.list_object_versions, Bucket=name) == "NoSuchBucket"
+            assert _error(s3.get_object, Bucket=name, Key="k") == "NoSuchBucket"
+
+
+def test_a_bucket_policy_holds_in_every_worker_once_acknowledged(node: GatewayNode) -> None:
+    ak, sk = _user(node, "bob")
+    node.client().create_bucket(Bucket="shared-policy")
+    node.client().put_object(Bucket="shared-policy", Key="data.txt", Body=b"for bob")
+    for _ in range(TRIES):  # bob sees nothing yet, in any worker
+        bob = node.client(ak, sk)
+        assert _error(bob.get_object, Bucket="shared-policy", Key="data.txt") == "AccessDenied"
+    grant = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"AWS": ["arn:aws:iam:::user/bob"]},
+                "Action": "s3:GetObject",
+                "Resource": "arn:aws:s3:::shared-policy/*",
+            }
+        ],
+    }
+    node.client().put_bucket_policy(Bucket="shared-policy", Policy=json.dumps(grant))
+    for _ in range(TRIES):
+        got = node.client(ak, sk).get_object(Bucket="shared-policy", Key="data.txt")
+        assert got["Body"].read() == b"for bob"
+    node.client().delete_bucket_policy(Bucket="shared-policy")
+    for _ in range(TRIES):
+        bob = node.client(ak, sk)
+        assert _error(bob.get_object, Bucket="shared-policy", Key="data.txt") == "AccessDenied"
+
+
+def test_a_key_disabled_by_the_cli_is_refused_by_every_worker_when_it_returns(
+    node: GatewayNode,
+) -> None:
+    ak, sk = _user(node, "carol")
+    for _ in range(TRIES):  # every worker has the key (and caches its signing key)
+        node.client(ak, sk).list_buckets()
+    node.cli("keys", "disable", ak)
+    for _ in range(TRIES):
+        assert _error(node.client(ak, sk).list_buckets) == "InvalidAccessKeyId"
+    node.cli("keys", "enable", ak)
+    for _ in range(TRIES):
+        node.client(ak, sk).list_buckets()
+
+
+def test_concurrent_cold_readers_in_every_worker_fetch_each_block_once(
+    node: GatewayNode, origin: CountingProxy, origin_objects: str
+) -> None:
+    _mount(node, "cold", origin, "metadata_ttl=600")
+    origin.reset()
+
+    def read(_: int) -> bytes:
+        return bytes(node.client().get_object(Bucket="cold", Key="big.bin")["Body"].read())
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(read, range(16)))
+    body = results[0]
+    assert len(body) == 8 * MiB and all(r == body for r in results)
+    # Block 0 comes with the object's metadata, opened by one worker for the node; the rest
+    # is filled once across the workers.
+    assert origin.bytes_sent("GET") == 8 * MiB
+    assert origin.count("GET") == 2  # 4 MiB blocks: the open of block 0, and block 1
+
+
+def test_what_a_load_brought_in_is_a_hit_in_every_worker(
+    node: GatewayNode, origin: CountingProxy, origin_objects: str
+) -> None:
+    _mount(node, "loaded", origin, "metadata_ttl=600")
+    node.cli("load", "loaded/ds/")
+    origin.reset()
+    for i in range(40):  # a new connection each, spread over the workers
+        got = node.client().get_object(Bucket="loaded", Key=f"ds/{i:03d}")
+        assert got["Body"].read() == bytes([i]) * 3000
+    assert origin.count() == 0, origin.count()
+
+
+def test_a_mount_removed_by_the_cli_is_gone_from_every_worker_when_it_returns(
+    node: GatewayNode, origin: CountingProxy, origin_objects: str
+) -> None:
+    _mount(node, "brief", origin)
+    for _ in range(TRIES):
+        assert node.client().get_object(Bucket="brief", Key="ds/001")["Body"].read()
+    node.cli("mount", "remove", "brief")
+    for _ in range(TRIES):
+        assert _error(node.client().get_object, Bucket="brief", Key="ds/001") == "NoSuchBucket"
