@@ -45,10 +45,12 @@ class Generations:
         flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
         self._fd = os.open(path, flags, 0o600)
         if os.fstat(self._fd).st_size < _SIZE:
-            # Grown, never cut: a counter that went back could equal a value remembered.
+            # Grown, never cut: a counter that went back could equal a value remembered. Its
+            # blocks are allocated now: a store into a hole of a shared mapping on a full disk
+            # is a SIGBUS, which would kill the worker.
             with self._locked():
                 if os.fstat(self._fd).st_size < _SIZE:
-                    os.ftruncate(self._fd, _SIZE)
+                    os.posix_fallocate(self._fd, 0, _SIZE)
         self._map = mmap.mmap(self._fd, _SIZE, mmap.MAP_SHARED)
         self._slots = memoryview(self._map).cast("Q")
 

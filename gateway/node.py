@@ -265,6 +265,7 @@ class Node:
         self.jobs = JobRunner(
             store, reader, me, members, lease=s.heartbeat_timeout,
             poll=min(1.0, s.heartbeat_interval), takeover_after=s.job_takeover_delay,
+            workers=s.workers,
         )  # fmt: skip
         self.jobs_api = JobsApi(store, meta, self.jobs.wake)
         self._tasks.append(asyncio.create_task(self.jobs.run()))

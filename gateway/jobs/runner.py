@@ -78,8 +78,12 @@ class JobRunner:
         poll: float = 1.0,
         takeover_after: float = 60.0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        workers: int = 1,
     ) -> None:
         self.store = store
+        # Each worker process of the node runs a runner: the node's share of a job's bandwidth
+        # is split between them.
+        self.workers = max(1, workers)
         self.reader = reader
         self.me = me
         self._members = members
@@ -378,7 +382,7 @@ class JobRunner:
     def bucket(self, job_id: int, spec: JobSpec, nodes: int) -> TokenBucket | None:
         if spec.bandwidth is None:
             return None
-        rate = spec.bandwidth / max(1, nodes)
+        rate = spec.bandwidth / max(1, nodes) / self.workers
         found = self._buckets.get(job_id)
         if found is None:
             found = self._buckets[job_id] = TokenBucket(rate)

@@ -5,7 +5,6 @@ object and no body bytes, and what a kill -9 left in inflight/ is swept at the n
 from __future__ import annotations
 
 import contextlib
-import signal
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -50,8 +49,7 @@ def test_a_restart_refetches_no_cached_bytes(
     if ttl == "immutable":
         eventually(lambda: _recorded(tmp_path / "n") == len(dataset))
     if stop == "sigkill":
-        node.proc.send_signal(signal.SIGKILL)
-        node.proc.wait()
+        node.crash()
     node.stop()
 
     again = start_gateway(tmp_path / "n", port=node.port)
@@ -122,8 +120,7 @@ def test_a_kill_during_cold_reads_and_puts_leaves_nothing_in_inflight_after_a_re
                 )
 
             eventually(both_kinds_in_flight)
-            node.proc.send_signal(signal.SIGKILL)
-            node.proc.wait()
+            node.crash()
         finally:
             release.set()
             for stream in streams:

@@ -274,7 +274,10 @@ def test_an_idle_keep_alive_connection_is_closed(tmp_path: Path) -> None:
 
 
 def test_connections_past_the_cap_are_answered_503_slowdown_at_once(tmp_path: Path) -> None:
-    node = start_gateway(tmp_path / "n", args=("--max-connections", "40", "--no-access-log"))
+    # One worker: the cap is each worker process's (docs/configuration.md).
+    node = start_gateway(
+        tmp_path / "n", args=("--max-connections", "40", "--no-access-log", "--workers", "1")
+    )
     try:
         held = [socket.create_connection(("127.0.0.1", node.port)) for _ in range(40)]
         for sock in held:  # each is served: the node has them all open

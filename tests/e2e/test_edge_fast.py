@@ -34,7 +34,10 @@ def node(module_dir: Path) -> Iterator[GatewayNode]:
     (files / "big.bin").write_bytes(BIG)
     data = module_dir / "data"
     run_cli(data, None, "mount", "add", "fast", files.as_uri())
-    node = start_gateway(data)
+    # One worker: the fast path is each process's own (its memory tier, the blocks it has
+    # read), and these tests count its answers exactly; a node of several workers is
+    # tests/e2e/test_workers.py's.
+    node = start_gateway(data, args=("--workers", "1"))
     try:
         yield node
     finally:

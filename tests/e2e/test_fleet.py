@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -361,8 +360,7 @@ def test_a_killed_node_fails_over_and_the_fleet_converges(
                 running = [pool.submit(read, survivors[i % 2]) for i in range(4)]
                 for _ in running:  # every read has its first MiB: they are under way
                     assert streaming.acquire(timeout=30)
-                victim.proc.send_signal(signal.SIGKILL)
-                victim.proc.wait()
+                victim.crash()
                 outcomes = [f.result() for f in running]
             assert "WRONG BYTES" not in outcomes
             # The next reads succeed at once: the dead owner's blocks come from the next

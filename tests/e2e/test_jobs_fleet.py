@@ -8,7 +8,6 @@ import collections
 import contextlib
 import hashlib
 import json
-import signal
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -252,8 +251,7 @@ def test_a_node_killed_mid_job_leaves_its_share_to_the_others(
 
     eventually(node_2_loaded, timeout=60)
     victim = fresh.nodes[2]
-    victim.proc.send_signal(signal.SIGKILL)
-    victim.proc.wait(10)
+    victim.crash()
     # What node-2 had written down as loaded when it died (its shares' cursors): the others
     # take its share over only after 5 s, so this is node-2's own record.
     recorded = written_down(fresh.url, job["id"], "node-2")

@@ -82,8 +82,11 @@ def _serves_the_others(node: GatewayNode, elsewhere: Path, db: str, tmp_path: Pa
         run_cli(elsewhere, db, "mount", "add", "later", (tmp_path / "later").as_uri())
         eventually(lambda: s3.list_objects_v2(Bucket="later")["KeyCount"] == 0)
         log = node.log()
-        assert log.count("mount leak") == 1 and "contains the gateway's data dir" in log
-        assert log.count("mount blocks") == 1 and "inside the gateway's cache dir" in log
+        processes = max(1, len(node.workers()))  # each worker says it, once
+        assert 1 <= log.count("mount leak") <= processes
+        assert "contains the gateway's data dir" in log
+        assert 1 <= log.count("mount blocks") <= processes
+        assert "inside the gateway's cache dir" in log
     finally:
         node.stop()
 

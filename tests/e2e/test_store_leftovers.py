@@ -68,7 +68,7 @@ class SlowPut:
 
 
 def _killed(node: GatewayNode) -> None:
-    node.proc.kill()  # SIGKILL: no shutdown of any kind
+    node.crash()  # SIGKILL: no shutdown of any kind
     node.proc.wait(10)
     node.stop()  # forgets the node; nothing left to stop
 

@@ -48,7 +48,9 @@ def node(module_dir: Path) -> Iterator[GatewayNode]:
     buckets.mkdir()
     # Versions trusted until the gateway itself changes them: the edge's hits below do not
     # depend on how slow a busy machine is (a version past its TTL takes the full path).
-    args = ("--bucket-store", buckets.as_uri(), "--metadata-ttl", "-1")
+    # One worker: the last test counts the answers of the edge, which is each process's own
+    # (tenants across several workers: tests/e2e/test_workers.py).
+    args = ("--bucket-store", buckets.as_uri(), "--metadata-ttl", "-1", "--workers", "1")
     node = start_gateway(module_dir / "node", args=args)
     node.cli("mount", "add", "shared", files.as_uri())
     node.cli("mount", "add", "pub", pub.as_uri(), "-o", "public_read=true")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +86,24 @@ class GatewayNode:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def workers(self) -> list[int]:
+        """The node's worker processes (none: it runs in its one process)."""
+        return children(self.proc.pid)
+
+    def crash(self) -> None:
+        """SIGKILL every process of the node at once, as a host or an OOM kill of the node
+        does: no shutdown of any kind, in the supervisor or its workers."""
+        _LIVE.discard(self)
+        pids = self.workers()
+        self.proc.kill()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait()
+        for pid in pids:  # reparented to init, which reaps them
+            while Path(f"/proc/{pid}").exists() and _state(pid) not in ("Z", "X", ""):
+                time.sleep(0.01)  # a killed process ends in microseconds; nothing to await
+
     def stop(self, wait: float = 15) -> bool:
         """SIGTERM, and SIGKILL if the node has not ended `wait` seconds later; whether it
         ended by itself (or had ended already)."""
@@ -97,6 +117,27 @@ class GatewayNode:
                 self.proc.wait(5)
                 return False
         return True
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
 
 
 def _env(extra: dict[str, str] | None) -> dict[str, str]:
