@@ -750,12 +750,14 @@ def sync_command(target: str, page_size: int, parallel: int, quiet: bool, **kwar
         store = open_store(mount.uri, store_options(mount.options))
         try:
             with _SyncBar(target, quiet) as bar:
-                return await sync_parallel(
+                done = await sync_parallel(
                     Catalog(meta.engine), mount.id, store, prefix, workers=parallel,
                     page_size=page_size, on_progress=bar.update,
                 )  # fmt: skip
         finally:
             await store.close()
+        _tell_node(settings)  # the prefix is synced: the node's workers answer from the catalog
+        return done
 
     try:
         done = _run(_with_meta(settings, work))

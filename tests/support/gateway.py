@@ -113,8 +113,7 @@ class GatewayNode:
             try:
                 self.proc.wait(wait)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+                self.crash()  # the workers too: none is left serving on its own
                 return False
         return True
 
