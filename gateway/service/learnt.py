@@ -41,18 +41,16 @@ class LearntVersions:
     def __init__(self, root: str) -> None:
         path = os.path.join(root, FILE)
         os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
-        self._db = sqlite3.connect(
-            path, timeout=_BUSY_MS / 1000, isolation_level=None, check_same_thread=False
-        )
-        with contextlib.suppress(sqlite3.OperationalError):  # a sibling set them first
-            self._db.execute("PRAGMA journal_mode=WAL")
+        # Made by the first worker to start, the others waiting for it (at start only).
+        self._db = sqlite3.connect(path, timeout=5, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=OFF")
-        with contextlib.suppress(sqlite3.OperationalError):
-            self._db.execute(
-                "CREATE TABLE IF NOT EXISTS versions (mount INTEGER NOT NULL, key TEXT NOT NULL,"
-                " generation INTEGER NOT NULL, at REAL NOT NULL, info BLOB NOT NULL,"
-                " PRIMARY KEY (mount, key)) WITHOUT ROWID"
-            )
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS versions (mount INTEGER NOT NULL, key TEXT NOT NULL,"
+            " generation INTEGER NOT NULL, at REAL NOT NULL, info BLOB NOT NULL,"
+            " PRIMARY KEY (mount, key)) WITHOUT ROWID"
+        )
+        self._db.execute(f"PRAGMA busy_timeout={_BUSY_MS}")
 
     def lookup(self, mount_id: int, key: str) -> tuple[ObjectInfo, float, int] | None:
         try:

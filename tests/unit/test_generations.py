@@ -3,10 +3,13 @@ two metadata caches over one folder's counters stand for two workers."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gateway.generations import SLOTS, Generations
+from gateway.generations import SLOTS, Generations, OpenClaims
+from gateway.service.learnt import LearntVersions, reset
 from gateway.service.metadata import MetadataCache
 from gateway.stores import ObjectInfo
 
@@ -62,3 +65,102 @@ def test_one_worker_forgets_without_counters() -> None:
     assert cache.fresh(1, "k", 600, NOW) == info('"v1"')
     cache.forget(1, "k")
     assert cache.fresh(1, "k", 600, NOW) is None
+
+
+class Wall:
+    """The wall clock the shared records are stamped with, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _sharing(root: Path, wall: Wall) -> MetadataCache:
+    return MetadataCache(
+        generations=Generations(str(root)), learnt=LearntVersions(str(root)), wall=wall
+    )
+
+
+def test_a_version_one_worker_learnt_is_fresh_in_another_for_the_ttl_from_learning(
+    tmp_path: Path,
+) -> None:
+    wall = Wall()
+    a, b = _sharing(tmp_path, wall), _sharing(tmp_path, wall)
+    assert a.fresh(1, "k", 60, NOW) is None
+    a.put(1, "k", info('"v1"'), NOW)  # a asked the store
+    wall.now += 50
+    assert b.peek(1, "k") == info('"v1"')
+    assert b.fresh(1, "k", 60, NOW + 50) == info('"v1"')  # learnt 50 s ago: fresh for 10 more
+    wall.now += 11
+    assert b.fresh(1, "k", 60, NOW + 61) is None  # and not after
+    assert b.fresh(1, "k", -1, NOW + 1e6) == info('"v1"')  # immutable: for good
+
+
+def test_a_shared_version_is_not_trusted_after_a_change_of_its_key(tmp_path: Path) -> None:
+    wall = Wall()
+    a, b, c = _sharing(tmp_path, wall), _sharing(tmp_path, wall), _sharing(tmp_path, wall)
+    assert c.fresh(1, "k", 600, NOW) is None  # c's lookup begins...
+    a.forget(1, "k")  # ...a writes the key meanwhile...
+    c.put(1, "k", info('"old"'), NOW)  # ...and c's answer from before the write is shared
+    assert b.fresh(1, "k", 600, NOW) is None  # b does not take it
+    assert b.peek(1, "k") is None
+    a.put(1, "k", info('"new"'), NOW)
+    assert b.fresh(1, "k", 600, NOW) == info('"new"')
+    a.forget(1, "k")  # deleted
+    assert b.fresh(1, "k", 600, NOW) is None
+
+
+def test_shared_records_of_an_earlier_run_are_dropped_at_start(tmp_path: Path) -> None:
+    wall = Wall()
+    a = _sharing(tmp_path, wall)
+    a.put(1, "k", info('"v1"'), NOW)
+    a.close()
+    reset(tmp_path)
+    b = _sharing(tmp_path, wall)
+    assert b.fresh(1, "k", -1, NOW) is None
+
+
+def test_the_state_counter_is_told_to_every_process_and_by_the_cli(tmp_path: Path) -> None:
+    a, b = Generations(str(tmp_path)), Generations(str(tmp_path))
+    before = b.state()
+    cli = Generations.existing(str(tmp_path))
+    assert cli is not None
+    cli.bump_state()
+    assert a.state() == b.state() == before + 1
+    assert Generations.existing(str(tmp_path / "elsewhere")) is None  # no node: nothing made
+    assert not (tmp_path / "elsewhere").exists()
+
+
+_HOLD = """
+import sys, time
+from gateway.generations import OpenClaims
+claims = OpenClaims(sys.argv[1])
+assert claims.take(int(sys.argv[2]))
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_one_process_opens_a_key_and_the_others_wait_until_it_lets_go(tmp_path: Path) -> None:
+    byte = OpenClaims.byte(1, "k")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(tmp_path), str(byte)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        here = OpenClaims(str(tmp_path))
+        assert not here.take(byte) and not here.free(byte)
+        assert here.take(OpenClaims.byte(1, "other"))  # another key is another claim
+        assert holder.stdin is not None
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        holder.wait(10)
+        assert here.free(byte) and here.take(byte)  # its lock went with it
+        assert here.take(byte)  # this process's own claims are counted, not excluded
+        here.drop(byte)
+        here.drop(byte)
+    finally:
+        holder.kill()
