@@ -66,13 +66,16 @@ class MetadataCache:
         """The last version known, however old: a hint (the read checks it with the store)."""
         item = self._items.get((mount_id, key))
         if item is None and self._generations is not None:
-            shared = self._shared(mount_id, key, time.monotonic())
+            shared = self._shared(mount_id, key)
             return None if shared is None else shared[0]
         return None if item is None else item[0]
 
-    def _shared(self, mount_id: int, key: str, now: float) -> tuple[ObjectInfo, float] | None:
+    def _shared(
+        self, mount_id: int, key: str, now: float | None = None
+    ) -> tuple[ObjectInfo, float] | None:
         """The version a sibling worker learnt, if no change of the key has been heard of
-        since it asked; taken into this worker's memory as learnt when the sibling learnt it."""
+        since it asked; with `now`, taken into this worker's memory as learnt when the sibling
+        learnt it (in the clock of `now`)."""
         gens, learnt = self._generations, self._learnt
         if gens is None or learnt is None:
             return None
@@ -81,6 +84,8 @@ class MetadataCache:
         if found is None or found[2] != generation:
             return None
         info, at, _ = found
+        if now is None:
+            return info, at
         checked = now - max(0.0, self._wall() - at)
         self._items[(mount_id, key)] = (info, checked, generation)
         self._items.move_to_end((mount_id, key))
