@@ -164,3 +164,19 @@ def test_one_process_opens_a_key_and_the_others_wait_until_it_lets_go(tmp_path: 
         here.drop(byte)
     finally:
         holder.kill()
+
+
+def test_a_shared_version_comes_back_whole(tmp_path: Path) -> None:
+    rich = ObjectInfo(
+        key="dir/é.bin", size=12, etag='"abc-2"',
+        last_modified=datetime(2026, 5, 1, 12, 30, 15, 123456, tzinfo=UTC),
+        content_type="image/jpeg", content_encoding="gzip", content_disposition="inline",
+        content_language="fr", cache_control="max-age=60", expires="Thu, 01 Jan 2037 00:00:00 GMT",
+        metadata={"owner": "ml", "ünï": "cødé"}, storage_class="STANDARD_IA",
+        checksums={"crc32c": "AAAAAA=="}, tags={"a": "b"}, tag_count=1,
+        encryption={"algorithm": "AES256"},
+    )  # fmt: skip
+    learnt = LearntVersions(str(tmp_path))
+    learnt.publish(3, rich.key, rich, 5.0, 7)
+    assert learnt.lookup(3, rich.key) == (rich, 5.0, 7)
+    assert learnt.lookup(4, rich.key) is None
