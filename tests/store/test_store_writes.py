@@ -322,6 +322,21 @@ async def test_delete_removes_the_key_and_a_missing_key_is_fine(origin: Origin) 
         assert not (root / "a" / "b").exists() and (root / "a").is_dir()
 
 
+async def test_siblings_deleted_at_once_all_succeed_and_leave_nothing(origin: Origin) -> None:
+    # On a file system each delete prunes the folders it empties, racing its siblings' own
+    # pruning of the same folders: neither may fail for the folder the other removed.
+    keys = ["boo/bar", "boo/baz/xyzzy", "cquux/thud", "cquux/bla", "cquux/d/e", "cquux/d/f"]
+    for _ in range(10):
+        for key in keys:
+            await put(origin, key, b"x")
+        async with anyio.create_task_group() as tg:
+            for key in keys:
+                tg.start_soon(origin.store.delete, key)
+        assert raw_keys(origin) == []
+    if isinstance(origin, FileOrigin):
+        assert [n for n in os.listdir(origin.root) if not n.startswith(".")] == []
+
+
 # -- copy ------------------------------------------------------------------------------------
 
 
