@@ -90,6 +90,36 @@ class WriteConditions:
     if_none_match: bool = False  # If-None-Match: * (the only form S3 accepts on writes)
 
 
+async def _current(handle: MountHandle, key: str) -> ObjectInfo | None:
+    """The key's version at the store, None when there is none."""
+    try:
+        with store_errors(key):
+            return await handle.store.stat(key)
+    except errors.NoSuchKey:
+        return None
+
+
+async def resolved(handle: MountHandle, key: str, cond: WriteConditions) -> WriteConditions:
+    """If-Match: * (any version) as the ETag the stores compare: the key's current one, so
+    the write still fails if it changes meanwhile; NoSuchKey when there is none, as S3."""
+    if cond.if_match is None or cond.if_match.strip() != "*":
+        return cond
+    info = await _current(handle, key)
+    if info is None:
+        raise errors.NoSuchKey(Key=key)
+    return replace(cond, if_match=info.etag)
+
+
+async def precondition_answer(
+    handle: MountHandle, key: str, cond: WriteConditions, failed: errors.S3Error
+) -> errors.S3Error:
+    """What S3 answers a write whose condition failed: If-Match of a key that is not there
+    is 404 NoSuchKey, anything else 412 PreconditionFailed."""
+    if cond.if_match is not None and await _current(handle, key) is None:
+        return errors.NoSuchKey(Key=key)
+    return failed
+
+
 class _CacheTee:
     """Copies a body into the page store as it passes; a cache failure never fails the write."""
 
@@ -193,6 +223,7 @@ class ObjectWriter:
             else None
         )
         try:
+            cond = await resolved(handle, key, cond)
             with store_errors(key):
                 info = await handle.store.put(
                     key,
@@ -202,6 +233,9 @@ class ObjectWriter:
                     if_match=cond.if_match,
                     if_none_match=cond.if_none_match,
                 )
+        except errors.PreconditionFailed as exc:
+            await tee.abort()
+            raise await precondition_answer(handle, key, cond, exc) from None
         except BaseException:
             await tee.abort()
             raise

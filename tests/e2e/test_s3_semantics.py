@@ -107,3 +107,109 @@ def test_a_delete_the_store_did_but_failed_to_acknowledge_is_never_served_again(
         with pytest.raises(ClientError) as exc:
             s3.get_object(Bucket="s3odd", Key=key)
         assert _code(exc) == ("NoSuchKey", 404)
+
+
+# -- conditional writes -------------------------------------------------------------------------
+
+
+def _complete(s3: Any, bucket: str, key: str, body: bytes, **cond: str) -> dict[str, Any]:
+    upload = s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    part = s3.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=1, Body=body)
+    parts = {"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]}
+    try:
+        return dict(
+            s3.complete_multipart_upload(
+                Bucket=bucket, Key=key, UploadId=upload, MultipartUpload=parts, **cond
+            )
+        )
+    except ClientError:
+        s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload)
+        raise
+
+
+def test_put_if_match_of_a_missing_key_is_no_such_key_and_star_means_any_version(
+    node: GatewayNode, bucket: str
+) -> None:
+    s3 = node.client()
+    key = "cond/put-if-match"
+    s3.delete_object(Bucket=bucket, Key=key)
+    for etag in ('"0123456789abcdef0123456789abcdef"', "*"):
+        with pytest.raises(ClientError) as exc:
+            s3.put_object(Bucket=bucket, Key=key, Body=b"v", IfMatch=etag)
+        assert _code(exc) == ("NoSuchKey", 404)
+    first = s3.put_object(Bucket=bucket, Key=key, Body=b"v1", IfNoneMatch="*")["ETag"]
+    s3.put_object(Bucket=bucket, Key=key, Body=b"v2", IfMatch="*")
+    with pytest.raises(ClientError) as exc:
+        s3.put_object(Bucket=bucket, Key=key, Body=b"v3", IfMatch=first)  # v2 now
+    assert _code(exc) == ("PreconditionFailed", 412)
+    assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == b"v2"
+
+
+def test_complete_multipart_upload_honours_if_none_match_and_if_match(
+    node: GatewayNode, bucket: str
+) -> None:
+    s3 = node.client()
+    key = "cond/complete"
+    s3.delete_object(Bucket=bucket, Key=key)
+    with pytest.raises(ClientError) as exc:
+        _complete(s3, bucket, key, b"never", IfMatch='"0123456789abcdef0123456789abcdef"')
+    assert _code(exc) == ("NoSuchKey", 404)
+    first = _complete(s3, bucket, key, b"first", IfNoneMatch="*")["ETag"]
+    with pytest.raises(ClientError) as exc:
+        _complete(s3, bucket, key, b"second", IfNoneMatch="*")
+    assert _code(exc) == ("PreconditionFailed", 412)
+    with pytest.raises(ClientError) as exc:
+        _complete(s3, bucket, key, b"second", IfMatch='"0123456789abcdef0123456789abcdef"')
+    assert _code(exc) == ("PreconditionFailed", 412)
+    assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == b"first"
+    _complete(s3, bucket, key, b"third", IfMatch=first)
+    assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == b"third"
+
+
+# -- ACLs: bucket owner enforced ----------------------------------------------------------------
+
+
+def test_acls_answer_bucket_owner_enforced(node: GatewayNode, bucket: str) -> None:
+    s3 = node.client()
+    key = "acl/object"
+    s3.put_object(Bucket=bucket, Key=key, Body=b"v", ACL="bucket-owner-full-control")
+    s3.put_object(Bucket=bucket, Key=key, Body=b"v", ACL="private")
+    for acl in (s3.get_bucket_acl(Bucket=bucket), s3.get_object_acl(Bucket=bucket, Key=key)):
+        assert [(g["Grantee"]["ID"], g["Permission"]) for g in acl["Grants"]] == [
+            (acl["Owner"]["ID"], "FULL_CONTROL")
+        ]
+    s3.put_bucket_acl(Bucket=bucket, ACL="private")
+    s3.put_object_acl(Bucket=bucket, Key=key, ACL="bucket-owner-full-control")
+    owner = s3.get_bucket_acl(Bucket=bucket)["Owner"]
+    policy = {
+        "Owner": owner,
+        "Grants": [{"Grantee": {"Type": "CanonicalUser", "ID": owner["ID"]},
+                    "Permission": "FULL_CONTROL"}],
+    }  # fmt: skip
+    s3.put_bucket_acl(Bucket=bucket, AccessControlPolicy=policy)
+    refused = [
+        lambda: s3.put_object(Bucket=bucket, Key=key, Body=b"w", ACL="public-read"),
+        lambda: s3.put_bucket_acl(Bucket=bucket, ACL="public-read-write"),
+        lambda: s3.put_object_acl(Bucket=bucket, Key=key, ACL="authenticated-read"),
+        lambda: s3.put_object_acl(Bucket=bucket, Key=key, GrantRead='uri="everyone"'),
+        lambda: s3.copy_object(
+            Bucket=bucket, Key=f"{key}.copy", CopySource={"Bucket": bucket, "Key": key},
+            ACL="public-read",
+        ),
+        lambda: s3.create_multipart_upload(Bucket=bucket, Key=key, ACL="public-read"),
+        lambda: s3.put_bucket_acl(
+            Bucket=bucket,
+            AccessControlPolicy={**policy, "Grants": [
+                {"Grantee": {"Type": "Group",
+                             "URI": "http://acs.amazonaws.com/groups/global/AllUsers"},
+                 "Permission": "READ"}]},
+        ),
+    ]  # fmt: skip
+    for call in refused:
+        with pytest.raises(ClientError) as exc:
+            call()
+        assert _code(exc) == ("AccessControlListNotSupported", 400)
+    assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == b"v"
+    with pytest.raises(ClientError) as exc:
+        s3.get_object_acl(Bucket=bucket, Key="acl/none")
+    assert _code(exc) == ("NoSuchKey", 404)
