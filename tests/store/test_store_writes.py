@@ -426,6 +426,31 @@ async def test_multipart_joins_parts_with_the_s3_etag(origin: Origin) -> None:
         await upload(origin, key, upload_id, 4, b"late")
 
 
+async def test_complete_honours_if_none_match_and_if_match(origin: Origin) -> None:
+    key = "mp/conditional"
+
+    async def complete(data: bytes, **cond: Any) -> str:
+        upload_id = await origin.store.create_multipart(key, ATTRS)
+        part = await upload(origin, key, upload_id, 1, data)
+        try:
+            return (
+                await origin.store.complete_multipart(key, upload_id, [part], ATTRS, **cond)
+            ).etag
+        finally:
+            await origin.store.abort_multipart(key, upload_id)
+
+    with pytest.raises(PreconditionFailed):
+        await complete(b"no key yet", if_match=md5_etag(b"x"))
+    first = await complete(b"first", if_none_match=True)
+    with pytest.raises(PreconditionFailed):
+        await complete(b"second", if_none_match=True)
+    with pytest.raises(PreconditionFailed):
+        await complete(b"second", if_match=md5_etag(b"x"))
+    assert await read_all(origin.store, key) == b"first"
+    await complete(b"third", if_match=first)
+    assert await read_all(origin.store, key) == b"third"
+
+
 async def test_complete_with_a_wrong_part_etag_makes_nothing(origin: Origin) -> None:
     upload_id = await origin.store.create_multipart("mp", ATTRS)
     one = await upload(origin, "mp", upload_id, 1, os.urandom(5 * MIB))

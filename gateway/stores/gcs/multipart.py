@@ -12,7 +12,9 @@ from typing import Any
 from gateway.stores.base import (
     InvalidPart,
     ObjectInfo,
+    ObjectNotFound,
     PartInfo,
+    PreconditionFailed,
     UploadNotFound,
     VersionChanged,
     WriteAttrs,
@@ -95,6 +97,14 @@ class Uploads:
         check_part_order(parts)
         # ifGenerationMatch on the compose that makes the object: atomic at the store.
         cond = await self.writes.condition(key, if_match, if_none_match)
+        if if_none_match:
+            # Asked first too: fake-gcs-server ignores ifGenerationMatch=0 on a compose.
+            try:
+                await self.client.resource(key)
+            except ObjectNotFound:
+                pass
+            else:
+                raise PreconditionFailed(f"{key} exists")
         staged = {o["name"]: o for o in await self.client.objects(folder)}
         sources: list[tuple[str, str]] = []
         for part in parts:
