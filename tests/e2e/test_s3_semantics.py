@@ -213,3 +213,11 @@ def test_acls_answer_bucket_owner_enforced(node: GatewayNode, bucket: str) -> No
     with pytest.raises(ClientError) as exc:
         s3.get_object_acl(Bucket=bucket, Key="acl/none")
     assert _code(exc) == ("NoSuchKey", 404)
+
+
+def test_an_empty_continuation_token_is_echoed(node: GatewayNode, bucket: str) -> None:
+    s3 = node.client()
+    s3.put_object(Bucket=bucket, Key="token/a", Body=b"a")
+    out = s3.list_objects_v2(Bucket=bucket, Prefix="token/", ContinuationToken="")
+    assert out["ContinuationToken"] == ""
+    assert [o["Key"] for o in out["Contents"]] == ["token/a"]
