@@ -147,6 +147,9 @@ MalformedTrailerError = _error(
     "The request contained trailing data that was not well-formed or did not conform to our"
     " published schema.",
 )
+AccessControlListNotSupported = _error(
+    "AccessControlListNotSupported", 400, "The bucket does not allow ACLs"
+)
 MetadataTooLarge = _error(
     "MetadataTooLarge", 400, "Your metadata headers exceed the maximum allowed metadata size."
 )

@@ -179,11 +179,12 @@ async def _list(
 
 
 async def list_objects_v2(ctx: Context, req: S3Request) -> Reply:
-    token = req.query.get("continuation-token") or None  # empty: none, as S3 takes it
+    given = req.query.get("continuation-token")
+    token = given or None  # empty: none, as S3 takes it (and echoes it, empty)
     start_after = req.query.get("start-after") or None
     listing, next_token, _ = await _list(ctx, req, token, None if token else start_after)
     fetch_owner = req.query.get("fetch-owner", "").lower() == "true"
-    return _xml(xml.list_v2(listing, token, next_token, start_after, fetch_owner))
+    return _xml(xml.list_v2(listing, given, next_token, start_after, fetch_owner))
 
 
 async def list_objects_v1(ctx: Context, req: S3Request) -> Reply:

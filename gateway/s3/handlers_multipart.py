@@ -15,6 +15,7 @@ from gateway.s3.handlers_write import (
     request_body,
     sized,
     write_attrs,
+    write_conditions,
 )
 from gateway.s3.http import Reply, S3Request
 from gateway.service import MAX_PART_SIZE, ByteRange, UploadsQuery, check_part_number
@@ -82,8 +83,9 @@ async def _upload_part_copy(ctx: Context, req: S3Request, number: int, upload_id
 async def complete_multipart_upload(ctx: Context, req: S3Request) -> Reply:
     assert req.bucket is not None and req.key is not None
     upload_id = req.query["uploadId"]
+    cond = write_conditions(req)
     parts = xml_in.complete_multipart(await read_small_body(req))
-    info = await ctx.service.complete_multipart_upload(req.bucket, req.key, upload_id, parts)
+    info = await ctx.service.complete_multipart_upload(req.bucket, req.key, upload_id, parts, cond)
     location = f"/{req.bucket}/{req.key}"
     return _xml(xml.complete_multipart(location, req.bucket, req.key, info.etag))
 

@@ -39,8 +39,29 @@ class LiveChecksums(Mapping[str, str]):
         return len(self._body.checksums)
 
 
+# Canned ACLs that grant no one but the owner anything: all an enforced bucket accepts.
+OWNER_ONLY = frozenset({"private", "bucket-owner-full-control"})
+_GRANT_HEADERS = (
+    "x-amz-grant-read",
+    "x-amz-grant-write",
+    "x-amz-grant-read-acp",
+    "x-amz-grant-write-acp",
+    "x-amz-grant-full-control",
+)
+
+
+def check_acl_headers(headers: Mapping[str, str]) -> None:
+    """Refuse a canned ACL or explicit grant that would grant anyone anything."""
+    canned = headers.get("x-amz-acl")
+    if canned is not None and canned.strip() not in OWNER_ONLY:
+        raise errors.AccessControlListNotSupported()
+    if any(h in headers for h in _GRANT_HEADERS):
+        raise errors.AccessControlListNotSupported()
+
+
 def write_attrs(req: S3Request, body: RequestBody | None = None) -> WriteAttrs:
     h = req.headers
+    check_acl_headers(h)
     values = {name: h.get(name) or None for name in _ATTR_HEADERS}
     encoding = values["content-encoding"]
     if encoding:
@@ -92,7 +113,7 @@ async def read_small_body(req: S3Request, limit: int = xml_in.MAX_XML_BODY) -> b
     return bytes(data)
 
 
-def _write_conditions(req: S3Request) -> WriteConditions:
+def write_conditions(req: S3Request) -> WriteConditions:
     inm = req.headers.get("if-none-match")
     if inm is not None and inm.strip() != "*":
         raise errors.NotImplementedError_("If-None-Match on writes accepts only '*'.")
@@ -121,7 +142,7 @@ async def put_object(ctx: Context, req: S3Request) -> Reply:
     data, size = await sized(body)
     attrs = replace(attrs, checksums=LiveChecksums(body))
     info = await ctx.service.put_object(
-        req.bucket, req.key, data, size, attrs, _write_conditions(req)
+        req.bucket, req.key, data, size, attrs, write_conditions(req)
     )
     return _etag_reply(info.etag, body, info.encryption or attrs.encryption)
 
@@ -156,6 +177,7 @@ def _copy_conditions(req: S3Request) -> Conditions:
 
 async def copy_object(ctx: Context, req: S3Request) -> Reply:
     assert req.bucket is not None and req.key is not None
+    check_acl_headers(req.headers)
     source = copy_source(req)
     directive = req.headers.get("x-amz-metadata-directive", "COPY").upper()
     if directive not in ("COPY", "REPLACE"):
@@ -231,6 +253,7 @@ async def delete_objects(ctx: Context, req: S3Request) -> Reply:
 
 async def create_bucket(ctx: Context, req: S3Request) -> Reply:
     assert req.bucket is not None
+    check_acl_headers(req.headers)
     xml_in.create_bucket(await read_small_body(req, 64 << 10))
     created = await ctx.service.create_bucket(req.bucket)
     if not created and ctx.region != "us-east-1":

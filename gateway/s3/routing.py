@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from gateway import errors
 from gateway.s3 import handlers as r
+from gateway.s3 import handlers_acl as a
 from gateway.s3 import handlers_cors as c
 from gateway.s3 import handlers_multipart as m
 from gateway.s3 import handlers_policy as p
@@ -80,6 +81,7 @@ TABLE: dict[tuple[str, str], list[Operation]] = {
     ],
     ("bucket", "GET"): [
         _op("GetBucketPolicy", p.get_bucket_policy, True, "policy"),
+        _op("GetBucketAcl", a.get_bucket_acl, True, "acl"),
         _op("GetBucketLocation", r.get_bucket_location, True, "location"),
         _op("GetBucketVersioning", r.get_bucket_versioning, True, "versioning"),
         _op("GetBucketCors", c.get_bucket_cors, False, "cors"),
@@ -96,6 +98,7 @@ TABLE: dict[tuple[str, str], list[Operation]] = {
     ("bucket", "PUT"): [
         _op("PutBucketCors", c.put_bucket_cors, False, "cors"),
         _op("PutBucketPolicy", p.put_bucket_policy, False, "policy"),
+        _op("PutBucketAcl", a.put_bucket_acl, False, "acl"),
         _op("CreateBucket", w.create_bucket, False),
     ],
     ("bucket", "DELETE"): [
@@ -108,6 +111,7 @@ TABLE: dict[tuple[str, str], list[Operation]] = {
         _op("ListParts", m.list_parts, True, "uploadId", "max-parts", "part-number-marker"),
         _op("GetObjectAttributes", r.get_object_attributes, True, "attributes"),
         _op("GetObjectTagging", r.get_object_tagging, True, "tagging", *_VERSION),
+        _op("GetObjectAcl", a.get_object_acl, True, "acl", *_VERSION),
         _op("GetObject", r.get_object_part, True, "partNumber", *RESPONSE_OVERRIDES, *_VERSION),
         _op("GetObject", r.get_object, True, None, *RESPONSE_OVERRIDES, *_VERSION),
     ],
@@ -118,6 +122,7 @@ TABLE: dict[tuple[str, str], list[Operation]] = {
     ("object", "PUT"): [
         _op("UploadPart", m.upload_part, False, "uploadId", "partNumber"),
         _op("PutObjectTagging", w.put_object_tagging, False, "tagging", *_VERSION),
+        _op("PutObjectAcl", a.put_object_acl, False, "acl", *_VERSION),
         _op("PutObject", w.put_object, False),
     ],
     ("object", "DELETE"): [

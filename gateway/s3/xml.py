@@ -315,3 +315,17 @@ def tagging(tags: Iterable[tuple[str, str]]) -> bytes:
     """GetObjectTagging's answer."""
     inner = "".join(f"<Tag><Key>{escape(k)}</Key><Value>{escape(v)}</Value></Tag>" for k, v in tags)
     return f'{HEAD}<Tagging xmlns="{NS}"><TagSet>{inner}</TagSet></Tagging>'.encode()
+
+
+def acl() -> bytes:
+    """Object Ownership "bucket owner enforced" (AWS's default): the owner has FULL_CONTROL,
+    and no one else is granted anything by an ACL."""
+    grantee = (
+        '<Grantee xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" xsi:type="CanonicalUser">'
+        f"<ID>{OWNER_ID}</ID><DisplayName>{OWNER_NAME}</DisplayName></Grantee>"
+    )
+    return (
+        f'{HEAD}<AccessControlPolicy xmlns="{NS}">{_owner()}<AccessControlList>'
+        f"<Grant>{grantee}<Permission>FULL_CONTROL</Permission></Grant>"
+        "</AccessControlList></AccessControlPolicy>"
+    ).encode()

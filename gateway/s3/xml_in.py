@@ -96,3 +96,24 @@ def tagging(data: bytes) -> list[tuple[str, str]]:
             raise errors.MalformedXML()
         pairs.append((key, value))
     return pairs
+
+
+def acl_grants(data: bytes) -> list[tuple[str, str | None, str | None]]:
+    """The grants of a PutBucketAcl / PutObjectAcl body: (permission, grantee type, grantee
+    ID) each."""
+    root = parse(data)
+    if _local(root.tag) != "AccessControlPolicy":
+        raise errors.MalformedXML()
+    grants: list[tuple[str, str | None, str | None]] = []
+    for listed in _children(root, "AccessControlList"):
+        for grant in _children(listed, "Grant"):
+            grantee = _children(grant, "Grantee")
+            kind = ident = None
+            if grantee:
+                kind = next(
+                    (v for k, v in grantee[0].attrib.items() if k.rsplit("}", 1)[-1] == "type"),
+                    None,
+                )
+                ident = _text(grantee[0], "ID")
+            grants.append(((_text(grant, "Permission") or "").strip(), kind, ident))
+    return grants

@@ -168,8 +168,10 @@ class Authorizer:
         return is_allowed(identity, statements, owner, ctx)
 
     def may_see(self, access_key: str | None, bucket: str) -> bool:
-        """Whether ListBuckets shows the bucket to this key: its own, or one that a policy
-        (the user's or the bucket's) grants something in."""
+        """Whether ListBuckets shows the bucket to this key: its own, or one that the user's
+        own policies grant something in (as AWS lists an account's buckets to its IAM users).
+        A bucket policy, even one that allows everyone, grants access but never lists the
+        bucket to others: AWS lists only the caller's buckets."""
         p = self.principal(access_key)
         if p is None:
             return False
@@ -179,8 +181,6 @@ class Authorizer:
         if rules is not None and rules.owner == p.user_id:
             return True
         statements = [s for policy in p.policies for s in policy.statements]
-        if rules is not None:
-            statements += rules.statements_for(p.name)
         return any(s.allow and _names_bucket(s, bucket) for s in statements)
 
 

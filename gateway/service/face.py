@@ -363,10 +363,16 @@ class S3Service:
         return await self.multipart.upload_part_copy(bucket, key, upload_id, part_number, source)
 
     async def complete_multipart_upload(
-        self, bucket: str, key: str, upload_id: str, parts: list[tuple[int, str]]
+        self,
+        bucket: str,
+        key: str,
+        upload_id: str,
+        parts: list[tuple[int, str]],
+        cond: WriteConditions = WriteConditions(),  # noqa: B008 - frozen, so shared safely
     ) -> ObjectInfo:
-        """parts: (part number, ETag) as the client lists them."""
-        return await self.multipart.complete(bucket, key, upload_id, parts)
+        """parts: (part number, ETag) as the client lists them; cond: If-Match and
+        If-None-Match of the complete, as on PutObject."""
+        return await self.multipart.complete(bucket, key, upload_id, parts, cond)
 
     async def abort_multipart_upload(self, bucket: str, key: str, upload_id: str) -> None:
         await self.multipart.abort(bucket, key, upload_id)

@@ -20,7 +20,14 @@ from gateway.service.inputs import CopySource, UploadsQuery
 from gateway.service.namespace import MountHandle
 from gateway.service.shared import Reads, Shared
 from gateway.service.store_errors import meta_unavailable, store_errors
-from gateway.service.writes import ObjectWriter, as_stored, from_source
+from gateway.service.writes import (
+    ObjectWriter,
+    WriteConditions,
+    as_stored,
+    from_source,
+    precondition_answer,
+    resolved,
+)
 from gateway.stores import ObjectInfo, PartInfo, StoreError, WriteAttrs
 
 log = logging.getLogger("gateway.multipart")
@@ -171,20 +178,30 @@ class Multipart:
                 return parts
 
     async def complete(
-        self, bucket: str, key: str, upload_id: str, requested: list[tuple[int, str]]
+        self,
+        bucket: str,
+        key: str,
+        upload_id: str,
+        requested: list[tuple[int, str]],
+        cond: WriteConditions = WriteConditions(),  # noqa: B008 - frozen, so shared safely
     ) -> ObjectInfo:
         lock, users = self._completing.setdefault(upload_id, (asyncio.Lock(), [0]))
         users[0] += 1
         try:
             async with lock:
-                return await self._complete(bucket, key, upload_id, requested)
+                return await self._complete(bucket, key, upload_id, requested, cond)
         finally:
             users[0] -= 1
             if not users[0]:
                 del self._completing[upload_id]
 
     async def _complete(
-        self, bucket: str, key: str, upload_id: str, requested: list[tuple[int, str]]
+        self,
+        bucket: str,
+        key: str,
+        upload_id: str,
+        requested: list[tuple[int, str]],
+        cond: WriteConditions,
     ) -> ObjectInfo:
         try:
             handle, record = await self._upload(bucket, key, upload_id)
@@ -222,10 +239,19 @@ class Multipart:
                     ProposedSize=str(small.size),
                     MinSizeAllowed=str(MIN_PART_SIZE),
                 )
-        with store_errors(key):
-            info = await handle.store.complete_multipart(
-                key, record.store_upload_id, chosen, _attrs_of(record)
-            )
+        cond = await resolved(handle, key, cond)
+        try:
+            with store_errors(key):
+                info = await handle.store.complete_multipart(
+                    key,
+                    record.store_upload_id,
+                    chosen,
+                    _attrs_of(record),
+                    if_match=cond.if_match,
+                    if_none_match=cond.if_none_match,
+                )
+        except errors.PreconditionFailed as exc:
+            raise await precondition_answer(handle, key, cond, exc) from None
         self._completed[upload_id] = (handle.id, key, _listed(requested), info)
         if len(self._completed) > _COMPLETED_KEPT:
             self._completed.popitem(last=False)

@@ -8,6 +8,7 @@ after a TTL.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -87,6 +88,36 @@ def customer_keyed(attrs: WriteAttrs) -> bool:
 class WriteConditions:
     if_match: str | None = None
     if_none_match: bool = False  # If-None-Match: * (the only form S3 accepts on writes)
+
+
+async def _current(handle: MountHandle, key: str) -> ObjectInfo | None:
+    """The key's version at the store, None when there is none."""
+    try:
+        with store_errors(key):
+            return await handle.store.stat(key)
+    except errors.NoSuchKey:
+        return None
+
+
+async def resolved(handle: MountHandle, key: str, cond: WriteConditions) -> WriteConditions:
+    """If-Match: * (any version) as the ETag the stores compare: the key's current one, so
+    the write still fails if it changes meanwhile; NoSuchKey when there is none, as S3."""
+    if cond.if_match is None or cond.if_match.strip() != "*":
+        return cond
+    info = await _current(handle, key)
+    if info is None:
+        raise errors.NoSuchKey(Key=key)
+    return replace(cond, if_match=info.etag)
+
+
+async def precondition_answer(
+    handle: MountHandle, key: str, cond: WriteConditions, failed: errors.S3Error
+) -> errors.S3Error:
+    """What S3 answers a write whose condition failed: If-Match of a key that is not there
+    is 404 NoSuchKey, anything else 412 PreconditionFailed."""
+    if cond.if_match is not None and await _current(handle, key) is None:
+        return errors.NoSuchKey(Key=key)
+    return failed
 
 
 class _CacheTee:
@@ -192,6 +223,7 @@ class ObjectWriter:
             else None
         )
         try:
+            cond = await resolved(handle, key, cond)
             with store_errors(key):
                 info = await handle.store.put(
                     key,
@@ -201,6 +233,9 @@ class ObjectWriter:
                     if_match=cond.if_match,
                     if_none_match=cond.if_none_match,
                 )
+        except errors.PreconditionFailed as exc:
+            await tee.abort()
+            raise await precondition_answer(handle, key, cond, exc) from None
         except BaseException:
             await tee.abort()
             raise
@@ -231,10 +266,7 @@ class ObjectWriter:
         hears success; a failure of it is logged, not the client's (the store has the write).
         A TTL -1 mount's row with nothing to go with it is recorded in the background."""
         shared = self.shared
-        previous = shared.metadata.peek(handle.id, key)
-        if previous is not None and (info is None or not remember or previous.etag != info.etag):
-            shared.invalidate(handle, previous)
-        shared.metadata.forget(handle.id, key)  # and the node's other workers hear of it
+        self._forget(handle, key, info, remember)
         if info is not None and remember:
             shared.metadata.put(handle.id, key, info, time.monotonic())
         statements = list(also)
@@ -253,13 +285,36 @@ class ObjectWriter:
             # Before the client hears success: a read through any node then sees the new version.
             await shared.fleet.invalidate(handle.id, key)
 
+    def _forget(
+        self, handle: MountHandle, key: str, info: ObjectInfo | None, remember: bool = True
+    ) -> None:
+        """Drop this node's metadata of key, and the blocks of its old version unless `info`
+        is that same version, remembered; the node's other workers hear of it."""
+        shared = self.shared
+        previous = shared.metadata.peek(handle.id, key)
+        if previous is not None and (info is None or not remember or previous.etag != info.etag):
+            shared.invalidate(handle, previous)
+        shared.metadata.forget(handle.id, key)
+
     async def delete(self, bucket: str, key: str) -> None:
         handle = self.shared.writable(bucket)
         await self.delete_from(handle, key)
 
     async def delete_from(self, handle: MountHandle, key: str) -> None:
-        with store_errors(key):
-            await handle.store.delete(key)
+        # Forgotten before the store is asked and whatever it answers: a delete that failed
+        # part way may have removed the object, and a removed object must never be served
+        # from the cache again (the next read asks the store). The catalog and the `objects`
+        # rows follow only a delete the store acknowledged.
+        self._forget(handle, key, None)
+        try:
+            with store_errors(key):
+                await handle.store.delete(key)
+        except BaseException:
+            self._forget(handle, key, None)  # a read meanwhile may have learnt it again
+            if self.shared.fleet is not None:
+                with contextlib.suppress(Exception):
+                    await self.shared.fleet.invalidate(handle.id, key)
+            raise
         await self.written(handle, key, None)
 
     async def delete_many(

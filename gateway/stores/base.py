@@ -298,13 +298,22 @@ class MultipartUploads(Protocol):
 
     @abc.abstractmethod
     async def complete_multipart(
-        self, key: str, upload_id: str, parts: Sequence[PartInfo], attrs: WriteAttrs
+        self,
+        key: str,
+        upload_id: str,
+        parts: Sequence[PartInfo],
+        attrs: WriteAttrs,
+        *,
+        if_match: str | None = None,
+        if_none_match: bool = False,
     ) -> ObjectInfo:
         """Join the parts in order into the object, atomically; ETag md5(part md5s)-N.
 
         `attrs` are those given to create_multipart: stores that set attributes when the
         object appears (files) take them from here, S3 from the create. A part missing or
-        with another ETag raises InvalidPart; an unknown upload UploadNotFound.
+        with another ETag raises InvalidPart; an unknown upload UploadNotFound. The
+        conditions are put's: PreconditionFailed when the key is not at `if_match` or, with
+        `if_none_match`, exists; atomically where the store can.
         """
 
     @abc.abstractmethod

@@ -70,9 +70,18 @@ class DelegatingStore(Store):
         return await self.uploads.upload_part(key, upload_id, part_number, body, size)
 
     async def complete_multipart(
-        self, key: str, upload_id: str, parts: Sequence[PartInfo], attrs: WriteAttrs
+        self,
+        key: str,
+        upload_id: str,
+        parts: Sequence[PartInfo],
+        attrs: WriteAttrs,
+        *,
+        if_match: str | None = None,
+        if_none_match: bool = False,
     ) -> ObjectInfo:
-        return await self.uploads.complete_multipart(key, upload_id, parts, attrs)
+        return await self.uploads.complete_multipart(
+            key, upload_id, parts, attrs, if_match=if_match, if_none_match=if_none_match
+        )
 
     async def abort_multipart(self, key: str, upload_id: str) -> None:
         await self.uploads.abort_multipart(key, upload_id)

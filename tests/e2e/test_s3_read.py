@@ -358,7 +358,7 @@ def test_unknown_bucket_and_key(node: GatewayNode) -> None:
 
 def test_unimplemented_operation_is_501_not_implemented(node: GatewayNode) -> None:
     with pytest.raises(ClientError) as exc:
-        node.client().get_bucket_acl(Bucket="data")
+        node.client().get_bucket_lifecycle_configuration(Bucket="data")
     assert _code(exc) == ("NotImplemented", 501)
 
 

@@ -133,11 +133,34 @@ def test_a_second_user_is_refused_every_operation_on_the_first_users_bucket(
 def test_each_user_lists_its_own_buckets_and_the_admin_all(
     node: GatewayNode, alice: Any, bob: Any
 ) -> None:
-    # Its own, and those a policy grants it something in: here the public_read mount's.
-    assert {x["Name"] for x in alice.list_buckets()["Buckets"]} == {"alice-data", "pub"}
-    assert {x["Name"] for x in bob.list_buckets()["Buckets"]} == {"bob-data", "pub"}
+    # Its own only, as AWS lists them: the public_read mount is readable, not listed.
+    assert {x["Name"] for x in alice.list_buckets()["Buckets"]} == {"alice-data"}
+    assert {x["Name"] for x in bob.list_buckets()["Buckets"]} == {"bob-data"}
     assert node.buckets() >= {"alice-data", "bob-data", "shared", "pub"}
     assert code(lambda: bob.list_objects_v2(Bucket="shared")) == "AccessDenied"  # the admin's
+
+
+def test_a_bucket_open_to_everyone_is_not_listed_to_others(
+    node: GatewayNode, alice: Any, bob: Any
+) -> None:
+    b = "bob-open"
+    bob.create_bucket(Bucket=b)
+    bob.put_object(Bucket=b, Key="k", Body=b"v")
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Effect": "Allow", "Principal": "*", "Action": "s3:GetObject",
+             "Resource": f"arn:aws:s3:::{b}/*"},
+        ],
+    }  # fmt: skip
+    bob.put_bucket_policy(Bucket=b, Policy=json.dumps(policy))
+    assert alice.get_object(Bucket=b, Key="k")["Body"].read() == b"v"  # granted: readable
+    assert b not in {x["Name"] for x in alice.list_buckets()["Buckets"]}  # but not alice's
+    assert b in {x["Name"] for x in bob.list_buckets()["Buckets"]}
+    assert b in node.buckets()  # the admin's list is every bucket
+    bob.delete_object(Bucket=b, Key="k")
+    bob.delete_bucket_policy(Bucket=b)
+    bob.delete_bucket(Bucket=b)
 
 
 def test_the_owner_and_the_admin_do_everything_in_a_bucket(node: GatewayNode, alice: Any) -> None:
@@ -190,7 +213,8 @@ def test_a_job_key_granted_by_a_bucket_policy_reads_exactly_that(
     assert code(lambda: job.get_object(Bucket=b, Key="eval/0001.bin")) == "AccessDenied"
     assert code(lambda: job.put_object(Bucket=b, Key="train/new", Body=b"n")) == "AccessDenied"
     assert code(lambda: job.delete_object(Bucket=b, Key="train/0001.bin")) == "AccessDenied"
-    assert {x["Name"] for x in job.list_buckets()["Buckets"]} == {b, "pub"}  # granted in it
+    # Granted in it by alice's bucket policy, not its own: not listed to it, as in AWS.
+    assert [x["Name"] for x in job.list_buckets()["Buckets"]] == []
     alice.delete_bucket_policy(Bucket=b)
     assert code(lambda: job.get_object(Bucket=b, Key="train/0001.bin")) == "AccessDenied"
     assert code(lambda: alice.get_bucket_policy(Bucket=b)) == "NoSuchBucketPolicy"

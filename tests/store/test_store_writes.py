@@ -322,6 +322,21 @@ async def test_delete_removes_the_key_and_a_missing_key_is_fine(origin: Origin) 
         assert not (root / "a" / "b").exists() and (root / "a").is_dir()
 
 
+async def test_siblings_deleted_at_once_all_succeed_and_leave_nothing(origin: Origin) -> None:
+    # On a file system each delete prunes the folders it empties, racing its siblings' own
+    # pruning of the same folders: neither may fail for the folder the other removed.
+    keys = ["boo/bar", "boo/baz/xyzzy", "cquux/thud", "cquux/bla", "cquux/d/e", "cquux/d/f"]
+    for _ in range(10):
+        for key in keys:
+            await put(origin, key, b"x")
+        async with anyio.create_task_group() as tg:
+            for key in keys:
+                tg.start_soon(origin.store.delete, key)
+        assert raw_keys(origin) == []
+    if isinstance(origin, FileOrigin):
+        assert [n for n in os.listdir(origin.root) if not n.startswith(".")] == []
+
+
 # -- copy ------------------------------------------------------------------------------------
 
 
@@ -409,6 +424,31 @@ async def test_multipart_joins_parts_with_the_s3_etag(origin: Origin) -> None:
     assert raw_keys(origin) == [key] and open_uploads(origin) == []
     with pytest.raises(UploadNotFound):
         await upload(origin, key, upload_id, 4, b"late")
+
+
+async def test_complete_honours_if_none_match_and_if_match(origin: Origin) -> None:
+    key = "mp/conditional"
+
+    async def complete(data: bytes, **cond: Any) -> str:
+        upload_id = await origin.store.create_multipart(key, ATTRS)
+        part = await upload(origin, key, upload_id, 1, data)
+        try:
+            return (
+                await origin.store.complete_multipart(key, upload_id, [part], ATTRS, **cond)
+            ).etag
+        finally:
+            await origin.store.abort_multipart(key, upload_id)
+
+    with pytest.raises(PreconditionFailed):
+        await complete(b"no key yet", if_match=md5_etag(b"x"))
+    first = await complete(b"first", if_none_match=True)
+    with pytest.raises(PreconditionFailed):
+        await complete(b"second", if_none_match=True)
+    with pytest.raises(PreconditionFailed):
+        await complete(b"second", if_match=md5_etag(b"x"))
+    assert await read_all(origin.store, key) == b"first"
+    await complete(b"third", if_match=first)
+    assert await read_all(origin.store, key) == b"third"
 
 
 async def test_complete_with_a_wrong_part_etag_makes_nothing(origin: Origin) -> None:

@@ -6,6 +6,8 @@ moto, rewriting some of moto's replies or answering some requests itself.
 - `fail_next(op, status, code)`: the next request of that operation is read to its end and
   answered with that S3 error (a 500 InternalError that a client retries, a 400 that it does
   not), without reaching moto.
+- `fail_next(op, status, code, forward=True)`: the request reaches moto, which does it, and
+  the answer is replaced by that error: a store that did the work and then failed to say so.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def operation(method: str, path: str, query: str, headers: dict[str, str]) -> st
         return "CompleteMultipartUpload"
     if method == "GET" and "uploads" in params:
         return "ListMultipartUploads"
+    if method == "DELETE" and "uploadId" not in params and path.count("/") >= 2:
+        return "DeleteObject"
     return f"{method} {path}"
 
 
@@ -41,11 +45,13 @@ def operation(method: str, path: str, query: str, headers: dict[str, str]) -> st
 class Failure:
     status: int
     code: str
+    forward: bool = False
 
 
 class _OddHandler(_Handler):
     server: _ProxyServer
     _rewriting = False
+    _swallowed: Failure | None = None
 
     def _op(self) -> str:
         path, _, query = self.path.partition("?")
@@ -57,8 +63,9 @@ class _OddHandler(_Handler):
         assert isinstance(owner, OddOrigin)
         op = self._op()
         failure = owner._take_failure(op)
-        if failure is None:
+        if failure is None or failure.forward:
             self._rewriting = op in owner._blanked
+            self._swallowed = failure
             super().do_any()
             return
         path, _, query = self.path.partition("?")
@@ -68,6 +75,9 @@ class _OddHandler(_Handler):
         if body is not None and not isinstance(body, bytes):
             for _ in body:  # the whole body first, so that the answer reaches the client
                 pass
+        self._send_failure(failure)
+
+    def _send_failure(self, failure: Failure) -> None:
         reply = (
             '<?xml version="1.0" encoding="UTF-8"?>\n'
             f"<Error><Code>{failure.code}</Code><Message>injected by the test</Message>"
@@ -83,6 +93,13 @@ class _OddHandler(_Handler):
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = do_any
 
     def _relay(self, response: http.client.HTTPResponse) -> None:
+        if self._swallowed is not None:
+            failure, self._swallowed = self._swallowed, None
+            response.read()
+            response.close()
+            self._drop_upstream()
+            self._send_failure(failure)
+            return
         if not self._rewriting:
             super()._relay(response)
             return
@@ -116,9 +133,11 @@ class OddOrigin(CountingProxy):
         with self._lock:
             self._blanked = set(ops)
 
-    def fail_next(self, op: str, status: int, code: str, count: int = 1) -> None:
+    def fail_next(
+        self, op: str, status: int, code: str, count: int = 1, forward: bool = False
+    ) -> None:
         with self._lock:
-            self._failures[op] = [Failure(status, code)] * count
+            self._failures[op] = [Failure(status, code, forward)] * count
 
     def _take_failure(self, op: str) -> Failure | None:
         with self._lock:

@@ -361,11 +361,20 @@ class Writes:
         return PartInfo(part_number, f'"{md5.hexdigest()}"', size)
 
     async def complete_multipart(
-        self, key: str, upload_id: str, parts: Sequence[PartInfo], attrs: WriteAttrs
+        self,
+        key: str,
+        upload_id: str,
+        parts: Sequence[PartInfo],
+        attrs: WriteAttrs,
+        *,
+        if_match: str | None = None,
+        if_none_match: bool = False,
     ) -> ObjectInfo:
         path = self.blobs.path(key)
         blocks = await self._blocks(key, path, _upload(upload_id))
         check_part_order(parts)
+        # Azure's own If-Match / If-None-Match on the commit: atomic at the store.
+        cond = await self._conditions(key, if_match, if_none_match)
         data = {(b.part, b.nonce): b for b in blocks if b.kind == DATA}
         records = {(b.part, b.md5): b.nonce for b in blocks if b.kind == RECORD}
         ids: list[str] = []
@@ -382,7 +391,7 @@ class Writes:
             ids.append(block.name)
             md5s.append(md5)
         etag = multipart_etag(md5s)
-        r = await self._commit(key, path, ids, attr_headers(attrs, etag), False)
+        r = await self._commit(key, path, ids, attr_headers(attrs, etag) | cond, bool(cond))
         return self.blobs.written(key, sum(p.size for p in parts), etag, attrs, r)
 
     async def abort_multipart(self, key: str, upload_id: str) -> None:

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from gateway.stores.base import (
     InvalidPart,
     ObjectInfo,
+    ObjectNotFound,
     PartInfo,
+    PreconditionFailed,
     UploadNotFound,
     VersionChanged,
     WriteAttrs,
@@ -81,11 +83,28 @@ class Uploads:
         return PartInfo(part_number, etag_of(made), size)
 
     async def complete_multipart(
-        self, key: str, upload_id: str, parts: Sequence[PartInfo], attrs: WriteAttrs
+        self,
+        key: str,
+        upload_id: str,
+        parts: Sequence[PartInfo],
+        attrs: WriteAttrs,
+        *,
+        if_match: str | None = None,
+        if_none_match: bool = False,
     ) -> ObjectInfo:
         dst = self.client.writable(key)
         folder = await self._open_upload(key, upload_id)
         check_part_order(parts)
+        # ifGenerationMatch on the compose that makes the object: atomic at the store.
+        cond = await self.writes.condition(key, if_match, if_none_match)
+        if if_none_match:
+            # Asked first too: fake-gcs-server ignores ifGenerationMatch=0 on a compose.
+            try:
+                await self.client.resource(key)
+            except ObjectNotFound:
+                pass
+            else:
+                raise PreconditionFailed(f"{key} exists")
         staged = {o["name"]: o for o in await self.client.objects(folder)}
         sources: list[tuple[str, str]] = []
         for part in parts:
@@ -99,8 +118,10 @@ class Uploads:
         etag = multipart_etag([p.etag for p in parts])
         resource = resource_for(dst, attrs, {ETAG_KEY: etag})
         try:
-            made = await self._compose_tree(folder, sources, resource)
+            made = await self._compose_tree(folder, sources, resource, cond)
         except VersionChanged:
+            if cond:  # the object's condition, or a part's pin: which one failed
+                await self.writes.condition(key, if_match, if_none_match)
             raise InvalidPart(f"{upload_id}: a part changed while being joined") from None
         # Only after the object is there: a failure before leaves hidden temporaries, never
         # a half object, and the upload can still be completed or aborted.
@@ -109,7 +130,11 @@ class Uploads:
         return replace(info, checksums={**attrs.checksums, **info.checksums})
 
     async def _compose_tree(
-        self, folder: str, sources: list[tuple[str, str]], resource: dict[str, Any]
+        self,
+        folder: str,
+        sources: list[tuple[str, str]],
+        resource: dict[str, Any],
+        cond: Mapping[str, str],
     ) -> dict[str, Any]:
         """Compose takes 32 sources: join them 32 at a time into hidden intermediates, level
         by level, until one call can make the object."""
@@ -122,7 +147,9 @@ class Uploads:
                 made = await self.writes.compose(group, {"name": name}, name, pinned=True)
                 joined.append((name, str(made["generation"])))
             sources, level = joined, level + 1
-        return await self.writes.compose(sources, resource, resource["name"], pinned=True)
+        return await self.writes.compose(
+            sources, resource, resource["name"], pinned=True, cond=cond
+        )
 
     async def abort_multipart(self, key: str, upload_id: str) -> None:
         try:

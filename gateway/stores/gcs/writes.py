@@ -75,13 +75,13 @@ class Writes:
         if_none_match: bool = False,
     ) -> ObjectInfo:
         name = self.client.writable(key)
-        cond = await self._condition(key, if_match, if_none_match)
+        cond = await self.condition(key, if_match, if_none_match)
         resource = await self.write(name, body, size, attrs, cond, key)
         info = object_info(key, resource)
         # The writer's checksums are complete only now when they came in a trailer.
         return replace(info, checksums={**attrs.checksums, **info.checksums})
 
-    async def _condition(
+    async def condition(
         self, key: str, if_match: str | None, if_none_match: bool
     ) -> dict[str, str]:
         """ifGenerationMatch for the write: 0 (must not exist), or the generation whose
@@ -274,6 +274,7 @@ class Writes:
         key: str,
         *,
         pinned: bool = False,
+        cond: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         """One compose call; each source pinned to its generation (fake-gcs-server ignores
         that pin, which is why callers check versions before)."""
@@ -286,7 +287,7 @@ class Writes:
             "destination": {k: v for k, v in resource.items() if k not in ("crc32c", "md5Hash")},
         }
         url = self.client.object_url(resource["name"]) + "/compose"
-        reply = await self.client.call("POST", url, json_body=body)
+        reply = await self.client.call("POST", url, cond or None, json_body=body)
         if reply.status == 200:
             return reply.body
         if reply.status in (404, 412) and pinned:

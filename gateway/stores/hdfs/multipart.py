@@ -96,11 +96,21 @@ class Uploads:
         return PartInfo(part_number, f'"{md5.hexdigest()}"', size)
 
     async def complete_multipart(
-        self, key: str, upload_id: str, parts: Sequence[PartInfo], attrs: WriteAttrs
+        self,
+        key: str,
+        upload_id: str,
+        parts: Sequence[PartInfo],
+        attrs: WriteAttrs,
+        *,
+        if_match: str | None = None,
+        if_none_match: bool = False,
     ) -> ObjectInfo:
         folder = await self._staging(key, upload_id)
         check_part_order(parts)
         dest = self.tree.target(key)
+        # As put: checked before the join and, for if_match, again before the rename, which
+        # is exclusive (the NameNode's rename without overwrite) for if_none_match.
+        await self.writes.check(key, if_match, if_none_match)
         if any(not _MD5.match(bare(p.etag).lower()) for p in parts):
             raise InvalidPart("a part's ETag is no MD5")
         etag = multipart_etag([p.etag for p in parts])
@@ -120,7 +130,9 @@ class Uploads:
                 files.append(f"{folder}/{name}")
             await self._join(key, [f for f in files if held[f.rsplit("/", 1)[1]].length], joined)
         info = await self.writes.seal(key, joined, etag, attrs, tuple(p.size for p in parts))
-        await self.writes.place(key, joined, dest, exclusive=False)
+        if if_match is not None:
+            await self.writes.check(key, if_match, False)
+        await self.writes.place(key, joined, dest, exclusive=if_none_match)
         # After the rename: a crash in between leaves only hidden staging files behind.
         await self.writes.discard(folder, recursive=True)
         return info

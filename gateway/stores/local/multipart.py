@@ -122,11 +122,21 @@ class Uploads:
     # -- complete and abort ------------------------------------------------------------------
 
     async def complete_multipart(
-        self, key: str, upload_id: str, parts: Sequence[PartInfo], attrs: WriteAttrs
+        self,
+        key: str,
+        upload_id: str,
+        parts: Sequence[PartInfo],
+        attrs: WriteAttrs,
+        *,
+        if_match: str | None = None,
+        if_none_match: bool = False,
     ) -> ObjectInfo:
         folder = await anyio.to_thread.run_sync(self._staging, key, upload_id)
         check_part_order(parts)
         dest = await anyio.to_thread.run_sync(self.tree.target, key)
+        # As put: checked before the parts are joined and again at the rename, which is
+        # exclusive (link) for if_none_match.
+        await anyio.to_thread.run_sync(self.writes.check, key, dest, if_match, if_none_match)
         temp = await anyio.to_thread.run_sync(self.writes.make_temp, key, dest)
         try:
             offset = 0
@@ -136,7 +146,7 @@ class Uploads:
                 offset += sizes[-1]
             etag = multipart_etag([p.etag for p in parts])
             info = await anyio.to_thread.run_sync(
-                self._finish, key, temp, dest, etag, attrs, tuple(sizes)
+                self._finish, key, temp, dest, etag, attrs, tuple(sizes), if_match, if_none_match
             )
         finally:
             await discard(temp)
@@ -175,10 +185,19 @@ class Uploads:
             os.close(fd)  # inline: an await here could be cancelled and leak the fd
 
     def _finish(
-        self, key: str, temp: Temp, dest: str, etag: str, attrs: WriteAttrs, sizes: tuple[int, ...]
+        self,
+        key: str,
+        temp: Temp,
+        dest: str,
+        etag: str,
+        attrs: WriteAttrs,
+        sizes: tuple[int, ...],
+        if_match: str | None,
+        if_none_match: bool,
     ) -> ObjectInfo:
         info = seal(temp, key, etag, attrs, sizes)
-        self.writes.place(key, temp, dest, exclusive=False)
+        self.writes.check(key, dest, if_match, False)
+        self.writes.place(key, temp, dest, exclusive=if_none_match)
         return info
 
     async def abort_multipart(self, key: str, upload_id: str) -> None:

@@ -256,7 +256,21 @@ class Writes:
             return
         except OSError as exc:
             raise self.tree.os_error(exc, key) from None
-        fsync_dir(self._prune(folder))
+        # The object is gone from here on: only its durability is left to make sure of.
+        folder = self._prune(folder)
+        root = self.tree.real_root()
+        while True:
+            try:
+                fsync_dir(folder)
+                return
+            except FileNotFoundError:
+                # A sibling's delete pruned it meanwhile (and made that removal durable in
+                # the folder above, which it fsyncs): the unlink went with it.
+                if folder == root or not self.tree.inside(os.path.dirname(folder)):
+                    return
+                folder = os.path.dirname(folder)
+            except OSError as exc:
+                raise self.tree.os_error(exc, key) from None
 
     def _prune(self, folder: str) -> str:
         """Remove the folders a delete left empty (S3 has none); the first one left standing."""
@@ -264,6 +278,8 @@ class Writes:
         while folder != root and self.tree.inside(folder):
             try:
                 os.rmdir(folder)
+            except FileNotFoundError:
+                pass  # a sibling's delete removed it first: its parent may be empty now too
             except OSError:
                 # Not empty, or a put is about to fill it; holding only the object of its own
                 # key, it becomes that plain file again.

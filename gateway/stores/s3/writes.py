@@ -324,10 +324,26 @@ class Writes:
             pass  # no better answer than the first one
 
     async def complete_multipart(
-        self, key: str, upload_id: str, parts: Sequence[PartInfo], attrs: WriteAttrs
+        self,
+        key: str,
+        upload_id: str,
+        parts: Sequence[PartInfo],
+        attrs: WriteAttrs,
+        *,
+        if_match: str | None = None,
+        if_none_match: bool = False,
     ) -> ObjectInfo:
         try:
-            return await self._complete(key, upload_id, parts, attrs, {})
+            # S3's own conditional complete, atomic at the store; checked first too, for
+            # S3 servers that ignore the headers on a complete (moto).
+            cond: dict[str, Any] = {}
+            if if_match is not None:
+                cond["IfMatch"] = if_match
+            if if_none_match:
+                cond["IfNoneMatch"] = "*"
+            if cond:
+                await self._precheck(key, cond)
+            return await self._complete(key, upload_id, parts, attrs, cond)
         except StoreUnavailable:
             await self._known_upload(key, upload_id)
             raise
