@@ -13,10 +13,13 @@ import asyncio
 import dataclasses
 import functools
 import json
+import logging
 import os
 import re
 import socket
 import sys
+import threading
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -189,9 +192,15 @@ def serve(**kwargs: Any) -> None:
     from gateway.service import learnt
 
     learnt.reset(settings.effective_cache_dir)  # versions learnt by a run before this one
-    banner = _run(_with_meta(settings, lambda meta: _bootstrap(meta, settings)))
+    banner, mounts = _run(_with_meta(settings, lambda meta: _bootstrap(meta, settings)))
     click.echo(banner)
     sys.stdout.flush()
+    # uvicorn says "running" when it binds, seconds before the workers answer: the node says
+    # "serving" itself once it does (_announce).
+    logging.getLogger("uvicorn.error").addFilter(_NotRunningYet())
+    threading.Thread(
+        target=_announce, args=(settings, mounts), name="announce", daemon=True
+    ).start()
     if settings.workers > 1:
         # Each worker process builds its own Node from the settings resolved here, and
         # shares its metrics with the others (gateway/admin/metrics.py).
@@ -236,6 +245,42 @@ def serve(**kwargs: Any) -> None:
             sys.exit(3)
 
 
+class _NotRunningYet(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Uvicorn running on")
+
+
+def _announce(settings: Settings, mounts: list[str], poll: float = 0.1) -> None:
+    """Print one line once the node answers /healthz on its S3 port: where it serves, from
+    which data dir, with which mounts and workers. Runs beside the server, on a thread."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(settings.host, settings.host)
+    scheme = "https" if settings.tls_cert else "http"
+    url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{settings.port}/healthz"
+    context = ssl.create_default_context()
+    context.check_hostname = False  # our own socket, asked on loopback
+    context.verify_mode = ssl.CERT_NONE
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=context) as answer:
+                if answer.status == 200:
+                    break
+        except (OSError, urllib.error.URLError):
+            pass
+        time.sleep(poll)
+    where = f"{scheme}://{settings.host}:{settings.port}"
+    workers = f"{settings.workers} worker{'s' if settings.workers != 1 else ''}"
+    click.echo(
+        f"gateway: serving {where}, data dir {settings.data_dir.resolve()},"
+        f" mounts: {', '.join(mounts) or 'none'}, {workers}"
+        + (f", fleet port {settings.effective_internal_port}" if settings.fleet_secret else "")
+    )
+    sys.stdout.flush()
+
+
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -269,8 +314,9 @@ DEMO_FILES = {
 }
 
 
-async def _bootstrap(meta: MetaStore, s: Settings) -> str:
-    """Keys and the demo mount a fresh node needs; returns what to print for the user."""
+async def _bootstrap(meta: MetaStore, s: Settings) -> tuple[str, list[str]]:
+    """Keys and the demo mount a fresh node needs; returns what to print for the user, and
+    the buckets mounted."""
     scheme = "https" if s.tls_cert else "http"
     lines = [f"gateway: S3 endpoint {scheme}://{s.host}:{s.port} (region {s.region})"]
     created = None
@@ -310,7 +356,7 @@ async def _bootstrap(meta: MetaStore, s: Settings) -> str:
         lines.append(
             "  (its secret was printed when it was created; `gateway keys create` adds one)"
         )
-    return "\n".join(lines)
+    return "\n".join(lines), [m.bucket for m in await meta.list_mounts()]
 
 
 def _redact(url: str) -> str:
