@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import click
 
-from gateway.config import Settings, build_settings, cpu_cores
+from gateway.config import Settings, build_settings, cpu_cores, load_toml
 from gateway.meta import (
     ADMIN_USER,
     USER_NAME,
@@ -45,7 +45,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 
 _DB_OPTIONS: list[tuple[str, str]] = [
-    ("data_dir", "Folder for the SQLite database, the cache and the generated encryption key."),
+    (
+        "data_dir",
+        "The node's folder (SQLite database, cache, secret.key); default: the config file's"
+        " data_dir, else ./data (commands but serve and migrate: if it holds a node).",
+    ),
     ("database_url", "sqlite+aiosqlite:///... or postgresql://...; default: SQLite in data-dir."),
     ("encryption_key", "Fernet key(s) for secrets at rest, comma-separated (first encrypts)."),
     ("encryption_key_file", "File holding the Fernet key; default <data-dir>/secret.key."),
@@ -128,9 +132,64 @@ def _options(names: list[tuple[str, str]], flags: list[tuple[str, str]] = ()) ->
 def _settings(kwargs: dict[str, Any]) -> Settings:
     config = kwargs.pop("config", None)
     try:
-        return build_settings(kwargs, config)
+        settings = build_settings(kwargs, config)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and "data_dir" in ctx.params:
+        _find_node(ctx, settings, config)
+    return settings
+
+
+# Commands that may make a node's database where there is none: serve and migrate anywhere,
+# these only in a data dir named by --data-dir, GATEWAY_DATA_DIR or the config file.
+_MAY_CREATE = {"mount add", "keys create", "users create", "policies create"}
+
+_DATA_DIR_HELP = """The node's data dir (its SQLite database, cache and secret.key) is the first of:
+--data-dir, GATEWAY_DATA_DIR, data_dir in the TOML file of --config or GATEWAY_CONFIG, and
+./data if it holds a node. A command that reads refuses, naming where it looked, rather than
+make an empty node; with --database-url postgresql://... the data dir holds only the key."""
+
+
+def _find_node(ctx: click.Context, settings: Settings, config: Path | None) -> None:
+    """Refuse to work on a node that is not there: a command run from another folder would
+    otherwise make a fresh database (and secret key) in ./data and report on that."""
+    from gateway.meta.engine import sqlite_path
+
+    command = ctx.command_path.partition(" ")[2]
+    if command in ("serve", "migrate"):
+        return
+    database = sqlite_path(settings.effective_database_url)
+    if database is None or database.exists():
+        return  # PostgreSQL (or SQLite in memory), or a node's SQLite file: found
+    source = ctx.get_parameter_source("data_dir")
+    named = source in (click.core.ParameterSource.COMMANDLINE,
+                       click.core.ParameterSource.ENVIRONMENT)  # fmt: skip
+    from_file = config is not None and "data_dir" in load_toml(config)
+    if (named or from_file) and command in _MAY_CREATE:
+        return
+    given = os.environ.get("GATEWAY_DATA_DIR")
+    if config is None:
+        in_file = "none (--config or GATEWAY_CONFIG)"
+    else:
+        in_file = f"{config}, " + (f"data_dir {settings.data_dir}" if from_file else "no data_dir")
+    looked = [
+        "--data-dir: "
+        + (
+            str(settings.data_dir)
+            if source is click.core.ParameterSource.COMMANDLINE
+            else "not given"
+        ),
+        "GATEWAY_DATA_DIR: " + (given if given is not None else "not set"),
+        "config file: " + in_file,
+    ]
+    where = str(database.parent.absolute()) + ("" if named or from_file else " (the default)")
+    raise click.ClickException(
+        f"no gateway node: {where} holds no {database.name}.\n  looked at "
+        + "; ".join(looked)
+        + "\n  Name the node's data dir with --data-dir or GATEWAY_DATA_DIR (`scripts/serve` uses"
+        " data/ in its checkout), or its database with --database-url."
+    )
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
@@ -160,7 +219,7 @@ def _tell_node(settings: Settings) -> None:
         node.close()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=_DATA_DIR_HELP)
 def main() -> None:
     """An S3-compatible caching gateway over object stores, HDFS and local files."""
 
@@ -233,16 +292,46 @@ def serve(**kwargs: Any) -> None:
     if settings.fleet_secret:
         # The fleet's internal API listens on a port of its own (gateway/cluster/peer_api.py).
         sockets.append(_bind(settings.host, settings.effective_internal_port))
-    if settings.workers > 1:
-        from uvicorn.supervisors import Multiprocess
+    try:
+        if settings.workers > 1:
+            from uvicorn.supervisors import Multiprocess
 
-        Multiprocess(config, sockets=sockets).run()
-    else:
-        config.load_app()
-        server = uvicorn.Server(config)
-        server.run(sockets=sockets)
-        if not server.started:
-            sys.exit(3)
+            Multiprocess(config, sockets=sockets).run()
+        else:
+            config.load_app()
+            server = uvicorn.Server(config)
+            server.run(sockets=sockets)
+            if not server.started:
+                sys.exit(3)
+    finally:
+        _serving_file(settings).unlink(missing_ok=True)
+
+
+def _serving_file(settings: Settings) -> Path:
+    return settings.data_dir / "serving.json"
+
+
+def _lone_node(settings: Settings) -> dict[str, Any] | None:
+    """The node serving over this data dir, as `gateway serve` recorded it, if its process
+    still runs and it answers: a row like a fleet member's, as the console shows it."""
+    import urllib.request
+
+    try:
+        record = json.loads(_serving_file(settings).read_text())
+        os.kill(record["pid"], 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    try:
+        with urllib.request.urlopen(record["health"], timeout=3) as answer:
+            live = answer.status == 200
+    except OSError:
+        live = False
+    return {
+        "id": "this node", "address": record["address"], "zone": None, "weight": 1.0,
+        "state": "alone" if live else "not answering", "live": live,
+        "heartbeat_age": None, "started_at": record["started_at"], "pid": record["pid"],
+        "workers": record["workers"], "cache_bytes": None, "hit_ratio": None,
+    }  # fmt: skip
 
 
 class _NotRunningYet(logging.Filter):
@@ -273,6 +362,12 @@ def _announce(settings: Settings, mounts: list[str], poll: float = 0.1) -> None:
         time.sleep(poll)
     where = f"{scheme}://{settings.host}:{settings.port}"
     workers = f"{settings.workers} worker{'s' if settings.workers != 1 else ''}"
+    # What `gateway status` reports of a node in no fleet (no heartbeats in the database).
+    record = {"pid": os.getpid(), "address": where, "health": url, "workers": settings.workers,
+              "started_at": time.time()}  # fmt: skip
+    path = _serving_file(settings)
+    path.with_suffix(".tmp").write_text(json.dumps(record))
+    path.with_suffix(".tmp").replace(path)
     click.echo(
         f"gateway: serving {where}, data dir {settings.data_dir.resolve()},"
         f" mounts: {', '.join(mounts) or 'none'}, {workers}"
@@ -472,7 +567,10 @@ def keys() -> None:
 @click.option("--access-key", default=None, help="Access key id (default: generated).")
 @click.option("--secret-key", default=None, help="Secret (default: generated).")
 @click.option("--description", default="", help="A note kept with the key.")
-@click.option("--admin", is_flag=True, help="May also use the operator API (/_gateway/jobs).")
+@click.option(
+    "--admin", is_flag=True,
+    help="May also use the operator API (/_gateway/jobs) and sign in to the console.",
+)  # fmt: skip
 @click.option("--user", default=None, help="The user it belongs to (default: admin).")
 @_options(_DB_OPTIONS)
 def keys_create(
@@ -499,7 +597,18 @@ def keys_create(
     except NoSuchUser:
         raise click.ClickException(f"no user {user!r}: `gateway users create` it") from None
     click.echo(f"access key: {key.access_key}\nsecret key: {key.secret_key}")
-    click.echo(f"user: {user or ADMIN_USER}")
+    owner = user or ADMIN_USER
+    if admin:
+        may = (
+            f"S3 as user {owner} (its policies), and the operator API and the console"
+            " (an admin key)"
+        )
+    else:
+        may = (
+            f"S3 as user {owner} (its policies); not the operator API or the console:"
+            " `keys create --admin` makes a key that may"
+        )
+    click.echo(f"user: {owner}\nmay: {may}")
 
 
 @keys.command("list")
@@ -905,10 +1014,15 @@ def status(as_json: bool, **kwargs: Any) -> None:
         rows = _run(_with_meta(settings, read))
     except MetaUnavailable as exc:
         raise click.ClickException(str(exc)) from None
+    if not rows and (alone := _lone_node(settings)) is not None:
+        rows = [alone]  # a node in no fleet (no --fleet-secret) writes no heartbeats
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     elif not rows:
-        click.echo("no node has joined the fleet yet (nodes join when `gateway serve` starts)")
+        click.echo(
+            f"no node serves over {settings.data_dir.absolute()}, and none has joined a fleet"
+            " on its database (nodes join when `gateway serve --fleet-secret ...` starts)"
+        )
     else:
         click.echo(_status_table(rows))
 
@@ -924,8 +1038,8 @@ def _status_table(rows: list[dict[str, Any]]) -> str:
                 row["zone"] or "-",
                 f"{row['weight']:g}",
                 row["state"],
-                f"{row['heartbeat_age']:.1f}s ago",
-                _size(row["cache_bytes"]),
+                "-" if row["heartbeat_age"] is None else f"{row['heartbeat_age']:.1f}s ago",
+                "-" if row["cache_bytes"] is None else _size(row["cache_bytes"]),
                 "-" if ratio is None else f"{ratio:.1%}",
             )
         )
