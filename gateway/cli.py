@@ -66,6 +66,7 @@ _SERVE_OPTIONS: list[tuple[str, str]] = [
     ("fill_concurrency", "Read-ahead fills in flight per worker process."),
     ("verify_sample", "Share of cache reads that re-check a block's checksum (0..1)."),
     ("workers", "Worker processes; they share the node's cache. Default: one per core."),
+    ("database_connections", "PostgreSQL connections the workers pool together (2+ each)."),
     ("fleet_secret", "Shared secret of the fleet; set, the node joins it (docs/fleet.md)."),
     ("node_id", "This node's id in the fleet; default: kept in <data-dir>/node-id."),
     ("internal_port", "Port of the fleet's internal API; default: port + 1."),
