@@ -498,6 +498,41 @@ def _validate_mount(uri: str, options: dict[str, str], settings: Settings) -> No
         raise click.BadParameter(f"{uri}: {exc}", param_hint="URI") from None
 
 
+# Seconds `mount add` waits for the store to answer its check (a store retries a refused
+# connection or a server error a few times within this).
+MOUNT_CHECK_TIMEOUT = 30.0
+
+
+def _check_mount(bucket: str, uri: str, options: dict[str, str]) -> None:
+    """List one key of the new mount, as a node will: the store is reachable, takes the
+    credentials, and its bucket, container or folder exists. What is wrong is said with its
+    class (not found, connection refused, credentials refused) and the store's own words."""
+    from gateway.service.namespace import store_options
+    from gateway.service.store_errors import cause
+    from gateway.stores import StoreError, open_store
+
+    async def look() -> None:
+        store = open_store(uri, store_options(options))
+        try:
+            async with asyncio.timeout(MOUNT_CHECK_TIMEOUT):
+                await store.list_page(max_keys=1)
+        finally:
+            await store.close()
+
+    try:
+        _run(look())
+    except StoreError as exc:
+        raise click.ClickException(
+            f"not mounted: {bucket} -> {uri}: {cause(exc)}: {exc}\n"
+            "  (--no-check mounts it unchecked, e.g. a store that is not up yet)"
+        ) from None
+    except TimeoutError:
+        raise click.ClickException(
+            f"not mounted: {bucket} -> {uri}: no answer within {MOUNT_CHECK_TIMEOUT:g} s"
+            "\n  (--no-check mounts it unchecked, e.g. a store that is not up yet)"
+        ) from None
+
+
 _MOUNT_OPTIONS = [
     *_DB_OPTIONS,
     ("cache_dir", "The node's cache folder, kept out of mounts; default <data-dir>/cache."),
@@ -513,10 +548,15 @@ def mount() -> None:
 @click.argument("bucket")
 @click.argument("uri")
 @click.option("--option", "-o", "pairs", multiple=True, metavar="KEY=VALUE", help="Mount option.")
+@click.option("--check/--no-check", default=True, show_default=True,
+              help="List one key first: the store answers, takes the credentials, and its"
+              " bucket or folder exists.")  # fmt: skip
 @_options(_MOUNT_OPTIONS)
-def mount_add(bucket: str, uri: str, pairs: tuple[str, ...], **kwargs: Any) -> None:
+def mount_add(bucket: str, uri: str, pairs: tuple[str, ...], check: bool, **kwargs: Any) -> None:
     """Mount URI (file:///abs/path, s3://bucket[/prefix]) as BUCKET.
 
+    The store is checked first (--no-check: not): a folder or bucket that is not there, a
+    refused connection or refused credentials are said now, not at the first request.
     A file:// folder that holds the gateway's data dir or cache dir, or lies inside one, is
     refused: clients would read (and write) the gateway's database and secret key.
     """
@@ -524,6 +564,8 @@ def mount_add(bucket: str, uri: str, pairs: tuple[str, ...], **kwargs: Any) -> N
     options = _parse_options(pairs)
     settings = _settings(kwargs)
     _validate_mount(uri, options, settings)
+    if check:
+        _check_mount(bucket, uri, options)
     try:
         m = _run(_with_meta(settings, lambda meta: meta.add_mount(bucket, uri, options)))
     except MountExists:
