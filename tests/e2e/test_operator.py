@@ -191,3 +191,27 @@ def test_readyz_fails_while_the_database_or_cache_folder_is_unusable(
     finally:
         (node.data_dir / "cache-away").rename(cache)
     assert _readyz(node)[0] == 200
+
+
+def test_mount_add_checks_the_store_first(served: Served, tmp_path: Path) -> None:
+    data = ("--data-dir", str(served.data_dir))
+    missing = tmp_path / "no-such-folder"
+    out = gateway("mount", "add", "scratch", missing.as_uri(), *data, cwd=tmp_path)
+    assert out.returncode == 1 and "not mounted" in out.stderr and ": not found:" in out.stderr
+    assert "--no-check" in out.stderr
+    port = free_port()  # nothing listens there
+    out = gateway(
+        "mount", "add", "remote", "s3://datasets", "-o", f"endpoint_url=http://127.0.0.1:{port}",
+        "-o", "access_key=a", "-o", "secret_key=s", "-o", "max_attempts=1", *data, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 1 and ": connection refused:" in out.stderr, out
+    assert "secret_key" not in out.stderr and "=s" not in out.stderr
+    listed = gateway("mount", "list", *data, cwd=tmp_path).stdout
+    assert "scratch" not in listed and "remote" not in listed
+    # Unchecked, it is mounted as asked; a folder made later is served.
+    out = gateway("mount", "add", "scratch", missing.as_uri(), "--no-check", *data, cwd=tmp_path)
+    assert out.returncode == 0, out
+    missing.mkdir()
+    (missing / "k.txt").write_text("later")
+    out = gateway("mount", "add", "checked", missing.as_uri(), *data, cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout.startswith("mounted checked ->"), out
