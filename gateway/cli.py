@@ -10,6 +10,7 @@ flags win over the environment, which wins over the file (see docs/configuration
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import json
@@ -367,8 +368,10 @@ def _announce(settings: Settings, mounts: list[str], poll: float = 0.1) -> None:
     record = {"pid": os.getpid(), "address": where, "health": url, "workers": settings.workers,
               "started_at": time.time()}  # fmt: skip
     path = _serving_file(settings)
-    path.with_suffix(".tmp").write_text(json.dumps(record))
-    path.with_suffix(".tmp").replace(path)
+    with contextlib.suppress(OSError):  # a read-only data dir: status will not show it
+        path.with_suffix(".tmp").write_text(json.dumps(record))
+        path.with_suffix(".tmp").replace(path)
+    # Said once the record is there: whoever reads this line can ask `gateway status`.
     click.echo(
         f"gateway: serving {where}, data dir {settings.data_dir.resolve()},"
         f" mounts: {', '.join(mounts) or 'none'}, {workers}"
