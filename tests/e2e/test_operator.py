@@ -215,3 +215,29 @@ def test_mount_add_checks_the_store_first(served: Served, tmp_path: Path) -> Non
     (missing / "k.txt").write_text("later")
     out = gateway("mount", "add", "checked", missing.as_uri(), *data, cwd=tmp_path)
     assert out.returncode == 0 and out.stdout.startswith("mounted checked ->"), out
+
+
+def test_mount_add_says_credentials_were_refused(served: Served, tmp_path: Path) -> None:
+    import base64
+
+    from tests.support.azurite import AzuriteServer, sdk_client
+
+    azurite = AzuriteServer(tmp_path / "azurite")
+    try:
+        sdk_client(azurite).create_container("datasets")
+        wrong = base64.b64encode(b"not the account's key, 32 bytes!").decode()
+        uri = f"az://{azurite.account}/datasets"
+        out = gateway(
+            "mount", "add", "azure", uri, "-o", f"endpoint={azurite.url}",
+            "-o", f"account_key={wrong}", "--data-dir", str(served.data_dir), cwd=tmp_path,
+        )  # fmt: skip
+        assert out.returncode == 1 and ": credentials refused (auth):" in out.stderr, out
+        assert wrong not in out.stderr
+        out = gateway(
+            "mount", "add", "azure", f"az://{azurite.account}/no-such-container",
+            "-o", f"endpoint={azurite.url}", "-o", f"account_key={azurite.key}",
+            "--data-dir", str(served.data_dir), cwd=tmp_path,
+        )  # fmt: skip
+        assert out.returncode == 1 and ": not found:" in out.stderr, out
+    finally:
+        azurite.stop()
