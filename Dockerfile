@@ -26,8 +26,9 @@ WORKDIR /data
 VOLUME ["/data"]
 # 9000: the S3 API; 9001: the fleet's internal API (port + 1 unless GATEWAY_INTERNAL_PORT).
 EXPOSE 9000 9001
-# slim has no curl: the standard library asks /healthz, which answers 200 once the node serves.
+# slim has no curl: the standard library asks /readyz, which answers 200 while the node serves
+# and its database, cache folder and encryption key are usable (/healthz: it serves at all).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('GATEWAY_PORT', '9000') + '/healthz', timeout=4)"]
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('GATEWAY_PORT', '9000') + '/readyz', timeout=4)"]
 ENTRYPOINT ["gateway"]
 CMD ["serve", "--host", "0.0.0.0"]

@@ -10,20 +10,24 @@ flags win over the environment, which wins over the file (see docs/configuration
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import json
+import logging
 import os
 import re
 import socket
 import sys
+import threading
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from gateway.config import Settings, build_settings, cpu_cores
+from gateway.config import Settings, build_settings, cpu_cores, load_toml
 from gateway.meta import (
     ADMIN_USER,
     USER_NAME,
@@ -42,7 +46,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 
 _DB_OPTIONS: list[tuple[str, str]] = [
-    ("data_dir", "Folder for the SQLite database, the cache and the generated encryption key."),
+    (
+        "data_dir",
+        "The node's folder (SQLite database, cache, secret.key); default: the config file's"
+        " data_dir, else ./data (commands but serve and migrate: if it holds a node).",
+    ),
     ("database_url", "sqlite+aiosqlite:///... or postgresql://...; default: SQLite in data-dir."),
     ("encryption_key", "Fernet key(s) for secrets at rest, comma-separated (first encrypts)."),
     ("encryption_key_file", "File holding the Fernet key; default <data-dir>/secret.key."),
@@ -59,6 +67,7 @@ _SERVE_OPTIONS: list[tuple[str, str]] = [
     ("fill_concurrency", "Read-ahead fills in flight per worker process."),
     ("verify_sample", "Share of cache reads that re-check a block's checksum (0..1)."),
     ("workers", "Worker processes; they share the node's cache. Default: one per core."),
+    ("database_connections", "PostgreSQL connections the workers pool together (2+ each)."),
     ("fleet_secret", "Shared secret of the fleet; set, the node joins it (docs/fleet.md)."),
     ("node_id", "This node's id in the fleet; default: kept in <data-dir>/node-id."),
     ("internal_port", "Port of the fleet's internal API; default: port + 1."),
@@ -125,9 +134,64 @@ def _options(names: list[tuple[str, str]], flags: list[tuple[str, str]] = ()) ->
 def _settings(kwargs: dict[str, Any]) -> Settings:
     config = kwargs.pop("config", None)
     try:
-        return build_settings(kwargs, config)
+        settings = build_settings(kwargs, config)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and "data_dir" in ctx.params:
+        _find_node(ctx, settings, config)
+    return settings
+
+
+# Commands that may make a node's database where there is none: serve and migrate anywhere,
+# these only in a data dir named by --data-dir, GATEWAY_DATA_DIR or the config file.
+_MAY_CREATE = {"mount add", "keys create", "users create", "policies create"}
+
+_DATA_DIR_HELP = """The node's data dir (its SQLite database, cache and secret.key) is the first of:
+--data-dir, GATEWAY_DATA_DIR, data_dir in the TOML file of --config or GATEWAY_CONFIG, and
+./data if it holds a node. A command that reads refuses, naming where it looked, rather than
+make an empty node; with --database-url postgresql://... the data dir holds only the key."""
+
+
+def _find_node(ctx: click.Context, settings: Settings, config: Path | None) -> None:
+    """Refuse to work on a node that is not there: a command run from another folder would
+    otherwise make a fresh database (and secret key) in ./data and report on that."""
+    from gateway.meta.engine import sqlite_path
+
+    command = ctx.command_path.partition(" ")[2]
+    if command in ("serve", "migrate"):
+        return
+    database = sqlite_path(settings.effective_database_url)
+    if database is None or database.exists():
+        return  # PostgreSQL (or SQLite in memory), or a node's SQLite file: found
+    source = ctx.get_parameter_source("data_dir")
+    named = source in (click.core.ParameterSource.COMMANDLINE,
+                       click.core.ParameterSource.ENVIRONMENT)  # fmt: skip
+    from_file = config is not None and "data_dir" in load_toml(config)
+    if (named or from_file) and command in _MAY_CREATE:
+        return
+    given = os.environ.get("GATEWAY_DATA_DIR")
+    if config is None:
+        in_file = "none (--config or GATEWAY_CONFIG)"
+    else:
+        in_file = f"{config}, " + (f"data_dir {settings.data_dir}" if from_file else "no data_dir")
+    looked = [
+        "--data-dir: "
+        + (
+            str(settings.data_dir)
+            if source is click.core.ParameterSource.COMMANDLINE
+            else "not given"
+        ),
+        "GATEWAY_DATA_DIR: " + (given if given is not None else "not set"),
+        "config file: " + in_file,
+    ]
+    where = str(database.parent.absolute()) + ("" if named or from_file else " (the default)")
+    raise click.ClickException(
+        f"no gateway node: {where} holds no {database.name}.\n  looked at "
+        + "; ".join(looked)
+        + "\n  Name the node's data dir with --data-dir or GATEWAY_DATA_DIR (`scripts/serve` uses"
+        " data/ in its checkout), or its database with --database-url."
+    )
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
@@ -157,7 +221,7 @@ def _tell_node(settings: Settings) -> None:
         node.close()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=_DATA_DIR_HELP)
 def main() -> None:
     """An S3-compatible caching gateway over object stores, HDFS and local files."""
 
@@ -189,9 +253,15 @@ def serve(**kwargs: Any) -> None:
     from gateway.service import learnt
 
     learnt.reset(settings.effective_cache_dir)  # versions learnt by a run before this one
-    banner = _run(_with_meta(settings, lambda meta: _bootstrap(meta, settings)))
+    banner, mounts = _run(_with_meta(settings, lambda meta: _bootstrap(meta, settings)))
     click.echo(banner)
     sys.stdout.flush()
+    # uvicorn says "running" when it binds, seconds before the workers answer: the node says
+    # "serving" itself once it does (_announce).
+    logging.getLogger("uvicorn.error").addFilter(_NotRunningYet())
+    threading.Thread(
+        target=_announce, args=(settings, mounts), name="announce", daemon=True
+    ).start()
     if settings.workers > 1:
         # Each worker process builds its own Node from the settings resolved here, and
         # shares its metrics with the others (gateway/admin/metrics.py).
@@ -224,16 +294,90 @@ def serve(**kwargs: Any) -> None:
     if settings.fleet_secret:
         # The fleet's internal API listens on a port of its own (gateway/cluster/peer_api.py).
         sockets.append(_bind(settings.host, settings.effective_internal_port))
-    if settings.workers > 1:
-        from uvicorn.supervisors import Multiprocess
+    try:
+        if settings.workers > 1:
+            from uvicorn.supervisors import Multiprocess
 
-        Multiprocess(config, sockets=sockets).run()
-    else:
-        config.load_app()
-        server = uvicorn.Server(config)
-        server.run(sockets=sockets)
-        if not server.started:
-            sys.exit(3)
+            Multiprocess(config, sockets=sockets).run()
+        else:
+            config.load_app()
+            server = uvicorn.Server(config)
+            server.run(sockets=sockets)
+            if not server.started:
+                sys.exit(3)
+    finally:
+        _serving_file(settings).unlink(missing_ok=True)
+
+
+def _serving_file(settings: Settings) -> Path:
+    return settings.data_dir / "serving.json"
+
+
+def _lone_node(settings: Settings) -> dict[str, Any] | None:
+    """The node serving over this data dir, as `gateway serve` recorded it, if its process
+    still runs and it answers: a row like a fleet member's, as the console shows it."""
+    import urllib.request
+
+    try:
+        record = json.loads(_serving_file(settings).read_text())
+        os.kill(record["pid"], 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    try:
+        with urllib.request.urlopen(record["health"], timeout=3) as answer:
+            live = answer.status == 200
+    except OSError:
+        live = False
+    return {
+        "id": "this node", "address": record["address"], "zone": None, "weight": 1.0,
+        "state": "alone" if live else "not answering", "live": live,
+        "heartbeat_age": None, "started_at": record["started_at"], "pid": record["pid"],
+        "workers": record["workers"], "cache_bytes": None, "hit_ratio": None,
+    }  # fmt: skip
+
+
+class _NotRunningYet(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Uvicorn running on")
+
+
+def _announce(settings: Settings, mounts: list[str], poll: float = 0.1) -> None:
+    """Print one line once the node answers /healthz on its S3 port: where it serves, from
+    which data dir, with which mounts and workers. Runs beside the server, on a thread."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(settings.host, settings.host)
+    scheme = "https" if settings.tls_cert else "http"
+    url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{settings.port}/healthz"
+    context = ssl.create_default_context()
+    context.check_hostname = False  # our own socket, asked on loopback
+    context.verify_mode = ssl.CERT_NONE
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=context) as answer:
+                if answer.status == 200:
+                    break
+        except (OSError, urllib.error.URLError):
+            pass
+        time.sleep(poll)
+    where = f"{scheme}://{settings.host}:{settings.port}"
+    workers = f"{settings.workers} worker{'s' if settings.workers != 1 else ''}"
+    # What `gateway status` reports of a node in no fleet (no heartbeats in the database).
+    record = {"pid": os.getpid(), "address": where, "health": url, "workers": settings.workers,
+              "started_at": time.time()}  # fmt: skip
+    path = _serving_file(settings)
+    with contextlib.suppress(OSError):  # a read-only data dir: status will not show it
+        path.with_suffix(".tmp").write_text(json.dumps(record))
+        path.with_suffix(".tmp").replace(path)
+    # Said once the record is there: whoever reads this line can ask `gateway status`.
+    click.echo(
+        f"gateway: serving {where}, data dir {settings.data_dir.resolve()},"
+        f" mounts: {', '.join(mounts) or 'none'}, {workers}"
+        + (f", fleet port {settings.effective_internal_port}" if settings.fleet_secret else "")
+    )
+    sys.stdout.flush()
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -269,8 +413,9 @@ DEMO_FILES = {
 }
 
 
-async def _bootstrap(meta: MetaStore, s: Settings) -> str:
-    """Keys and the demo mount a fresh node needs; returns what to print for the user."""
+async def _bootstrap(meta: MetaStore, s: Settings) -> tuple[str, list[str]]:
+    """Keys and the demo mount a fresh node needs; returns what to print for the user, and
+    the buckets mounted."""
     scheme = "https" if s.tls_cert else "http"
     lines = [f"gateway: S3 endpoint {scheme}://{s.host}:{s.port} (region {s.region})"]
     created = None
@@ -310,7 +455,7 @@ async def _bootstrap(meta: MetaStore, s: Settings) -> str:
         lines.append(
             "  (its secret was printed when it was created; `gateway keys create` adds one)"
         )
-    return "\n".join(lines)
+    return "\n".join(lines), [m.bucket for m in await meta.list_mounts()]
 
 
 def _redact(url: str) -> str:
@@ -356,6 +501,41 @@ def _validate_mount(uri: str, options: dict[str, str], settings: Settings) -> No
         raise click.BadParameter(f"{uri}: {exc}", param_hint="URI") from None
 
 
+# Seconds `mount add` waits for the store to answer its check (a store retries a refused
+# connection or a server error a few times within this).
+MOUNT_CHECK_TIMEOUT = 30.0
+
+
+def _check_mount(bucket: str, uri: str, options: dict[str, str]) -> None:
+    """List one key of the new mount, as a node will: the store is reachable, takes the
+    credentials, and its bucket, container or folder exists. What is wrong is said with its
+    class (not found, connection refused, credentials refused) and the store's own words."""
+    from gateway.service.namespace import store_options
+    from gateway.service.store_errors import cause
+    from gateway.stores import StoreError, open_store
+
+    async def look() -> None:
+        store = open_store(uri, store_options(options))
+        try:
+            async with asyncio.timeout(MOUNT_CHECK_TIMEOUT):
+                await store.list_page(max_keys=1)
+        finally:
+            await store.close()
+
+    try:
+        _run(look())
+    except StoreError as exc:
+        raise click.ClickException(
+            f"not mounted: {bucket} -> {uri}: {cause(exc)}: {exc}\n"
+            "  (--no-check mounts it unchecked, e.g. a store that is not up yet)"
+        ) from None
+    except TimeoutError:
+        raise click.ClickException(
+            f"not mounted: {bucket} -> {uri}: no answer within {MOUNT_CHECK_TIMEOUT:g} s"
+            "\n  (--no-check mounts it unchecked, e.g. a store that is not up yet)"
+        ) from None
+
+
 _MOUNT_OPTIONS = [
     *_DB_OPTIONS,
     ("cache_dir", "The node's cache folder, kept out of mounts; default <data-dir>/cache."),
@@ -371,10 +551,15 @@ def mount() -> None:
 @click.argument("bucket")
 @click.argument("uri")
 @click.option("--option", "-o", "pairs", multiple=True, metavar="KEY=VALUE", help="Mount option.")
+@click.option("--check/--no-check", default=True, show_default=True,
+              help="List one key first: the store answers, takes the credentials, and its"
+              " bucket or folder exists.")  # fmt: skip
 @_options(_MOUNT_OPTIONS)
-def mount_add(bucket: str, uri: str, pairs: tuple[str, ...], **kwargs: Any) -> None:
+def mount_add(bucket: str, uri: str, pairs: tuple[str, ...], check: bool, **kwargs: Any) -> None:
     """Mount URI (file:///abs/path, s3://bucket[/prefix]) as BUCKET.
 
+    The store is checked first (--no-check: not): a folder or bucket that is not there, a
+    refused connection or refused credentials are said now, not at the first request.
     A file:// folder that holds the gateway's data dir or cache dir, or lies inside one, is
     refused: clients would read (and write) the gateway's database and secret key.
     """
@@ -382,6 +567,8 @@ def mount_add(bucket: str, uri: str, pairs: tuple[str, ...], **kwargs: Any) -> N
     options = _parse_options(pairs)
     settings = _settings(kwargs)
     _validate_mount(uri, options, settings)
+    if check:
+        _check_mount(bucket, uri, options)
     try:
         m = _run(_with_meta(settings, lambda meta: meta.add_mount(bucket, uri, options)))
     except MountExists:
@@ -426,7 +613,10 @@ def keys() -> None:
 @click.option("--access-key", default=None, help="Access key id (default: generated).")
 @click.option("--secret-key", default=None, help="Secret (default: generated).")
 @click.option("--description", default="", help="A note kept with the key.")
-@click.option("--admin", is_flag=True, help="May also use the operator API (/_gateway/jobs).")
+@click.option(
+    "--admin", is_flag=True,
+    help="May also use the operator API (/_gateway/jobs) and sign in to the console.",
+)  # fmt: skip
 @click.option("--user", default=None, help="The user it belongs to (default: admin).")
 @_options(_DB_OPTIONS)
 def keys_create(
@@ -453,7 +643,18 @@ def keys_create(
     except NoSuchUser:
         raise click.ClickException(f"no user {user!r}: `gateway users create` it") from None
     click.echo(f"access key: {key.access_key}\nsecret key: {key.secret_key}")
-    click.echo(f"user: {user or ADMIN_USER}")
+    owner = user or ADMIN_USER
+    if admin:
+        may = (
+            f"S3 as user {owner} (its policies), and the operator API and the console"
+            " (an admin key)"
+        )
+    else:
+        may = (
+            f"S3 as user {owner} (its policies); not the operator API or the console:"
+            " `keys create --admin` makes a key that may"
+        )
+    click.echo(f"user: {owner}\nmay: {may}")
 
 
 @keys.command("list")
@@ -861,10 +1062,15 @@ def status(as_json: bool, **kwargs: Any) -> None:
         rows = _run(_with_meta(settings, read))
     except MetaUnavailable as exc:
         raise click.ClickException(str(exc)) from None
+    if not rows and (alone := _lone_node(settings)) is not None:
+        rows = [alone]  # a node in no fleet (no --fleet-secret) writes no heartbeats
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     elif not rows:
-        click.echo("no node has joined the fleet yet (nodes join when `gateway serve` starts)")
+        click.echo(
+            f"no node serves over {settings.data_dir.absolute()}, and none has joined a fleet"
+            " on its database (nodes join when `gateway serve --fleet-secret ...` starts)"
+        )
     else:
         click.echo(_status_table(rows))
 
@@ -880,8 +1086,8 @@ def _status_table(rows: list[dict[str, Any]]) -> str:
                 row["zone"] or "-",
                 f"{row['weight']:g}",
                 row["state"],
-                f"{row['heartbeat_age']:.1f}s ago",
-                _size(row["cache_bytes"]),
+                "-" if row["heartbeat_age"] is None else f"{row['heartbeat_age']:.1f}s ago",
+                "-" if row["cache_bytes"] is None else _size(row["cache_bytes"]),
                 "-" if ratio is None else f"{ratio:.1%}",
             )
         )

@@ -55,6 +55,8 @@ class Settings:
     fill_concurrency: int = 16  # store fetches for the cache in flight per process
     verify_sample: float = 1.0  # share of cache reads from disk that check their checksums
     workers: int = 0  # uvicorn worker processes sharing the node's cache; 0: one per core
+    # PostgreSQL connections the node's workers pool together (each at least 2; docs/fleet.md)
+    database_connections: int = 16
     # -- the fleet (docs/fleet.md); without a PostgreSQL database_url a node runs alone
     node_id: str | None = None  # default: kept in <data_dir>/node-id
     internal_port: int = 0  # port of the fleet's internal API; 0: port + 1
@@ -97,6 +99,14 @@ class Settings:
     # A node gone from the fleet this long has its unfinished share of preload jobs taken
     # over by the others; one back sooner (a restart) takes it up itself (docs/jobs.md).
     job_takeover_delay: float = 60.0
+
+    @property
+    def database_pool(self) -> int:
+        """Pooled PostgreSQL connections of one worker: the node's `database_connections`
+        shared by its workers, at least 2 each (one for a request while the heartbeat or the
+        job loop holds the other). A worker also holds one LISTEN connection in a fleet."""
+        workers = self.workers if self.workers > 0 else 1
+        return max(2, -(-self.database_connections // workers))
 
     @property
     def effective_database_url(self) -> str:

@@ -29,7 +29,8 @@ from gateway.edge import install_fast_path
 from gateway.jobs.api import JobsApi, is_jobs_path
 from gateway.jobs.db import JobStore
 from gateway.jobs.runner import JobRunner, Member
-from gateway.meta import MetaStore, open_meta
+from gateway.meta import MetaStore, MetaUnavailable, open_meta
+from gateway.meta.secrets import WrongSecretKey
 from gateway.s3.app import S3App
 from gateway.s3.http import Receive, Scope, Send
 from gateway.s3.local import LocalReads
@@ -39,6 +40,8 @@ from gateway.service.reads import Reader
 from gateway.service.shared import Shared
 
 log = logging.getLogger("gateway.app")
+# Seconds /readyz waits for the database before it says the node is not ready.
+READY_TIMEOUT = 3.0
 
 SETTINGS_ENV = "GATEWAY_RESOLVED_SETTINGS"
 
@@ -140,7 +143,7 @@ class Node:
         self.settings = settings
         self.shared: Shared | None = None
         self.s3: S3App | None = None
-        self.admin = admin_app(lambda: self.s3 is not None)
+        self.admin = admin_app(lambda: self.s3 is not None, self._readiness)
         self._tasks: list[asyncio.Task[None]] = []
         self.membership: Membership | None = None
         self.internal: PeerApi | None = None
@@ -199,6 +202,28 @@ class Node:
                     self.local = local
             except OSError as exc:  # a path too long for a socket, a read-only data dir...
                 log.warning("no short-circuit reads: %s", exc)
+
+    async def _readiness(self) -> dict[str, str]:
+        """What /readyz checks: the database answers and the mounts' secrets decrypt with the
+        configured key (one listing of the mounts), and the cache folder is a writable folder.
+        Liveness (/healthz) stays 200 meanwhile: the node serves what it can, a balancer or
+        orchestrator sends its traffic elsewhere."""
+        assert self.shared is not None
+        found = {"database": "ok", "secrets": "ok", "cache": "ok"}
+        try:
+            async with asyncio.timeout(READY_TIMEOUT):
+                await self.shared.meta.list_mounts()
+        except WrongSecretKey as exc:
+            found["secrets"] = "the configured encryption key does not decrypt the mounts"
+            log.warning("not ready: %s", exc)
+        except (MetaUnavailable, TimeoutError) as exc:
+            found["database"] = found["secrets"] = "unreachable"
+            log.warning("not ready: database unreachable: %s", exc or "timed out")
+        root = self.shared.pages.root
+        if not await asyncio.to_thread(lambda: os.path.isdir(root) and os.access(root, os.W_OK)):
+            found["cache"] = "the cache folder is missing or not writable"
+            log.warning("not ready: cache folder %s is missing or not writable", root)
+        return found
 
     def _catalog_upkeep(self, shared: Shared, service: S3Service) -> Upkeep:
         """Re-crawls and change notifications of the catalog=on mounts; a change the store

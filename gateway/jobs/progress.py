@@ -11,12 +11,14 @@ from rich.progress import (
     BarColumn,
     DownloadColumn,
     Progress,
+    ProgressColumn,
+    Task,
     TaskProgressColumn,
     TextColumn,
     TimeRemainingColumn,
-    TransferSpeedColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from gateway.jobs.model import LISTING, JobView
 
@@ -32,6 +34,15 @@ def size(count: int) -> str:
             return f"{count} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+class SpeedColumn(ProgressColumn):
+    """The transfer rate in the binary units of the sizes beside it (rich's own is decimal:
+    "73.1 MiB ... 19.1 MB/s")."""
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text("?" if speed is None else f"{size(int(speed))}/s", style="progress.data.speed")
 
 
 def done_fraction(job: JobView) -> float:
@@ -158,7 +169,7 @@ async def follow(
         TaskProgressColumn(),
         TextColumn("{task.fields[objects]} objects"),
         DownloadColumn(binary_units=True),
-        TransferSpeedColumn(),
+        SpeedColumn(),
         TimeRemainingColumn(),
         TextColumn("{task.fields[failures]}"),
     )

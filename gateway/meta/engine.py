@@ -54,11 +54,16 @@ def sqlite_path(url: str) -> Path | None:
     return Path(database)
 
 
-def create_engine(url: str, *, for_migrations: bool = False) -> AsyncEngine:
+def create_engine(
+    url: str, *, for_migrations: bool = False, pool_size: int | None = None
+) -> AsyncEngine:
     """An async engine for `url` (normalized first).
 
     `for_migrations` gives SQLite real transactions around DDL (see _sqlite_transactional) and
-    no pool, since a migration run uses one connection once.
+    no pool, since a migration run uses one connection once. `pool_size` caps a PostgreSQL pool at
+    that many connections (none beyond it: a request waits for one), so that a fleet's
+    connections add up to what docs/fleet.md says whatever the cores; None: SQLAlchemy's
+    default (5, and 10 more at a peak).
     """
     url = normalize_database_url(url)
     # A pooled PostgreSQL connection may have died with its server: test it on checkout. A
@@ -68,6 +73,8 @@ def create_engine(url: str, *, for_migrations: bool = False) -> AsyncEngine:
         kwargs["poolclass"] = pool.NullPool
     if url.startswith(POSTGRES_DRIVER):
         kwargs["connect_args"] = {"timeout": POSTGRES_CONNECT_TIMEOUT_S}
+        if pool_size is not None and not for_migrations:
+            kwargs.update(pool_size=pool_size, max_overflow=0)
     engine = create_async_engine(url, **kwargs)
     if url.startswith(SQLITE_DRIVER):
         _sqlite_directory_check(engine, sqlite_path(url))

@@ -112,7 +112,7 @@ def open_meta(settings: Settings) -> MetaStore:
     box = SecretBox.from_config(
         settings.encryption_key, settings.encryption_key_file, settings.data_dir
     )
-    return MetaStore(settings.effective_database_url, box)
+    return MetaStore(settings.effective_database_url, box, pool=settings.database_pool)
 
 
 class MetaStore(MultipartUploads, Tenants):
@@ -122,10 +122,10 @@ class MetaStore(MultipartUploads, Tenants):
     policies and owners from the Tenants mixin (users.py).
     """
 
-    def __init__(self, url: str, box: SecretBox) -> None:
+    def __init__(self, url: str, box: SecretBox, pool: int | None = None) -> None:
         self.url = normalize_database_url(url)
         self._box = box
-        self._engine = create_engine(self.url)
+        self._engine = create_engine(self.url, pool_size=pool)
 
     def derive_key(self, purpose: str) -> bytes:
         """A key for `purpose` derived from the secrets' key (SecretBox.derive): the console

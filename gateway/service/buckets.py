@@ -23,7 +23,7 @@ log = logging.getLogger("gateway.buckets")
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _IP = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
-RESERVED = frozenset({"healthz", "metrics"})
+RESERVED = frozenset({"healthz", "readyz", "metrics"})
 
 
 def bucket_name_problem(name: str) -> str | None:

@@ -8,6 +8,7 @@ and the request id, and the log line with that id says the rest.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 from collections.abc import Iterator
 
@@ -31,6 +32,8 @@ class WithheldDetail(errors.S3Error):
         self.args = (detail,)
 
     def to_xml(self, request_id: str, resource: str = "") -> bytes:
+        if "{mount}" in self.detail:  # the bucket is the mount: its client named it
+            self.detail = self.detail.replace("{mount}", resource.lstrip("/").partition("/")[0])
         level = logging.ERROR if self.status >= 500 else logging.WARNING
         log.log(
             level,
@@ -49,15 +52,23 @@ def _withheld(error: type[errors.S3Error], message: str) -> type[WithheldDetail]
     return made
 
 
+# The errors of a mount's store as a whole name the mount and the class of the cause (not
+# found, connection refused, credentials refused, unreachable), never its address.
 OriginUnavailable = _withheld(
     errors.ServiceUnavailable,
-    "The bucket's under-store could not be reached or failed. Please try again.",
+    "Mount {mount}: its store could not be reached or failed. Please try again.",
+)
+OriginRefusedConnection = _withheld(
+    errors.ServiceUnavailable,
+    "Mount {mount}: its store refused the connection. Please try again.",
 )
 OriginMissing = _withheld(
     errors.ServiceUnavailable,
-    "The bucket's under-store is missing its container. Please try again later.",
+    "Mount {mount}: its store's bucket, container or folder was not found.",
 )
-OriginDenied = _withheld(errors.AccessDenied, "The bucket's under-store denied the gateway access.")
+OriginDenied = _withheld(
+    errors.AccessDenied, "Mount {mount}: its store refused the gateway's credentials."
+)
 OriginRefused = _withheld(
     errors.InvalidRequest, "The bucket's under-store refused this request as it was made."
 )
@@ -67,6 +78,39 @@ OriginFailed = _withheld(
 MetaStoreUnavailable = _withheld(
     errors.ServiceUnavailable, "The gateway's metadata store is unavailable. Please try again."
 )
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether a store's failure is a refused connection (nothing listens at its address),
+    by the OS error behind it or, where a client kept only the text, by that text."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if (
+            isinstance(seen, ConnectionRefusedError)
+            or getattr(seen, "errno", None) == errno.ECONNREFUSED
+        ):
+            return True
+        text = str(seen)
+        if "Connection refused" in text or "Connect call failed" in text:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def cause(exc: store.StoreError) -> str:
+    """The class of a mount's failure, as an operator reads it: not found, connection
+    refused, credentials refused (auth), unreachable."""
+    match exc:
+        case store.StoreMissing() | store.ContainerNotFound():
+            return "not found"
+        case store.StoreAccessDenied():
+            return "credentials refused (auth)"
+        case store.StoreUnavailable() if refused(exc):
+            return "connection refused"
+        case _:
+            return "unreachable or failing"
 
 
 def meta_unavailable(exc: MetaUnavailable) -> errors.S3Error:
@@ -104,10 +148,12 @@ def to_s3(exc: store.StoreError, key: str) -> errors.S3Error:
             return OriginRefused(detail)
         case store.StoreAccessDenied():
             return OriginDenied(detail)
+        case store.StoreMissing() | store.ContainerNotFound():
+            return OriginMissing(detail)
+        case store.StoreUnavailable() if refused(exc):
+            return OriginRefusedConnection(detail)
         case store.StoreUnavailable():
             return OriginUnavailable(detail)
-        case store.ContainerNotFound():
-            return OriginMissing(detail)
         case _:
             return OriginFailed(detail)
 

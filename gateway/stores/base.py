@@ -155,6 +155,11 @@ class StoreUnavailable(StoreError):
     """The store could not be reached or answered with a server error; retrying may help."""
 
 
+class StoreMissing(StoreUnavailable):
+    """The mount's bucket, container or root folder does not exist: a misconfiguration (or
+    one being made good), not a missing key."""
+
+
 class VersionChanged(StoreError):
     """The object no longer has the ETag the reader asked for (it was overwritten)."""
 

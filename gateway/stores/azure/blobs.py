@@ -22,6 +22,7 @@ from gateway.stores.base import (
     PreconditionFailed,
     StoreAccessDenied,
     StoreError,
+    StoreMissing,
     StoreRejected,
     StoreUnavailable,
     UnsupportedKey,
@@ -60,7 +61,7 @@ class Blobs:
         where = f"az://{self.account}/{self.container}/{self.prefix}{key}"
         if exc.code == "ContainerNotFound":
             # The mount points at a container that is not there: a misconfiguration, not a miss.
-            return StoreUnavailable(f"azure container {self.container!r} does not exist")
+            return StoreMissing(f"azure container {self.container!r} does not exist")
         if exc.status == 404:
             return ObjectNotFound(key)
         if exc.status in (401, 403):

@@ -7,7 +7,12 @@ import os
 from collections.abc import Iterator
 from typing import Protocol
 
-from gateway.stores.base import ListPage, ObjectInfo, StoreAccessDenied, StoreUnavailable
+from gateway.stores.base import (
+    ListPage,
+    ObjectInfo,
+    StoreAccessDenied,
+    StoreMissing,
+)
 from gateway.stores.file_meta import DIR_MARKER, FOLDER_SELF, info_of, is_internal
 from gateway.stores.listing import encode_token, rollup
 from gateway.stores.local.tree import Tree, utf8
@@ -41,7 +46,7 @@ _Candidate = tuple[str, bool, str, _Entry]
 def list_sync(tree: Tree, prefix: str, delimiter: str | None, marker: str, limit: int) -> ListPage:
     """Up to `limit` (> 0) entries after `marker` (run on a worker thread)."""
     if not os.path.isdir(tree.root):
-        raise StoreUnavailable(f"file store root {tree.root} is not a directory")
+        raise StoreMissing(f"file store root {tree.root} is not a directory")
     objects: list[ObjectInfo] = []
     prefixes: list[str] = []
     last = ""

@@ -13,6 +13,7 @@ from gateway.stores.base import (
     ObjectNotFound,
     StoreAccessDenied,
     StoreError,
+    StoreMissing,
     StoreUnavailable,
     UnsupportedKey,
 )
@@ -116,7 +117,7 @@ class Tree:
     def target(self, key: str) -> str:
         """The path a write of `key` takes: its folder's real path and its name."""
         if not os.path.isdir(self.root):
-            raise StoreUnavailable(f"file store root {self.root} is not a directory")
+            raise StoreMissing(f"file store root {self.root} is not a directory")
         try:
             path = self.path(key)
         except ObjectNotFound:
@@ -136,7 +137,7 @@ class Tree:
             return KeyTooLong("a name in it, or its path, is longer than the file system holds")
         if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
             if not os.path.isdir(self.root):
-                return StoreUnavailable(f"file store root {self.root} is not a directory")
+                return StoreMissing(f"file store root {self.root} is not a directory")
             return ObjectNotFound(key)
         if exc.errno in (errno.EACCES, errno.EPERM):
             return StoreAccessDenied(f"{key}: {exc.strerror}")

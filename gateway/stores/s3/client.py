@@ -32,6 +32,7 @@ from gateway.stores.base import (
     PreconditionFailed,
     StoreAccessDenied,
     StoreError,
+    StoreMissing,
     StoreRejected,
     StoreUnavailable,
     UnsupportedKey,
@@ -220,7 +221,7 @@ class S3Client:
         code, status = _code(exc), status_of(exc)
         if code == "NoSuchBucket":
             # The mount points at a bucket that is not there: a misconfiguration, not a miss.
-            return StoreUnavailable(f"origin bucket {self.bucket!r} does not exist")
+            return StoreMissing(f"origin bucket {self.bucket!r} does not exist")
         if code in _NOT_FOUND:
             return ObjectNotFound(key)
         if code in _DENIED or status == 403:
@@ -268,7 +269,7 @@ class S3Client:
                 await (await self.botocore()).head_bucket(Bucket=self.bucket)
             except ClientError as exc:
                 if status_of(exc) == 404:
-                    return StoreUnavailable(f"origin bucket {self.bucket!r} does not exist")
+                    return StoreMissing(f"origin bucket {self.bucket!r} does not exist")
                 # Else (403: no s3:ListBucket) we cannot learn more, and will not ask again.
             except TRANSPORT_ERRORS as exc:
                 return self.error(exc, key)
