@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import hmac
 import math
+import os
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -28,7 +29,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from gateway.cluster.registry import NodeRegistry
 from gateway.iam import BUILTIN, DEFAULT_USER_POLICY
@@ -65,6 +66,8 @@ _HEADERS = {
     "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; "
     "frame-ancestors 'none'; form-action 'self'",
 }
+SIGN_INS = "console-signins"  # the failed sign-ins the node's workers share (signin.py)
+_RAW_HEADERS = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in _HEADERS.items()]
 _MAX_FORM = 64 << 10  # bytes of a posted form
 _NO_KEY_SECRET = "x" * 40  # compared against when the key is unknown: the same work either way
 
@@ -95,13 +98,23 @@ class Console:
         self._registry = NodeRegistry(meta.engine, heartbeat_timeout)
         self._clock = clock
         self.sessions = Sessions(meta.derive_key("console-session"), clock)
-        self.sign_ins = SignInLimits(clock)
+        self.sign_ins = SignInLimits(clock, os.path.join(shared.pages.root, SIGN_INS))
         self._templates = Jinja2Templates(directory=_HERE / "templates")
         self._templates.env.filters.update(size=_size, percent=_percent, seconds=_seconds)
         self._app = Starlette(routes=[Mount(PREFIX, routes=self._routes())])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._app(scope, receive, send)
+        """Every answer carries the security headers: pages, fragments, redirects, static
+        files, 404s and 405s alike."""
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                have = {name.lower() for name, _ in message.get("headers", [])}
+                extra = [(n.lower(), v) for n, v in _RAW_HEADERS if n.lower() not in have]
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        await self._app(scope, receive, send_with_headers)
 
     def _routes(self) -> list[Route | Mount]:
         page, live, act = self._page, self._live, self._action
@@ -238,7 +251,7 @@ class Console:
             return self._login_page(request, None, "The form expired: please sign in again.", 403)
         access_key, secret = str(form.get("access_key", "")), str(form.get("secret_key", ""))
         client = request.client.host if request.client else None
-        wait = self.sign_ins.retry_after(access_key, client)
+        wait = await self.sign_ins.retry_after(access_key, client)
         if wait > 0:
             seconds = math.ceil(wait)
             said = f"Too many failed sign-ins: try again in {seconds} s."
@@ -248,8 +261,9 @@ class Console:
         key = await self._meta.get_key(access_key) if access_key else None
         expected = key.secret_key if key is not None else _NO_KEY_SECRET
         if not hmac.compare_digest(secret.encode(), expected.encode()) or key is None:
-            self.sign_ins.failed(access_key, client)
+            await self.sign_ins.failed(access_key, client)
             return self._login_page(request, before, "Wrong access key or secret.", 401)
+        await self.sign_ins.succeeded(access_key, client)
         if key.disabled:
             return self._login_page(request, before, f"{access_key} is disabled.", 403)
         if not key.admin:

@@ -161,6 +161,8 @@ class Authorizer:
             values["s3:delimiter"] = delimiter
         if p is not None:
             values["aws:username"] = p.name
+            if p.user_id is not None:
+                values["aws:userid"] = str(p.user_id)
         ctx = RequestContext(action, resource, values)
         identity = p.policies if p is not None else ()
         statements = rules.statements_for(p.name if p else None) if rules is not None else ()
@@ -233,7 +235,7 @@ def build_authorizer(rows: TenancyRows, public_read: Iterable[str]) -> Authorize
             policies=policies,
             allows_all=not has_deny and any(p.allows_all for p in policies),
             has_deny=has_deny,
-            conditional=any(s.conditions for p in policies for s in p.statements),
+            conditional=any(s.conditions or s.variables for p in policies for s in p.statements),
         )
     principals: dict[str, Principal] = {}
     for access_key, key_user in rows.key_users.items():
@@ -260,7 +262,7 @@ def build_authorizer(rows: TenancyRows, public_read: Iterable[str]) -> Authorize
             everyone=everyone,
             by_user={u: tuple(ss) for u, ss in named.items()},
             has_deny=any(not s.allow for s in statements),
-            conditional=any(s.conditions for s in statements),
+            conditional=any(s.conditions or s.variables for s in statements),
             document=document,
         )
     free: frozenset[str] = frozenset()
