@@ -3,20 +3,28 @@ the node's data dir (only the short-circuit socket lets it in), ..."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
+import socket
 import stat
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import boto3
+import httpx
 import pytest
 from botocore.config import Config
+from botocore.exceptions import ClientError
 
+from gateway.s3.local import PER_UID
 from tests.support.gateway import ACCESS_KEY, BIN, SECRET_KEY, GatewayNode, run_cli, start_gateway
+from tests.support.net import eventually
 
 NOBODY = 65534
 SYSTEM_PYTHON = "/usr/bin/python3"  # one a second user may run (not a shim in /root)
@@ -104,9 +112,7 @@ def test_a_second_user_of_the_host_reads_nothing_under_the_data_dir(host_dir: Pa
         assert any(p.endswith("gateway.db") for p in paths) and any(
             p.endswith("secret.key") for p in paths
         )
-        probe = _as_nobody(
-            SYSTEM_PYTHON, "-c", _PROBE, stdin=json.dumps(paths)
-        )
+        probe = _as_nobody(SYSTEM_PYTHON, "-c", _PROBE, stdin=json.dumps(paths))
         assert probe.returncode == 0, probe.stderr
         got: dict[str, str] = json.loads(probe.stdout)
         sock = str(data / "gateway.sock")
@@ -133,3 +139,228 @@ def test_a_node_that_cannot_make_its_data_dir_private_says_so(host_dir: Path) ->
     )
     assert out.returncode != 0
     assert f"{data} is mode 0755" in out.stderr and "chmod -R go=" in out.stderr, out.stderr
+
+
+# -- a module's node: policies, the short-circuit socket, the console -------------------------
+
+CONSOLE = "/_gateway/console"
+
+
+@pytest.fixture(scope="module")
+def node(module_dir: Path) -> Iterator[GatewayNode]:
+    homes = module_dir / "homes"
+    (homes / "home" / "alice").mkdir(parents=True)
+    (homes / "home" / "alice" / "notes.txt").write_bytes(b"alice's notes")
+    node = start_gateway(module_dir / "node", args=("--metadata-ttl", "-1"))
+    node.cli("mount", "add", "homes", homes.as_uri())
+    policy = module_dir / "home.json"
+    policy.write_text(json.dumps(HOME_FOLDERS))
+    node.cli("policies", "create", "home-folders", str(policy))
+    for user in ("alice", "bob"):
+        node.cli("users", "create", user, "--policy", "home-folders")
+    eventually(lambda: "homes" in node.buckets())
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+# AWS's documented home-folder policy.
+HOME_FOLDERS = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {
+            "Effect": "Allow",
+            "Action": "s3:ListBucket",
+            "Resource": "arn:aws:s3:::homes",
+            "Condition": {"StringLike": {"s3:prefix": ["home/${aws:username}/*"]}},
+        },
+        {
+            "Effect": "Allow",
+            "Action": ["s3:GetObject", "s3:PutObject"],
+            "Resource": "arn:aws:s3:::homes/home/${aws:username}/*",
+        },
+    ],
+}
+
+
+def _key(node: GatewayNode, *args: str) -> tuple[str, str]:
+    out = node.cli("keys", "create", *args).stdout
+    return out.split("access key:")[1].split()[0], out.split("secret key:")[1].split()[0]
+
+
+def _code(call: Callable[[], object]) -> str:
+    try:
+        call()
+    except ClientError as exc:
+        return str(exc.response["Error"]["Code"])
+    return "OK"
+
+
+def test_the_home_folder_policy_gives_each_user_its_own_folder(node: GatewayNode) -> None:
+    alice = node.client(*_key(node, "--user", "alice"))
+    bob = node.client(*_key(node, "--user", "bob"))
+    alice.put_object(Bucket="homes", Key="home/alice/a.txt", Body=b"mine")
+    assert alice.get_object(Bucket="homes", Key="home/alice/a.txt")["Body"].read() == b"mine"
+    listed = alice.list_objects_v2(Bucket="homes", Prefix="home/alice/")
+    assert {o["Key"] for o in listed["Contents"]} == {"home/alice/a.txt", "home/alice/notes.txt"}
+    # The variable is never its own text: bob cannot drop a file where alice would read it.
+    put = lambda: bob.put_object(Bucket="homes", Key="home/${aws:username}/drop.txt", Body=b"x")  # noqa: E731
+    assert _code(put) == "AccessDenied"
+    assert _code(lambda: bob.get_object(Bucket="homes", Key="home/alice/a.txt")) == "AccessDenied"
+    assert (
+        _code(lambda: bob.list_objects_v2(Bucket="homes", Prefix="home/alice/")) == "AccessDenied"
+    )
+    bob.put_object(Bucket="homes", Key="home/bob/b.txt", Body=b"bob's")
+    assert _code(lambda: alice.get_object(Bucket="homes", Key="home/bob/b.txt")) == "AccessDenied"
+
+
+def test_a_policy_the_gateway_cannot_evaluate_is_refused(node: GatewayNode, tmp_path: Path) -> None:
+    tagged = dict(HOME_FOLDERS)
+    tagged["Statement"] = [
+        {"Effect": "Allow", "Action": "s3:GetObject",
+         "Resource": "arn:aws:s3:::homes/${aws:PrincipalTag/team}/*"},
+    ]  # fmt: skip
+    document = tmp_path / "tagged.json"
+    document.write_text(json.dumps(tagged))
+    out = node.cli("policies", "create", "tagged", str(document), check=False)
+    assert out.returncode != 0 and "cannot evaluate" in out.stderr, out.stderr
+    bucket_policy = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Deny", "Principal": "*", "Action": "s3:GetObject",
+                       "Resource": "arn:aws:s3:::homes/*",
+                       "Condition": {"StringEquals": {"aws:PrincipalTag/x": "y"}}}],
+    }  # fmt: skip
+    admin = node.client()
+    refused = _code(
+        lambda: admin.put_bucket_policy(Bucket="homes", Policy=json.dumps(bucket_policy))
+    )
+    assert refused == "MalformedPolicy"
+
+
+def _socket_worker(node: GatewayNode) -> int:
+    """The worker process that serves the short-circuit socket (it holds its lock file)."""
+    lock = str(node.data_dir / "gateway.sock.lock")
+    for pid in node.workers():
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == lock:
+                    return pid
+    raise AssertionError("no worker holds the short-circuit socket")
+
+
+def _greeting(sock: socket.socket) -> dict[str, Any]:
+    head = b""
+    while len(head) < 4:
+        chunk = sock.recv(4 - len(head))
+        assert chunk, "closed before its greeting"
+        head += chunk
+    body = b""
+    while len(body) < int.from_bytes(head, "big"):
+        body += sock.recv(int.from_bytes(head, "big") - len(body))
+    answer: dict[str, Any] = json.loads(body)
+    return answer
+
+
+def _connect(node: GatewayNode) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX)
+    sock.settimeout(30)
+    sock.connect(str(node.data_dir / "gateway.sock"))
+    return sock
+
+
+def test_a_connection_without_a_hello_is_closed(node: GatewayNode) -> None:
+    with _connect(node) as sock:
+        assert "nonce" in _greeting(sock)
+        assert sock.recv(1) == b""  # the node hangs up (HELLO_TIMEOUT), nothing was sent
+
+
+def test_one_uid_holds_at_most_its_share_of_connections(node: GatewayNode) -> None:
+    held = []
+    try:
+        for _ in range(PER_UID):
+            held.append(_connect(node))
+            assert "nonce" in _greeting(held[-1])
+        with _connect(node) as extra:
+            refused = _greeting(extra)
+            assert refused["error"] == "SlowDown" and refused["scope"] == "connection"
+    finally:
+        for sock in held:
+            sock.close()
+    with _connect(node) as sock:
+        assert "nonce" in _greeting(sock)
+
+
+def test_the_socket_survives_running_out_of_descriptors(node: GatewayNode) -> None:
+    pid = _socket_worker(node)
+    limits = subprocess.run(
+        ["prlimit", f"--pid={pid}", "--nofile", "--output=SOFT,HARD", "--noheadings"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    open_now = len(os.listdir(f"/proc/{pid}/fd"))
+    subprocess.run(["prlimit", f"--pid={pid}", f"--nofile={open_now + 4}:{limits[1]}"], check=True)
+    held = []
+    try:
+        for _ in range(12):  # more than the worker may open: accept() meets EMFILE
+            held.append(_connect(node))
+        eventually(lambda: "cannot accept a connection" in node.log(), timeout=30)
+    finally:
+        subprocess.run(["prlimit", f"--pid={pid}", f"--nofile={limits[0]}:{limits[1]}"], check=True)
+        for sock in held:
+            sock.close()
+    # The accept loop lives on: a new connection is greeted.
+    with _connect(node) as sock:
+        assert "nonce" in _greeting(sock)
+    s3 = node.client()
+    assert s3.list_objects_v2(Bucket="homes")["KeyCount"] >= 1
+
+
+def _console(node: GatewayNode, address: str = "127.0.0.1") -> httpx.Client:
+    transport = httpx.HTTPTransport(local_address=address)
+    return httpx.Client(base_url=node.url + CONSOLE, timeout=30, transport=transport)
+
+
+def _sign_in(client: httpx.Client, access_key: str, secret_key: str) -> httpx.Response:
+    found = re.search(r'name="csrf" value="([^"]+)"', client.get("/login").text)
+    assert found is not None
+    form = {"csrf": found.group(1), "access_key": access_key, "secret_key": secret_key}
+    return client.post("/login", data=form)
+
+
+def test_wrong_secrets_for_the_admin_key_never_lock_out_its_right_secret(
+    node: GatewayNode,
+) -> None:
+    admin_key, admin_secret = _key(node, "--admin", "--description", "guessed at")
+    with _console(node, "127.0.0.2") as guesser:
+        answers = [_sign_in(guesser, admin_key, f"wrong-{i}").status_code for i in range(20)]
+        # Five failures, whichever worker answered each, and then no more tries from there.
+        assert answers[:5] == [401] * 5 and set(answers[5:]) == {429}, answers
+        assert _sign_in(guesser, admin_key, admin_secret).status_code == 429
+    with _console(node, "127.0.0.3") as admin:
+        assert _sign_in(admin, admin_key, admin_secret).status_code == 303
+        assert admin.get("/fleet").status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/", "/fleet", "/static/console.css", "/nowhere", "/login"])
+def test_every_console_answer_has_the_security_headers(node: GatewayNode, path: str) -> None:
+    with _console(node) as client:
+        answer = client.get(path)
+    assert answer.status_code in {200, 303, 404}
+    assert answer.headers["x-frame-options"] == "DENY"
+    assert answer.headers["x-content-type-options"] == "nosniff"
+    assert "frame-ancestors 'none'" in answer.headers["content-security-policy"]
+    assert answer.headers["referrer-policy"] == "same-origin"
+
+
+def test_logout_ends_a_copied_session(node: GatewayNode) -> None:
+    with _console(node) as client:
+        assert _sign_in(client, ACCESS_KEY, SECRET_KEY).status_code == 303
+        copied = client.cookies.get("gateway_console")
+        assert copied
+        found = re.search(r'name="csrf" value="([^"]+)"', client.get("/fleet").text)
+        token = found.group(1) if found else ""
+        assert client.post("/logout", data={"csrf": token}).status_code == 303
+    for _ in range(4):  # whichever worker answers
+        with _console(node) as thief:
+            thief.cookies.set("gateway_console", copied, path=CONSOLE)
+            assert thief.get("/fleet").status_code == 303
