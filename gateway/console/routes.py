@@ -49,7 +49,7 @@ from gateway.meta import (
 from gateway.service.shared import Shared
 
 from . import figures
-from .sessions import COOKIE, Session, Sessions
+from .sessions import COOKIE, Session, Sessions, SignedOut
 from .signin import SignInLimits
 
 PREFIX = "/_gateway/console"
@@ -67,6 +67,7 @@ _HEADERS = {
     "frame-ancestors 'none'; form-action 'self'",
 }
 SIGN_INS = "console-signins"  # the failed sign-ins the node's workers share (signin.py)
+SIGNED_OUT = "console-signed-out"  # the sessions ended by logout (sessions.py)
 _RAW_HEADERS = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in _HEADERS.items()]
 _MAX_FORM = 64 << 10  # bytes of a posted form
 _NO_KEY_SECRET = "x" * 40  # compared against when the key is unknown: the same work either way
@@ -99,6 +100,7 @@ class Console:
         self._clock = clock
         self.sessions = Sessions(meta.derive_key("console-session"), clock)
         self.sign_ins = SignInLimits(clock, os.path.join(shared.pages.root, SIGN_INS))
+        self.signed_out = SignedOut(os.path.join(shared.pages.root, SIGNED_OUT), clock)
         self._templates = Jinja2Templates(directory=_HERE / "templates")
         self._templates.env.filters.update(size=_size, percent=_percent, seconds=_seconds)
         self._app = Starlette(routes=[Mount(PREFIX, routes=self._routes())])
@@ -153,7 +155,7 @@ class Console:
         """The request's signed-in session, if its key still exists, is an admin key and is
         not disabled."""
         session = self.sessions.read(request.cookies.get(COOKIE))
-        if session is None or not session.signed_in:
+        if session is None or not session.signed_in or await self.signed_out.holds(session):
             return None
         key = await self._meta.get_key(session.access_key)
         return session if key is not None and key.admin and not key.disabled else None
@@ -274,6 +276,7 @@ class Console:
         return response
 
     async def _logout(self, request: Request, session: Session) -> Response:
+        await self.signed_out.add(session)  # a copy of the cookie ends too
         response = RedirectResponse(LOGIN, 303)
         response.delete_cookie(COOKIE, path=PREFIX, httponly=True, samesite="strict")
         if request.headers.get("hx-request"):
