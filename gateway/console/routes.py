@@ -99,8 +99,10 @@ class Console:
         self._registry = NodeRegistry(meta.engine, heartbeat_timeout)
         self._clock = clock
         self.sessions = Sessions(meta.derive_key("console-session"), clock)
-        self.sign_ins = SignInLimits(clock, os.path.join(shared.pages.root, SIGN_INS))
-        self.signed_out = SignedOut(os.path.join(shared.pages.root, SIGNED_OUT), clock)
+        # Shared by the node's workers, in its cache dir (without one: this process's own).
+        folder = shared.pages.root if shared is not None else None
+        self.sign_ins = SignInLimits(clock, folder and os.path.join(folder, SIGN_INS))
+        self.signed_out = SignedOut(folder and os.path.join(folder, SIGNED_OUT), clock)
         self._templates = Jinja2Templates(directory=_HERE / "templates")
         self._templates.env.filters.update(size=_size, percent=_percent, seconds=_seconds)
         self._app = Starlette(routes=[Mount(PREFIX, routes=self._routes())])

@@ -109,14 +109,20 @@ class SignedOut:
     whichever worker it comes back. (Each node keeps its own: on another node of a fleet, a
     copy lasts until it expires, SESSION_TTL.)"""
 
-    def __init__(self, path: str, clock: Callable[[], float] = time.time) -> None:
-        self._path = path
+    def __init__(self, path: str | None, clock: Callable[[], float] = time.time) -> None:
+        self._path = path  # None: this process's memory alone
         self._clock = clock
+        self._memory: dict[str, float] = {}
 
     async def add(self, session: Session) -> None:
-        await asyncio.to_thread(self._add, session)
+        if self._path is None:
+            self._add(session)
+        else:
+            await asyncio.to_thread(self._add, session)
 
     async def holds(self, session: Session) -> bool:
+        if self._path is None:
+            return self._holds(session.nonce)
         return await asyncio.to_thread(self._holds, session.nonce)
 
     def _add(self, session: Session) -> None:
@@ -132,6 +138,9 @@ class SignedOut:
 
     @contextlib.contextmanager
     def _locked(self, write: bool) -> Iterator[dict[str, float]]:
+        if self._path is None:
+            yield self._memory
+            return
         fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "r+", encoding="utf-8") as f:
             fcntl.flock(fd, fcntl.LOCK_EX if write else fcntl.LOCK_SH)
