@@ -69,6 +69,7 @@ _HEADERS = {
 SIGN_INS = "console-signins"  # the failed sign-ins the node's workers share (signin.py)
 SIGNED_OUT = "console-signed-out"  # the sessions ended by logout (sessions.py)
 _RAW_HEADERS = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in _HEADERS.items()]
+MAX_JOB_ID = (1 << 63) - 1  # a job id in the database (BIGINT): past it, no such job
 _MAX_FORM = 64 << 10  # bytes of a posted form
 _NO_KEY_SECRET = "x" * 40  # compared against when the key is unknown: the same work either way
 
@@ -372,7 +373,7 @@ class Console:
 
     async def _cancel_job(self, request: Request, session: Session) -> Response:
         job_id = int(request.path_params["job_id"])
-        found = await self._jobs.cancel(job_id)
+        found = await self._jobs.cancel(job_id) if job_id <= MAX_JOB_ID else None
         message = f"job {job_id} {found.state}" if found else f"no job {job_id}"
         context = await self._job_list(request, message)
         return self._render(request, "jobs_live.html", context, session)
@@ -498,7 +499,7 @@ class Console:
     async def _cache_job(self, request: Request, job_id: int | None = None) -> dict[str, Any]:
         if job_id is None:
             job_id = int(request.path_params["job_id"])
-        job = await self._jobs.get(job_id)
+        job = await self._jobs.get(job_id) if job_id <= MAX_JOB_ID else None
         if job is None:
             return {"job": None, "message": f"no job {job_id}"}
         cached = job.cached_bytes
@@ -521,6 +522,10 @@ async def _form(request: Request) -> dict[str, str]:
         if length.isdigit() and int(length) <= _MAX_FORM:
             body = await request.body()
         pairs = urllib.parse.parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
+        # A NUL is in no name, key, prefix or secret (and no database takes one in text): such
+        # a form is not read, and is refused as an empty one is (its CSRF token is missing).
+        if any("\x00" in name or "\x00" in value for name, value in pairs):
+            pairs = []
         form = request.state.form = dict(pairs)
     return form
 

@@ -4,6 +4,7 @@ the node's data dir (only the short-circuit socket lets it in), ..."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -19,12 +20,16 @@ from typing import Any
 import boto3
 import httpx
 import pytest
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
 from botocore.config import Config
+from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
 from gateway.s3.local import PER_UID
 from tests.support.gateway import ACCESS_KEY, BIN, SECRET_KEY, GatewayNode, run_cli, start_gateway
 from tests.support.net import eventually
+from tests.support.postgres import temp_database
 
 NOBODY = 65534
 SYSTEM_PYTHON = "/usr/bin/python3"  # one a second user may run (not a shim in /root)
@@ -364,3 +369,76 @@ def test_logout_ends_a_copied_session(node: GatewayNode) -> None:
         with _console(node) as thief:
             thief.cookies.set("gateway_console", copied, path=CONSOLE)
             assert thief.get("/fleet").status_code == 303
+
+
+# -- bad input at the jobs API and the console: 4xx, never a 500 (on PostgreSQL) -------------
+
+
+@pytest.fixture(scope="module")
+def pg_node(module_dir: Path) -> Iterator[GatewayNode]:
+    files = module_dir / "pg-files"
+    files.mkdir()
+    (files / "a.bin").write_bytes(b"a" * 1000)
+    with temp_database() as url:
+        node = start_gateway(module_dir / "pg-node", database_url=url)
+        try:
+            node.cli("mount", "add", "data", files.as_uri())
+            eventually(lambda: "data" in node.buckets())
+            yield node
+        finally:
+            node.stop()
+
+
+def _jobs(node: GatewayNode, method: str, path: str, body: bytes = b"") -> httpx.Response:
+    url = f"{node.url}/_gateway/jobs{path}"
+    request = AWSRequest(method=method, url=url, data=body)
+    request.headers["x-amz-content-sha256"] = hashlib.sha256(body).hexdigest()
+    S3SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "s3", "us-east-1").add_auth(request)
+    return httpx.request(method, url, headers=dict(request.headers.items()), content=body)
+
+
+def test_the_jobs_api_answers_bad_numbers_nul_and_deep_json_with_4xx(pg_node: GatewayNode) -> None:
+    huge = "9" * 26
+    assert _jobs(pg_node, "GET", f"/{huge}").status_code == 404
+    assert _jobs(pg_node, "POST", f"/{huge}/cancel").status_code == 404
+    bodies = [
+        {"bucket": "data", "prefix": "a\x00b"},
+        {"bucket": "data\x00"},
+        {"bucket": "data", "bandwidth": int("9" * 400)},
+        {"bucket": "data", "bandwidth": 1 << 62},
+        {"bucket": "data", "concurrency": 1 << 70},
+    ]
+    for options in bodies:
+        answer = _jobs(pg_node, "POST", "", json.dumps(options).encode())
+        assert answer.status_code == 400, (options, answer.text)
+        assert answer.json()["error"] == "InvalidArgument"
+    deep = b'{"bucket": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    answer = _jobs(pg_node, "POST", "", deep)
+    assert answer.status_code == 400 and answer.json()["error"] == "InvalidArgument"
+    # And the API still works.
+    assert _jobs(pg_node, "GET", "").status_code == 200
+
+
+def test_the_console_answers_nul_and_huge_ids_without_a_500(pg_node: GatewayNode) -> None:
+    with _console(pg_node) as client:
+        found = re.search(r'name="csrf" value="([^"]+)"', client.get("/login").text)
+        assert found is not None
+        form = {"csrf": found.group(1), "access_key": "GK\x00", "secret_key": "x"}
+        assert client.post("/login", data=form).status_code in {401, 403}
+        assert _sign_in(client, ACCESS_KEY, SECRET_KEY).status_code == 303
+        page = client.get("/cache/9223372036854775808/live")
+        assert page.status_code == 200 and "no job" in page.text
+        token = re.search(r'name="csrf" value="([^"]+)"', client.get("/users").text)
+        assert token is not None
+        made = client.post("/users", data={"csrf": token.group(1), "name": "x\x00y"})
+        assert made.status_code == 403  # the form is not read: no CSRF token in it
+        cancel = client.post("/jobs/9223372036854775808/cancel", data={"csrf": token.group(1)})
+        assert cancel.status_code == 200
+    # The short-circuit socket: deep JSON closes that connection, not the socket's task.
+    with _connect(pg_node) as sock:
+        assert "nonce" in _greeting(sock)
+        deep = b"[" * 100_000 + b"]" * 100_000
+        sock.sendall(len(deep).to_bytes(4, "big") + deep)
+        assert sock.recv(1) == b""
+    with _connect(pg_node) as sock:
+        assert "nonce" in _greeting(sock)
