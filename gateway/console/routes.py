@@ -32,7 +32,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.cluster.registry import NodeRegistry
-from gateway.iam import BUILTIN, DEFAULT_USER_POLICY
+from gateway.iam import BUILTIN, DEFAULT_USER_POLICY, may_operate
 from gateway.jobs import progress
 from gateway.jobs.api import JobsApi
 from gateway.jobs.db import JobStore
@@ -161,7 +161,18 @@ class Console:
         if session is None or not session.signed_in or await self.signed_out.holds(session):
             return None
         key = await self._meta.get_key(session.access_key)
-        return session if key is not None and key.admin and not key.disabled else None
+        if key is None or key.disabled or not await self._operator(key.access_key, key.admin):
+            return None
+        return session
+
+    async def _operator(self, access_key: str, admin: bool) -> bool:
+        """Whether the key may use the console: marked admin, of a user holding `admin`."""
+        if not admin:
+            return False
+        rows = await self._meta.read_tenancy()
+        user = rows.key_users.get(access_key)
+        _, held = rows.users.get(user if user is not None else rows.admin_id or -1, ("", ()))
+        return may_operate(admin, held)
 
     def _render(
         self, request: Request, name: str, context: dict[str, Any], session: Session | None,
@@ -271,8 +282,9 @@ class Console:
         await self.sign_ins.succeeded(access_key, client)
         if key.disabled:
             return self._login_page(request, before, f"{access_key} is disabled.", 403)
-        if not key.admin:
-            return self._login_page(request, before, f"{access_key} is not an admin key.", 403)
+        if not await self._operator(key.access_key, key.admin):
+            said = f"{access_key} is not an admin key of a user holding the admin policy."
+            return self._login_page(request, before, said, 403)
         session, cookie = self.sessions.issue(key.access_key)
         response = RedirectResponse(HOME, 303)
         self._set_cookie(request, response, cookie, session.expires - self._clock())

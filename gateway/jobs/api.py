@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from gateway import errors
+from gateway.iam import may_operate
 from gateway.jobs.db import JobStore, UnknownBucket
 from gateway.jobs.model import JobSpec
 from gateway.meta import MetaStore
@@ -77,8 +78,13 @@ class JobsApi:
             raise errors.AccessDenied("The jobs API takes requests signed by an admin key.")
         if result.payload_hash != hashlib.sha256(body).hexdigest():
             raise errors.AccessDenied("The body's SHA-256 must be signed (x-amz-content-sha256).")
-        if not keys[result.access_key].admin:
-            raise errors.AccessDenied(f"{result.access_key} is not an admin key.")
+        rows = await self._meta.read_tenancy()
+        user = rows.key_users.get(result.access_key)
+        _, held = rows.users.get(user if user is not None else rows.admin_id or -1, ("", ()))
+        if not may_operate(keys[result.access_key].admin, held):
+            raise errors.AccessDenied(
+                f"{result.access_key} is not an admin key of a user holding the admin policy."
+            )
         return result.access_key
 
     async def _handle(self, request: Request, body: bytes, who: str) -> Response:

@@ -442,3 +442,26 @@ def test_the_console_answers_nul_and_huge_ids_without_a_500(pg_node: GatewayNode
         assert sock.recv(1) == b""
     with _connect(pg_node) as sock:
         assert "nonce" in _greeting(sock)
+
+
+def test_an_admin_key_of_a_user_without_admin_cannot_raise_its_own_rights(
+    node: GatewayNode,
+) -> None:
+    node.cli("users", "create", "climber")  # holds `own` only
+    key, secret = _key(node, "--admin", "--user", "climber")
+    with _console(node, "127.0.0.5") as client:
+        refused = _sign_in(client, key, secret)
+        assert refused.status_code == 403 and "admin policy" in refused.text
+        assert client.get("/users").status_code == 303  # no session: to the login page
+    request = AWSRequest(method="GET", url=f"{node.url}/_gateway/jobs")
+    request.headers["x-amz-content-sha256"] = hashlib.sha256(b"").hexdigest()
+    S3SigV4Auth(Credentials(key, secret), "s3", "us-east-1").add_auth(request)
+    answer = httpx.get(f"{node.url}/_gateway/jobs", headers=dict(request.headers.items()))
+    assert answer.status_code == 403
+    # Its S3 rights are its user's: no mount it does not own.
+    s3 = node.client(key, secret)
+    assert _code(lambda: s3.list_objects_v2(Bucket="homes")) == "AccessDenied"
+    # Given `admin` by an operator, the same key operates.
+    node.cli("policies", "attach", "admin", "--user", "climber")
+    with _console(node, "127.0.0.5") as client:
+        assert _sign_in(client, key, secret).status_code == 303
