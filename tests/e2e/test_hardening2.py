@@ -156,7 +156,10 @@ def node(module_dir: Path) -> Iterator[GatewayNode]:
     homes = module_dir / "homes"
     (homes / "home" / "alice").mkdir(parents=True)
     (homes / "home" / "alice" / "notes.txt").write_bytes(b"alice's notes")
-    node = start_gateway(module_dir / "node", args=("--metadata-ttl", "-1"))
+    buckets = module_dir / "buckets"
+    buckets.mkdir()
+    args = ("--metadata-ttl", "-1", "--bucket-store", buckets.as_uri())
+    node = start_gateway(module_dir / "node", args=args)
     node.cli("mount", "add", "homes", homes.as_uri())
     policy = module_dir / "home.json"
     policy.write_text(json.dumps(HOME_FOLDERS))
@@ -465,3 +468,26 @@ def test_an_admin_key_of_a_user_without_admin_cannot_raise_its_own_rights(
     node.cli("policies", "attach", "admin", "--user", "climber")
     with _console(node, "127.0.0.5") as client:
         assert _sign_in(client, key, secret).status_code == 303
+
+
+def _placement(node: GatewayNode, key: str, secret: str) -> dict[str, Any]:
+    url = f"{node.url}/_gateway/placement"
+    request = AWSRequest(method="GET", url=url)
+    request.headers["x-amz-content-sha256"] = hashlib.sha256(b"").hexdigest()
+    S3SigV4Auth(Credentials(key, secret), "s3", "us-east-1").add_auth(request)
+    answer = httpx.get(url, headers=dict(request.headers.items()), timeout=30)
+    assert answer.status_code == 200, answer.text
+    document: dict[str, Any] = answer.json()
+    return document
+
+
+def test_the_placement_document_shows_a_key_only_the_buckets_it_may_see(
+    node: GatewayNode,
+) -> None:
+    node.cli("users", "create", "outsider")  # `own`: no bucket yet
+    key, secret = _key(node, "--user", "outsider")
+    assert _placement(node, key, secret)["mounts"] == {}
+    assert "homes" in _placement(node, ACCESS_KEY, SECRET_KEY)["mounts"]
+    outsider = node.client(key, secret)
+    outsider.create_bucket(Bucket="outsiders")
+    assert set(_placement(node, key, secret)["mounts"]) == {"outsiders"}
