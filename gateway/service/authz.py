@@ -243,6 +243,11 @@ def build_authorizer(rows: TenancyRows, public_read: Iterable[str]) -> Authorize
         if found is not None:
             principals[access_key] = found
     public = set(public_read)
+    user_created = {
+        name: rows.user_created[uid]
+        for uid, (name, _) in rows.users.items()
+        if uid in rows.user_created
+    }
     buckets: dict[str, BucketRules] = {}
     for bucket, owner in rows.owners.items():
         document = rows.bucket_policies.get(bucket)
@@ -253,10 +258,16 @@ def build_authorizer(rows: TenancyRows, public_read: Iterable[str]) -> Authorize
             statements += _public_read(bucket)
         everyone = tuple(s for s in statements if s.principals is None or ANONYMOUS in s.principals)
         named: dict[str, list[Statement]] = {}
+        stored = rows.policy_stored.get(bucket)
         for s in statements:
             for user in s.principals or ():
-                if user != ANONYMOUS:
-                    named.setdefault(user, []).append(s)
+                if user == ANONYMOUS:
+                    continue
+                # A user made after the policy was stored is not the one it names.
+                created = user_created.get(user)
+                if stored is not None and created is not None and created > stored:
+                    continue
+                named.setdefault(user, []).append(s)
         buckets[bucket] = BucketRules(
             owner=owner if owner is not None else rows.admin_id,
             everyone=everyone,

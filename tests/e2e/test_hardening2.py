@@ -491,3 +491,30 @@ def test_the_placement_document_shows_a_key_only_the_buckets_it_may_see(
     outsider = node.client(key, secret)
     outsider.create_bucket(Bucket="outsiders")
     assert set(_placement(node, key, secret)["mounts"]) == {"outsiders"}
+
+
+def test_a_user_name_made_again_does_not_inherit_the_old_users_bucket_grants(
+    node: GatewayNode,
+) -> None:
+    node.cli("users", "create", "temp")
+    first = node.client(*_key(node, "--user", "temp"))
+    grant = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Principal": {"AWS": "arn:aws:iam:::user/temp"},
+                       "Action": "s3:GetObject",
+                       "Resource": "arn:aws:s3:::homes/home/alice/notes.txt"}],
+    }  # fmt: skip
+    node.client().put_bucket_policy(Bucket="homes", Policy=json.dumps(grant))
+    try:
+        read = first.get_object(Bucket="homes", Key="home/alice/notes.txt")["Body"].read()
+        assert read == b"alice's notes"
+        node.cli("users", "delete", "temp")
+        node.cli("users", "create", "temp")
+        second = node.client(*_key(node, "--user", "temp"))
+        get = lambda: second.get_object(Bucket="homes", Key="home/alice/notes.txt")  # noqa: E731
+        assert _code(get) == "AccessDenied"
+        # Stored again, the policy names the user of that name now.
+        node.client().put_bucket_policy(Bucket="homes", Policy=json.dumps(grant))
+        eventually(lambda: _code(get) == "OK")
+    finally:
+        node.client().delete_bucket_policy(Bucket="homes")
