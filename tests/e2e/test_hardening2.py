@@ -518,3 +518,23 @@ def test_a_user_name_made_again_does_not_inherit_the_old_users_bucket_grants(
         eventually(lambda: _code(get) == "OK")
     finally:
         node.client().delete_bucket_policy(Bucket="homes")
+
+
+def test_the_config_file_is_kept_out_of_mounts(tmp_path: Path) -> None:
+    conf = tmp_path / "etc"
+    conf.mkdir()
+    toml = conf / "gateway.toml"
+    toml.write_text(f'admin_access_key = "{ACCESS_KEY}"\nadmin_secret_key = "{SECRET_KEY}"\n')
+    node = start_gateway(tmp_path / "data", args=("--config", str(toml), "--workers", "1"))
+    try:
+        refused = node.cli(
+            "mount", "add", "conf", conf.as_uri(), "--config", str(toml), check=False
+        )
+        assert refused.returncode != 0 and "config file" in refused.stderr, refused.stderr
+        # Added by a CLI that did not know the file: the node, which does, serves it not.
+        node.cli("mount", "add", "conf", conf.as_uri())
+        get = lambda: node.client().get_object(Bucket="conf", Key="gateway.toml")  # noqa: E731
+        assert _code(get) != "OK"
+        assert "config file" in node.log()
+    finally:
+        node.stop()
