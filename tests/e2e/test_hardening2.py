@@ -538,3 +538,24 @@ def test_the_config_file_is_kept_out_of_mounts(tmp_path: Path) -> None:
         assert "config file" in node.log()
     finally:
         node.stop()
+
+
+def test_a_preloads_cache_budget_is_the_nodes_across_its_workers(tmp_path: Path) -> None:
+    files = tmp_path / "many"
+    files.mkdir()
+    for i in range(640):  # five batches: both workers take some
+        (files / f"{i:04d}.bin").write_bytes(bytes([i % 251]) * (64 << 10))
+    args = ("--cache-capacity", "8MiB", "--cache-memory", "0", "--cache-block-size", "1MiB")
+    node = start_gateway(tmp_path / "data", args=args)
+    try:
+        assert len(node.workers()) >= 2
+        node.cli("mount", "add", "many", files.as_uri(), "-o", "metadata_ttl=600")
+        eventually(lambda: "many" in node.buckets())
+        out = node.cli("load", "many/", "--format", "json", check=False)
+        ended = json.loads(out.stdout)
+        assert ended["state"] == "partial" and "full" in ended["message"], ended
+        assert 0 < ended["loaded_bytes"] <= 8 << 20, ended
+        verify = json.loads(node.cli("load", "many/", "--verify", "--format", "json").stdout)
+        assert verify["cached_bytes"] == ended["loaded_bytes"], (ended, verify)
+    finally:
+        node.stop()
