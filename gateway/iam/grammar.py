@@ -23,8 +23,8 @@ _CONDITION_KEY = re.compile(r"(aws|s3):[A-Za-z0-9_-]+", re.IGNORECASE)
 # it cannot evaluate must never decide by being absent, nor a variable by being taken as text.
 KNOWN_KEYS = frozenset(
     {
-        "aws:sourceip", "aws:securetransport", "aws:currenttime", "aws:epochtime",
-        "aws:username", "aws:userid", "s3:prefix", "s3:delimiter",
+        "aws:sourceip", "aws:securetransport", "aws:username", "aws:userid", "s3:prefix",
+        "s3:delimiter",
     }
 )  # fmt: skip
 _VARIABLE = re.compile(r"\$\{([^}]*)\}")

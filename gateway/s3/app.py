@@ -231,7 +231,8 @@ class S3App:
         is looked up, so that the answer says nothing of whether the object exists."""
         client = scope.get("client")
         source_ip = client[0] if client else None
-        self.service.enter_caller(req.access_key, source_ip)
+        secure = scope.get("scheme") == "https"
+        self.service.enter_caller(req.access_key, source_ip, secure)
         action = op.action
         if action == "s3:DeleteObject" and req.key is None:
             return  # DeleteObjects: each key is decided by the service, alone
@@ -240,7 +241,7 @@ class S3App:
             self.service.authorize(
                 req.access_key, action, req.bucket, req.key, source_ip,
                 prefix=query.get("prefix") if query else None,
-                delimiter=query.get("delimiter") if query else None,
+                delimiter=query.get("delimiter") if query else None, secure=secure,
             )  # fmt: skip
         except errors.AccessDenied:
             bucket = req.bucket

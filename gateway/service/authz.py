@@ -83,6 +83,7 @@ class Caller(NamedTuple):
 
     access_key: str | None
     source_ip: str | None
+    secure: bool | None = None  # over TLS (aws:SecureTransport); None: not known
 
 
 CALLER: ContextVar[Caller | None] = ContextVar("gateway_caller", default=None)
@@ -133,6 +134,7 @@ class Authorizer:
         source_ip: str | None,
         prefix: str | None = None,
         delimiter: str | None = None,
+        secure: bool | None = None,
     ) -> bool:
         if access_key in self.free:
             return True
@@ -159,6 +161,8 @@ class Authorizer:
             values["s3:prefix"] = prefix
         if delimiter is not None:
             values["s3:delimiter"] = delimiter
+        if secure is not None:
+            values["aws:securetransport"] = "true" if secure else "false"
         if p is not None:
             values["aws:username"] = p.name
             if p.user_id is not None:

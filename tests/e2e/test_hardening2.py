@@ -559,3 +559,21 @@ def test_a_preloads_cache_budget_is_the_nodes_across_its_workers(tmp_path: Path)
         assert verify["cached_bytes"] == ended["loaded_bytes"], (ended, verify)
     finally:
         node.stop()
+
+
+def test_a_deny_of_plain_http_holds_over_plain_http(node: GatewayNode, tmp_path: Path) -> None:
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Effect": "Allow", "Action": "s3:*", "Resource": "*"},
+            {"Effect": "Deny", "Action": "s3:*", "Resource": "*",
+             "Condition": {"Bool": {"aws:SecureTransport": "false"}}},
+        ],
+    }  # fmt: skip
+    document = tmp_path / "tls-only.json"
+    document.write_text(json.dumps(policy))
+    node.cli("policies", "create", "tls-only", str(document))
+    node.cli("users", "create", "careful", "--policy", "tls-only")
+    careful = node.client(*_key(node, "--user", "careful"))
+    get = lambda: careful.get_object(Bucket="homes", Key="home/alice/notes.txt")  # noqa: E731
+    assert _code(get) == "AccessDenied"  # this node serves plain HTTP
