@@ -47,13 +47,15 @@ def make_private(
     passage = socket is not None and _real(socket.parent) == _real(data_dir)
     top = PASSAGE_MODE if passage else DIR_MODE
     repaired: list[Repaired] = []
+    # Folders others could enter before this start: walked into below, whatever they are now.
+    opened = {str(p) for p in (data_dir, cache_dir) if p.is_dir() and p.stat().st_mode & 0o077}
     for folder, mode in ((data_dir, top), (cache_dir, DIR_MODE)):
         if folder.is_dir():  # first what exists: what the process may not do says so
             _repair(folder, mode, repaired)
         folder.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     _repair(data_dir, top, repaired)  # made by mkdir under an umask not ours
     for root in [data_dir] if _inside(cache_dir, data_dir) else [data_dir, cache_dir]:
-        for path, st in _walk(root, socket):
+        for path, st in _walk(root, socket, opened):
             wanted = DIR_MODE if stat.S_ISDIR(st.st_mode) else FILE_MODE
             _repair(path, wanted, repaired, st)
     if config_file is not None:
@@ -83,9 +85,14 @@ def _repair(
         repaired.append(Repaired(str(path), mode, now))
 
 
-def _walk(root: Path, socket: Path | None) -> Iterator[tuple[Path, os.stat_result]]:
-    """Every file and folder under root, not following links (a link's own mode means
-    nothing; what it points to outside is not the node's), leaving out the socket."""
+def _walk(
+    root: Path, socket: Path | None, opened: set[str]
+) -> Iterator[tuple[Path, os.stat_result]]:
+    """Every file and folder others could reach under root, not following links (a link's own
+    mode means nothing; what it points to outside is not the node's), leaving out the socket.
+    A folder that others could not enter (no group or other bits) is not walked into: what it
+    holds is out of their reach, whatever its modes, and this version made it so (its files
+    are 0600 too), so a start over a large cache costs a stat of each folder's first level."""
     skip = str(socket) if socket is not None else None
     stack = [str(root)]
     while stack:
@@ -104,7 +111,7 @@ def _walk(root: Path, socket: Path | None) -> Iterator[tuple[Path, os.stat_resul
             if stat.S_ISSOCK(st.st_mode):
                 continue
             yield Path(entry.path), st
-            if stat.S_ISDIR(st.st_mode):
+            if stat.S_ISDIR(st.st_mode) and (st.st_mode & 0o077 or entry.path in opened):
                 stack.append(entry.path)
 
 
