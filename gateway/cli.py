@@ -198,8 +198,27 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
+def _make_private(settings: Settings) -> None:
+    """The data dir and the cache are the node's alone (gateway/datadir.py), or no start."""
+    from gateway.datadir import NotPrivate, make_private
+
+    socket = settings.effective_local_socket if settings.short_circuit else None
+    try:
+        repaired = make_private(settings.data_dir, settings.effective_cache_dir, socket)
+    except NotPrivate as exc:
+        raise click.ClickException(str(exc)) from None
+    if repaired:
+        logging.getLogger("gateway").warning(
+            "made %d files and folders of the node private (first: %s, was %04o)",
+            len(repaired), repaired[0].path, repaired[0].was,
+        )  # fmt: skip
+
+
 async def _with_meta(settings: Settings, work: Callable[[MetaStore], Coroutine[Any, Any, T]]) -> T:
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    from gateway.datadir import DIR_MODE, private_umask
+
+    private_umask()  # the database, and the key file, the node's alone (gateway/datadir.py)
+    settings.data_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     meta = open_meta(settings)
     meta.on_change = functools.partial(_tell_node, settings)
     try:
@@ -250,6 +269,7 @@ def serve(**kwargs: Any) -> None:
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     setup_logging(settings.log_level)
+    _make_private(settings)
     from gateway.service import learnt
 
     learnt.reset(settings.effective_cache_dir)  # versions learnt by a run before this one
@@ -1158,7 +1178,10 @@ def _connect(kwargs: dict[str, Any]) -> tuple[Any, bool]:
     settings = _settings(kwargs)
 
     async def over_database() -> JobsClient:
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        from gateway.datadir import DIR_MODE, private_umask
+
+        private_umask()
+        settings.data_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         meta = open_meta(settings)
         await meta.migrate()
         return DatabaseClient(meta)

@@ -88,6 +88,7 @@ class Settings:
     short_circuit: bool = True  # hand cached block files to clients on this host (s3/local.py)
     local_socket: Path | None = None  # None: <data_dir>/gateway.sock
     local_socket_uids: str | None = None  # uids allowed, comma-separated; None: the node's own
+    config_file: Path | None = None  # the --config TOML it was read from (kept out of mounts)
     fast_hits: bool = True  # plain hits from memory answered at the edge (gateway/s3/fast.py)
     log_level: str = "info"
     demo: bool = False
@@ -164,7 +165,7 @@ def _coerce(name: str, value: Any) -> Any:
         return float(value)
     if name in {
         "data_dir", "cache_dir", "encryption_key_file", "tls_cert", "tls_key", "fleet_ca",
-        "local_socket",
+        "local_socket", "config_file",
     }:  # fmt: skip
         return Path(value)
     return str(value)
@@ -191,4 +192,6 @@ def build_settings(given: Mapping[str, Any], config_file: Path | None = None) ->
         for name, value in source.items():
             if name in _FIELDS:
                 merged[name] = _coerce(name, value)
+    if config_file is not None:
+        merged["config_file"] = config_file.resolve()
     return Settings(**merged)

@@ -96,7 +96,8 @@ class PlacementDocument:
     """/_gateway/placement: what a client needs to send each block read to the node that owns
     it, with the nodes' own placement function (gateway/client/routing.py): the members with
     their S3 URLs, weights and zones, the partition table's shape, and the mounts' block sizes
-    and ids. `version` changes with any of them."""
+    and ids, of the buckets the caller's key may see (as ListBuckets shows them). `version`
+    changes with any of them."""
 
     def __init__(self, settings: Settings, shared: Shared, fleet: Fleet | None) -> None:
         self._shared = shared
@@ -104,7 +105,7 @@ class PlacementDocument:
         self._own = s3_url(settings)
         self._urls: dict[str, str] = {}  # peers' S3 URLs, asked once of each
 
-    async def render(self) -> bytes:
+    async def render(self, access_key: str | None) -> bytes:
         if self._fleet is None:
             members = [{"id": "local", "s3": self._own, "weight": 1.0, "zone": ""}]
             partitions, max_replicas = DEFAULT_PARTITIONS, DEFAULT_MAX_REPLICAS
@@ -130,6 +131,7 @@ class PlacementDocument:
             h.bucket: {"id": h.id, "block_size": h.block_size, "replicas": h.replicas,
                        "cache": h.cache_enabled}
             for h in self._shared.namespace.mounts()
+            if self._shared.namespace.auth.may_see(access_key, h.bucket)
         }  # fmt: skip
         shape = {"partitions": partitions, "max_replicas": max_replicas, "nodes": members}
         version = hashlib.sha256(json.dumps([shape, mounts], sort_keys=True).encode())

@@ -211,7 +211,7 @@ def _held(path: str) -> bool | None:
 def _private(directory: str, stem: str) -> tuple[int, str]:
     """A new file under a private name in `directory`, already locked."""
     path = f"{directory}/.{stem}.{secrets.token_hex(6)}"
-    fd = os.open(path, _CREATE, 0o644)
+    fd = os.open(path, _CREATE, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
     except BaseException:
@@ -505,7 +505,7 @@ def spool(lock: str, index: int, data: bytes, flags: int) -> str:
     path = f"{lock}.{index}"
     sums = Checksums()
     sums.update(data)
-    fd = os.open(path, _CREATE, 0o644)
+    fd = os.open(path, _CREATE, 0o600)
     try:
         write_all(fd, data + sums.tail(flags))
     except BaseException:

@@ -275,7 +275,7 @@ class Janitor:
         if self._lock_fd is None:
             os.makedirs(self.root, exist_ok=True)
             path = os.path.join(self.root, JANITOR_LOCK)
-            self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

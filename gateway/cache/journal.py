@@ -139,7 +139,7 @@ def _create(directory: str) -> tuple[int, str]:
     os.makedirs(directory, exist_ok=True)
     stem = f"{os.getpid()}-{secrets.token_hex(6)}"
     private, public = f"{directory}/.{stem}.tmp", f"{directory}/{stem}{_SUFFIX}"
-    fd = os.open(private, _CREATE | os.O_APPEND, 0o644)
+    fd = os.open(private, _CREATE | os.O_APPEND, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.write(fd, RECORD.pack(OPEN, 0, _VERSION, os.getpid(), 0, _MAGIC))

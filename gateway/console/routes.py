@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import hmac
 import math
+import os
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -28,10 +29,10 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from gateway.cluster.registry import NodeRegistry
-from gateway.iam import BUILTIN, DEFAULT_USER_POLICY
+from gateway.iam import BUILTIN, DEFAULT_USER_POLICY, may_operate
 from gateway.jobs import progress
 from gateway.jobs.api import JobsApi
 from gateway.jobs.db import JobStore
@@ -48,7 +49,7 @@ from gateway.meta import (
 from gateway.service.shared import Shared
 
 from . import figures
-from .sessions import COOKIE, Session, Sessions
+from .sessions import COOKIE, Session, Sessions, SignedOut
 from .signin import SignInLimits
 
 PREFIX = "/_gateway/console"
@@ -65,6 +66,10 @@ _HEADERS = {
     "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; "
     "frame-ancestors 'none'; form-action 'self'",
 }
+SIGN_INS = "console-signins"  # the failed sign-ins the node's workers share (signin.py)
+SIGNED_OUT = "console-signed-out"  # the sessions ended by logout (sessions.py)
+_RAW_HEADERS = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in _HEADERS.items()]
+MAX_JOB_ID = (1 << 63) - 1  # a job id in the database (BIGINT): past it, no such job
 _MAX_FORM = 64 << 10  # bytes of a posted form
 _NO_KEY_SECRET = "x" * 40  # compared against when the key is unknown: the same work either way
 
@@ -95,13 +100,26 @@ class Console:
         self._registry = NodeRegistry(meta.engine, heartbeat_timeout)
         self._clock = clock
         self.sessions = Sessions(meta.derive_key("console-session"), clock)
-        self.sign_ins = SignInLimits(clock)
+        # Shared by the node's workers, in its cache dir (without one: this process's own).
+        folder = shared.pages.root if shared is not None else None
+        self.sign_ins = SignInLimits(clock, folder and os.path.join(folder, SIGN_INS))
+        self.signed_out = SignedOut(folder and os.path.join(folder, SIGNED_OUT), clock)
         self._templates = Jinja2Templates(directory=_HERE / "templates")
         self._templates.env.filters.update(size=_size, percent=_percent, seconds=_seconds)
         self._app = Starlette(routes=[Mount(PREFIX, routes=self._routes())])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._app(scope, receive, send)
+        """Every answer carries the security headers: pages, fragments, redirects, static
+        files, 404s and 405s alike."""
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                have = {name.lower() for name, _ in message.get("headers", [])}
+                extra = [(n.lower(), v) for n, v in _RAW_HEADERS if n.lower() not in have]
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        await self._app(scope, receive, send_with_headers)
 
     def _routes(self) -> list[Route | Mount]:
         page, live, act = self._page, self._live, self._action
@@ -140,10 +158,21 @@ class Console:
         """The request's signed-in session, if its key still exists, is an admin key and is
         not disabled."""
         session = self.sessions.read(request.cookies.get(COOKIE))
-        if session is None or not session.signed_in:
+        if session is None or not session.signed_in or await self.signed_out.holds(session):
             return None
         key = await self._meta.get_key(session.access_key)
-        return session if key is not None and key.admin and not key.disabled else None
+        if key is None or key.disabled or not await self._operator(key.access_key, key.admin):
+            return None
+        return session
+
+    async def _operator(self, access_key: str, admin: bool) -> bool:
+        """Whether the key may use the console: marked admin, of a user holding `admin`."""
+        if not admin:
+            return False
+        rows = await self._meta.read_tenancy()
+        user = rows.key_users.get(access_key)
+        _, held = rows.users.get(user if user is not None else rows.admin_id or -1, ("", ()))
+        return may_operate(admin, held)
 
     def _render(
         self, request: Request, name: str, context: dict[str, Any], session: Session | None,
@@ -238,7 +267,7 @@ class Console:
             return self._login_page(request, None, "The form expired: please sign in again.", 403)
         access_key, secret = str(form.get("access_key", "")), str(form.get("secret_key", ""))
         client = request.client.host if request.client else None
-        wait = self.sign_ins.retry_after(access_key, client)
+        wait = await self.sign_ins.retry_after(access_key, client)
         if wait > 0:
             seconds = math.ceil(wait)
             said = f"Too many failed sign-ins: try again in {seconds} s."
@@ -248,18 +277,21 @@ class Console:
         key = await self._meta.get_key(access_key) if access_key else None
         expected = key.secret_key if key is not None else _NO_KEY_SECRET
         if not hmac.compare_digest(secret.encode(), expected.encode()) or key is None:
-            self.sign_ins.failed(access_key, client)
+            await self.sign_ins.failed(access_key, client)
             return self._login_page(request, before, "Wrong access key or secret.", 401)
+        await self.sign_ins.succeeded(access_key, client)
         if key.disabled:
             return self._login_page(request, before, f"{access_key} is disabled.", 403)
-        if not key.admin:
-            return self._login_page(request, before, f"{access_key} is not an admin key.", 403)
+        if not await self._operator(key.access_key, key.admin):
+            said = f"{access_key} is not an admin key of a user holding the admin policy."
+            return self._login_page(request, before, said, 403)
         session, cookie = self.sessions.issue(key.access_key)
         response = RedirectResponse(HOME, 303)
         self._set_cookie(request, response, cookie, session.expires - self._clock())
         return response
 
     async def _logout(self, request: Request, session: Session) -> Response:
+        await self.signed_out.add(session)  # a copy of the cookie ends too
         response = RedirectResponse(LOGIN, 303)
         response.delete_cookie(COOKIE, path=PREFIX, httponly=True, samesite="strict")
         if request.headers.get("hx-request"):
@@ -353,7 +385,7 @@ class Console:
 
     async def _cancel_job(self, request: Request, session: Session) -> Response:
         job_id = int(request.path_params["job_id"])
-        found = await self._jobs.cancel(job_id)
+        found = await self._jobs.cancel(job_id) if job_id <= MAX_JOB_ID else None
         message = f"job {job_id} {found.state}" if found else f"no job {job_id}"
         context = await self._job_list(request, message)
         return self._render(request, "jobs_live.html", context, session)
@@ -479,7 +511,7 @@ class Console:
     async def _cache_job(self, request: Request, job_id: int | None = None) -> dict[str, Any]:
         if job_id is None:
             job_id = int(request.path_params["job_id"])
-        job = await self._jobs.get(job_id)
+        job = await self._jobs.get(job_id) if job_id <= MAX_JOB_ID else None
         if job is None:
             return {"job": None, "message": f"no job {job_id}"}
         cached = job.cached_bytes
@@ -502,6 +534,10 @@ async def _form(request: Request) -> dict[str, str]:
         if length.isdigit() and int(length) <= _MAX_FORM:
             body = await request.body()
         pairs = urllib.parse.parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
+        # A NUL is in no name, key, prefix or secret (and no database takes one in text): such
+        # a form is not read, and is refused as an empty one is (its CSRF token is missing).
+        if any("\x00" in name or "\x00" in value for name, value in pairs):
+            pairs = []
         form = request.state.form = dict(pairs)
     return form
 

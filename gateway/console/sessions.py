@@ -10,14 +10,18 @@ the login form is CSRF-protected as every other form is; logging in issues a new
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
+import fcntl
 import hashlib
 import hmac
 import json
+import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 COOKIE = "gateway_console"
@@ -97,3 +101,56 @@ def _unb64(text: str) -> bytes:
         return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
     except (binascii.Error, UnicodeEncodeError) as exc:
         raise ValueError("not base64") from exc
+
+
+class SignedOut:
+    """The sessions signed out before their expiry (by nonce), in a file of the node's cache
+    dir its worker processes share: a copy of a session's cookie ends with the session, on
+    whichever worker it comes back. (Each node keeps its own: on another node of a fleet, a
+    copy lasts until it expires, SESSION_TTL.)"""
+
+    def __init__(self, path: str | None, clock: Callable[[], float] = time.time) -> None:
+        self._path = path  # None: this process's memory alone
+        self._clock = clock
+        self._memory: dict[str, float] = {}
+
+    async def add(self, session: Session) -> None:
+        if self._path is None:
+            self._add(session)
+        else:
+            await asyncio.to_thread(self._add, session)
+
+    async def holds(self, session: Session) -> bool:
+        if self._path is None:
+            return self._holds(session.nonce)
+        return await asyncio.to_thread(self._holds, session.nonce)
+
+    def _add(self, session: Session) -> None:
+        with self._locked(write=True) as ended:
+            now = self._clock()
+            for nonce in [n for n, expires in ended.items() if expires <= now]:
+                del ended[nonce]  # expired anyway
+            ended[session.nonce] = session.expires
+
+    def _holds(self, nonce: str) -> bool:
+        with self._locked(write=False) as ended:
+            return nonce in ended
+
+    @contextlib.contextmanager
+    def _locked(self, write: bool) -> Iterator[dict[str, float]]:
+        if self._path is None:
+            yield self._memory
+            return
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "r+", encoding="utf-8") as f:
+            fcntl.flock(fd, fcntl.LOCK_EX if write else fcntl.LOCK_SH)
+            try:
+                ended: dict[str, float] = json.loads(f.read() or "{}")
+            except ValueError:
+                ended = {}
+            yield ended
+            if write:
+                f.seek(0)
+                f.truncate()
+                f.write(json.dumps(ended, separators=(",", ":")))
+                f.flush()

@@ -4,7 +4,7 @@ Pure: no I/O and nothing of the gateway. The service compiles each user's polici
 bucket's policy once per refresh (`compile_policy`) and asks `decide` on every request.
 """
 
-from .builtin import BUILTIN, DEFAULT_USER_POLICY, builtin_document
+from .builtin import BUILTIN, DEFAULT_USER_POLICY, builtin_document, may_operate
 from .evaluate import Decision, RequestContext, decide_statements, is_allowed
 from .grammar import (
     ANONYMOUS,
@@ -29,6 +29,7 @@ __all__ = [
     "compile_policy",
     "decide_statements",
     "is_allowed",
+    "may_operate",
     "user_arn",
     "wildcard",
 ]

@@ -4,6 +4,7 @@ Their documents are in the same grammar as custom ones (`gateway policies list` 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
 _ALL = "*"
 _READ_WRITE = [
@@ -62,3 +63,14 @@ DEFAULT_USER_POLICY = "own"
 def builtin_document(name: str) -> str | None:
     doc = BUILTIN.get(name)
     return None if doc is None else json.dumps(doc, indent=2)
+
+
+OPERATOR_POLICY = "admin"  # what a key's user must hold for the key's `admin` flag to count
+
+
+def may_operate(key_admin: bool, user_policies: Iterable[str]) -> bool:
+    """Whether a key may use the console and the jobs API (docs/tenants.md, "Admin keys"): it
+    is marked admin AND its user holds the built-in `admin` policy, so it may do everything
+    already. No key can raise its own rights: one marked admin whose user holds less gets no
+    operator rights from the mark, and so cannot attach a policy to its own user."""
+    return key_admin and OPERATOR_POLICY in user_policies

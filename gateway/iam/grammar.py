@@ -18,6 +18,17 @@ S3_ARN = "arn:aws:s3:::"
 _VERSIONS = frozenset({"2012-10-17", "2008-10-17"})
 _USER_ARN = re.compile(r"arn:aws:iam::[^:]*:user/([A-Za-z0-9_+=,.@-]{1,64})")
 _CONDITION_KEY = re.compile(r"(aws|s3):[A-Za-z0-9_-]+", re.IGNORECASE)
+# The condition keys the gateway knows a request's value of (lower case), and so the policy
+# variables it can fill in. A policy that names any other key is refused when stored: a key
+# it cannot evaluate must never decide by being absent, nor a variable by being taken as text.
+KNOWN_KEYS = frozenset(
+    {
+        "aws:sourceip", "aws:securetransport", "aws:username", "aws:userid", "s3:prefix",
+        "s3:delimiter",
+    }
+)  # fmt: skip
+_VARIABLE = re.compile(r"\$\{([^}]*)\}")
+_ESCAPES = {"*": "*", "?": "?", "$": "$"}  # ${*} ${?} ${$}: the character itself, as text
 _STATEMENT_FIELDS = frozenset(
     {"Sid", "Effect", "Principal", "Action", "NotAction", "Resource", "NotResource", "Condition"}
 )
@@ -36,6 +47,65 @@ Values = tuple[str, ...]
 Test = Callable[[str, Values], bool]
 
 
+class Unresolved(Exception):
+    """A policy variable with no value in this request: the statement cannot be evaluated, so
+    an Allow does not apply and a Deny does (a refusal, never a literal match)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """A Resource or a condition value with policy variables: text (with its wildcards) and,
+    between, the condition keys whose request values go in as plain text."""
+
+    parts: tuple[str, ...]  # text, key, text, key, ..., text (keys at odd places)
+    written: str
+
+    def fill(self, context: Mapping[str, str], quoted: bool) -> str:
+        """The value with the request's values in; `quoted`: as a wildcard pattern, in which
+        a filled-in `*` or `?` is text (\\* and \\?)."""
+        out = []
+        for i, part in enumerate(self.parts):
+            if i % 2 == 0:
+                out.append(part.replace("\\", "\\\\") if quoted else part)
+                continue
+            value = _ESCAPES.get(part)
+            if value is None:
+                value = context.get(part)
+                if value is None:
+                    raise Unresolved(part)
+            out.append(_quote(value) if quoted else value)
+        return "".join(out)
+
+    def matcher(self, context: Mapping[str, str]) -> Matcher:
+        return wildcard(self.fill(context, quoted=True), escaped=True)
+
+
+def _quote(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("*", "\\*").replace("?", "\\?")
+
+
+def _template(text: str, where: str) -> Template | None:
+    """The policy variables of `text`, or None if it has none; MalformedPolicy for a variable
+    the gateway cannot fill in."""
+    if "${" not in text:
+        return None
+    parts: list[str] = []
+    at = 0
+    for m in _VARIABLE.finditer(text):
+        name = m.group(1).strip()
+        key = name if name in _ESCAPES else name.lower()
+        if key not in _ESCAPES and key not in KNOWN_KEYS:
+            raise MalformedPolicy(
+                f"{where} has a policy variable the gateway cannot evaluate: {m.group(0)}"
+            )
+        parts += [text[at : m.start()], key]
+        at = m.end()
+    parts.append(text[at:])
+    if any("${" in p for p in parts[::2]):
+        raise MalformedPolicy(f"{where} has an unterminated policy variable: {text}")
+    return Template(tuple(parts), text)
+
+
 def _string_equals(value: str, values: Values) -> bool:
     return value in values
 
@@ -49,6 +119,10 @@ def _string_like(value: str, values: Values) -> bool:
     return any(wildcard(v)(value) for v in values)
 
 
+def _string_like_escaped(value: str, values: Values) -> bool:
+    return any(wildcard(v, escaped=True)(value) for v in values)
+
+
 def _ip_address(value: str, values: Values) -> bool:
     try:
         address = ipaddress.ip_address(value)
@@ -60,6 +134,8 @@ def _ip_address(value: str, values: Values) -> bool:
 def _bool(value: str, values: Values) -> bool:
     return value.lower() in {v.lower() for v in values}
 
+
+_TEXT_TESTS = (_string_equals, _string_equals_ic, _string_like)
 
 # operator -> (test, negated)
 _OPERATORS: dict[str, tuple[Test, bool]] = {
@@ -85,15 +161,26 @@ class Condition:
     if_exists: bool
     null: bool = False  # the Null operator: values say whether the key must be absent
 
+    templates: tuple[Template | None, ...] = ()  # per value: its policy variables
+
     def holds(self, context: Mapping[str, str]) -> bool:
         value = context.get(self.key)
+        test, values = self.test, self.values
+        if value is not None and any(self.templates):
+            # A filled-in value is text, even inside a StringLike pattern.
+            like = test is _string_like
+            values = tuple(
+                t.fill(context, like) if t is not None else v.replace("\\", "\\\\") if like else v
+                for v, t in zip(values, self.templates, strict=True)
+            )
+            test = _string_like_escaped if like else test
         if self.null:
             absent = value is None
             return any((v.lower() == "true") == absent for v in self.values)
         if value is None:
             # A key the request does not have: a negated operator holds, as in AWS.
             return self.if_exists or self.negated
-        return self.test(value, self.values) != self.negated
+        return test(value, values) != self.negated
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,15 +194,28 @@ class Statement:
     principals: frozenset[str] | None = None  # None: an identity policy's (its holder)
     all_resources: bool = False  # Resource "*" (with no NotResource)
     patterns: tuple[str, ...] = ()  # the resources as written, less "arn:aws:s3:::"
+    templates: tuple[Template | None, ...] = ()  # per resource: its policy variables
+    variables: bool = False  # some resource or condition value has a policy variable
 
     def matches(self, action: str, resource: str, context: Mapping[str, str]) -> bool:
         if action not in self.actions:
             return False
-        if not self.all_resources:
-            hit = any(m(resource) for m in self.resources)
-            if hit == self.not_resource:
-                return False
-        return all(c.holds(context) for c in self.conditions)
+        try:
+            if not self.all_resources:
+                hit = any(m(resource) for m in self._matchers(context))
+                if hit == self.not_resource:
+                    return False
+            return all(c.holds(context) for c in self.conditions)
+        except Unresolved:
+            return not self.allow  # cannot be evaluated: a refusal either way
+
+    def _matchers(self, context: Mapping[str, str]) -> tuple[Matcher, ...]:
+        if not self.variables or not any(self.templates):
+            return self.resources
+        return tuple(
+            t.matcher(context) if t is not None else m
+            for m, t in zip(self.resources, self.templates, strict=True)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +249,10 @@ def compile_policy(text: str | bytes, bucket: str | None = None) -> CompiledPoli
         raw = [raw]
     if not isinstance(raw, list) or not raw:
         raise MalformedPolicy("Missing required field Statement")
+    # Policy variables are the 2012-10-17 grammar's; in an older document `${...}` would be
+    # text, which the gateway never matches literally.
+    if version != "2012-10-17" and "${" in json.dumps(raw):
+        raise MalformedPolicy('Policy variables need "Version": "2012-10-17"')
     statements = tuple(_statement(s, bucket) for s in raw)
     sids = [s.sid for s in statements if s.sid]
     if len(sids) != len(set(sids)):
@@ -179,7 +283,7 @@ def _statement(raw: Any, bucket: str | None) -> Statement:
     if effect not in ("Allow", "Deny"):
         raise MalformedPolicy("Invalid effect: Effect must be Allow or Deny")
     actions = _actions(raw)
-    resources, not_resource, all_resources = _resources(raw, bucket)
+    resources, not_resource, all_resources, templates = _resources(raw, bucket)
     principals: frozenset[str] | None = None
     if bucket is not None:
         if "Principal" not in raw:
@@ -200,6 +304,8 @@ def _statement(raw: Any, bucket: str | None) -> Statement:
         principals=principals,
         all_resources=all_resources,
         patterns=patterns,
+        templates=templates,
+        variables=any(templates) or any(any(c.templates) for c in conditions),
     )
 
 
@@ -237,7 +343,7 @@ def _actions(raw: Mapping[str, Any]) -> frozenset[str]:
 
 def _resources(
     raw: Mapping[str, Any], bucket: str | None
-) -> tuple[tuple[Matcher, ...], bool, bool]:
+) -> tuple[tuple[Matcher, ...], bool, bool, tuple[Template | None, ...]]:
     if ("Resource" in raw) == ("NotResource" in raw):
         raise MalformedPolicy("Each statement must have exactly one of Resource or NotResource")
     negated = "NotResource" in raw
@@ -259,7 +365,8 @@ def _resources(
                     f"Policy has invalid resource: {pattern} (not within {S3_ARN}{bucket})"
                 )
     everything = not negated and "*" in patterns
-    return tuple(wildcard(p) for p in patterns), negated, everything
+    templates = tuple(_template(p, "Resource") for p in patterns)
+    return tuple(wildcard(p) for p in patterns), negated, everything, templates
 
 
 def _principals(raw: Any) -> frozenset[str]:
@@ -295,6 +402,11 @@ def _conditions(raw: Any) -> tuple[Condition, ...]:
         for key, value in block.items():
             if not isinstance(key, str) or _CONDITION_KEY.fullmatch(key) is None:
                 raise MalformedPolicy(f"Invalid Condition key: {key}")
+            if key.lower() not in KNOWN_KEYS:
+                raise MalformedPolicy(
+                    f"The gateway cannot evaluate the condition key {key}: it knows "
+                    + ", ".join(sorted(KNOWN_KEYS))
+                )
             if isinstance(value, bool):
                 value = "true" if value else "false"
             elif isinstance(value, list):
@@ -306,6 +418,9 @@ def _conditions(raw: Any) -> tuple[Condition, ...]:
                 found.append(Condition(operator, key.lower(), values, _bool, False, False, True))
                 continue
             test, negated = _OPERATORS[base]
+            templates = tuple(_template(v, f"Condition {operator} {key}") for v in values)
+            if any(templates) and test not in _TEXT_TESTS:
+                raise MalformedPolicy(f"Policy variables are for string conditions: {operator}")
             if test is _ip_address:
                 for v in values:
                     try:
@@ -314,5 +429,7 @@ def _conditions(raw: Any) -> tuple[Condition, ...]:
                         raise MalformedPolicy(f"Invalid IP address in {operator}: {v}") from None
             if test is _bool and any(v.lower() not in ("true", "false") for v in values):
                 raise MalformedPolicy(f"Invalid Condition value for Bool: {values}")
-            found.append(Condition(operator, key.lower(), values, test, negated, if_exists))
+            found.append(
+                Condition(operator, key.lower(), values, test, negated, if_exists, False, templates)
+            )
     return tuple(found)

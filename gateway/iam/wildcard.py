@@ -16,10 +16,13 @@ def _always(_: str) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)
-def wildcard(pattern: str, ignore_case: bool = False) -> Matcher:
-    """A predicate: does a whole value match `pattern`?"""
+def wildcard(pattern: str, ignore_case: bool = False, escaped: bool = False) -> Matcher:
+    """A predicate: does a whole value match `pattern`? `escaped`: `\\*`, `\\?` and `\\\\` in
+    the pattern are those characters as text (how a filled-in policy variable is put in)."""
     if pattern == "*":
         return _always
+    if escaped and "\\" in pattern:
+        return _escaped(pattern, ignore_case)
     if "*" not in pattern and "?" not in pattern:
         if ignore_case:
             folded = pattern.casefold()
@@ -33,6 +36,25 @@ def wildcard(pattern: str, ignore_case: bool = False) -> Matcher:
             parts.append(".")
         else:
             parts.append(re.escape(char))
+    return _regex("".join(parts), ignore_case)
+
+
+def _escaped(pattern: str, ignore_case: bool) -> Matcher:
+    parts = []
+    chars = iter(pattern)
+    for char in chars:
+        if char == "\\":
+            parts.append(re.escape(next(chars, "\\")))
+        elif char == "*":
+            parts.append(".*")
+        elif char == "?":
+            parts.append(".")
+        else:
+            parts.append(re.escape(char))
+    return _regex("".join(parts), ignore_case)
+
+
+def _regex(expression: str, ignore_case: bool) -> Matcher:
     flags = re.DOTALL | (re.IGNORECASE if ignore_case else 0)
-    compiled = re.compile("".join(parts), flags).fullmatch
+    compiled = re.compile(expression, flags).fullmatch
     return lambda value: compiled(value) is not None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from gateway import errors
+from gateway.iam import may_operate
 from gateway.jobs.db import JobStore, UnknownBucket
 from gateway.jobs.model import JobSpec
 from gateway.meta import MetaStore
@@ -32,6 +34,8 @@ PREFIX = "/_gateway/jobs"
 _ONE = re.compile(rf"^{PREFIX}/([0-9]+)$")
 _CANCEL = re.compile(rf"^{PREFIX}/([0-9]+)/cancel$")
 _MAX_BODY = 64 << 10
+_MAX_DEPTH = 8  # levels of JSON in a job's options (they use two)
+MAX_ID = (1 << 63) - 1  # a job id in the database (BIGINT): past it, no such job
 
 
 def is_jobs_path(path: str) -> bool:
@@ -74,8 +78,13 @@ class JobsApi:
             raise errors.AccessDenied("The jobs API takes requests signed by an admin key.")
         if result.payload_hash != hashlib.sha256(body).hexdigest():
             raise errors.AccessDenied("The body's SHA-256 must be signed (x-amz-content-sha256).")
-        if not keys[result.access_key].admin:
-            raise errors.AccessDenied(f"{result.access_key} is not an admin key.")
+        rows = await self._meta.read_tenancy()
+        user = rows.key_users.get(result.access_key)
+        _, held = rows.users.get(user if user is not None else rows.admin_id or -1, ("", ()))
+        if not may_operate(keys[result.access_key].admin, held):
+            raise errors.AccessDenied(
+                f"{result.access_key} is not an admin key of a user holding the admin policy."
+            )
         return result.access_key
 
     async def _handle(self, request: Request, body: bytes, who: str) -> Response:
@@ -98,9 +107,10 @@ class JobsApi:
         if (m := _ONE.match(path)) and method == "GET":
             return await self._one(int(m.group(1)))
         if (m := _CANCEL.match(path)) and method == "POST":
-            if await self._store.cancel(int(m.group(1))) is None:
-                return _missing(int(m.group(1)))
-            return await self._one(int(m.group(1)))
+            job_id = int(m.group(1))
+            if job_id > MAX_ID or await self._store.cancel(job_id) is None:
+                return _missing(job_id)
+            return await self._one(job_id)
         return JSONResponse({"error": "NotFound", "message": f"no {method} {path}"}, 404)
 
     async def submit(self, options: dict[str, Any], who: str) -> int:
@@ -112,7 +122,7 @@ class JobsApi:
         return job_id
 
     async def _one(self, job_id: int, status: int = 200) -> Response:
-        job = await self._store.get(job_id)
+        job = await self._store.get(job_id) if job_id <= MAX_ID else None
         if job is None:
             return _missing(job_id)
         return JSONResponse(job.to_json(), status)
@@ -135,8 +145,36 @@ async def _body(request: Request) -> bytes:
 def _json(body: bytes) -> dict[str, Any]:
     try:
         raw = json.loads(body or b"{}")
+    except RecursionError:
+        raise ValueError("the body is nested too deep") from None
     except ValueError as exc:
         raise ValueError(f"the body is not JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise ValueError("the body is a JSON object of job options")
+    _check_values(raw)
     return raw
+
+
+def _check_values(value: Any, depth: int = 0) -> None:
+    """ValueError for what no job option is and the database cannot store: text with a NUL,
+    a whole number past 64 bits, a number that is not finite, nesting past a few levels."""
+    if depth > _MAX_DEPTH:
+        raise ValueError("the body is nested too deep")
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError("a job option has a NUL character")
+    elif isinstance(value, bool):
+        pass
+    elif isinstance(value, int):
+        if not -MAX_ID - 1 <= value <= MAX_ID:
+            raise ValueError(f"a number past 64 bits: {str(value)[:24]}...")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("a number that is not finite")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_values(key, depth + 1)
+            _check_values(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _check_values(item, depth + 1)

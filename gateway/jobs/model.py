@@ -31,6 +31,9 @@ _UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
 _BINARY = {"ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40}
 
 
+MAX_BANDWIDTH = 1 << 60  # bytes/s: past any fleet, and within the database's 64 bits
+
+
 def parse_bandwidth(text: str) -> int:
     """Bytes per second from '200MiB/s', '1.5GB/s', '500k' (per second when no unit of time)."""
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]i?)?b?(?:/s)?\s*", text.lower())
@@ -64,8 +67,8 @@ class JobSpec:
             raise ValueError(f"replicas must be 1 to {MAX_REPLICAS}")
         if not 1 <= self.concurrency <= MAX_CONCURRENCY:
             raise ValueError(f"concurrency must be 1 to {MAX_CONCURRENCY}")
-        if self.bandwidth is not None and self.bandwidth < 1:
-            raise ValueError("bandwidth must be at least 1 byte/s")
+        if self.bandwidth is not None and not 1 <= self.bandwidth <= MAX_BANDWIDTH:
+            raise ValueError("bandwidth must be at least 1 byte/s and at most 1 EiB/s")
         if self.verify and (self.metadata_only or self.refresh or self.pin):
             raise ValueError("--verify loads nothing: it goes with no --pin, --refresh or "
                              "--metadata-only")  # fmt: skip

@@ -29,6 +29,7 @@ from gateway.jobs import warm
 from gateway.jobs.bandwidth import TokenBucket
 from gateway.jobs.db import ActiveJob, Item, JobStore, Tally, WorkRow, batches
 from gateway.jobs.model import ACTIVE, LISTING, QUEUED, RUNNING, JobSpec
+from gateway.jobs.usage import NodeUsage
 from gateway.meta import MetaUnavailable
 from gateway.service.namespace import MountHandle
 from gateway.service.reads import Reader, block_key
@@ -96,7 +97,10 @@ class JobRunner:
         self._listing: dict[int, asyncio.Task[None]] = {}
         self._working: dict[int, asyncio.Task[None]] = {}
         self._seeded: dict[int, int] = {}
-        self._used: dict[int, int] = {}  # job -> bytes its blocks take in this node's cache
+        # Bytes each job's blocks take in this node's cache, counted with the node's other
+        # workers: the budget is the node's.
+        self._usage = NodeUsage(reader.pages.root)
+        self._counted: set[int] = set()  # jobs whose count this process has started
         self._buckets: dict[int, TokenBucket] = {}
         self._wake = asyncio.Event()
         self.stopping = False
@@ -334,10 +338,12 @@ class JobRunner:
         not in the placement now)."""
         items = await self.store.batch_items(row.job_id, row.batch)
         job = _Job(self, spec, handle, row, departed, nodes)
-        if row.job_id not in self._used:
-            self._used[row.job_id] = await self.store.node_bytes(row.job_id, self.me.id)
+        if row.job_id not in self._counted:
+            await self._usage.start(row.job_id, await self.store.node_bytes(row.job_id, self.me.id))
+            self._counted.add(row.job_id)
         job.leave_room_for_pins(
-            await asyncio.to_thread(self.reader.pages.janitor_stats), self._used[row.job_id]
+            await asyncio.to_thread(self.reader.pages.janitor_stats),
+            await self._usage.get(row.job_id),
         )
         # The reporter and the work stop each other by word, not by cancelling: a task
         # cancelled inside a database call can have its cancellation swallowed by the
@@ -567,22 +573,23 @@ class _Job:
                 # Read once as pinned: the janitor pins a cached block on its next use.
                 await pages.read_hit(bkey, length, 0, length, pinned=True)
             if not self.spec.verify:
-                self.runner._used[job_id] = self.runner._used.get(job_id, 0) + on_disk
+                await self.runner._usage.add(job_id, on_disk)
             t.cached_bytes += length
             return True, False
         if self.spec.verify:
             return False, False
         async with self.slots:
             self.check()
-            if self.row.tally.full or self.runner._used.get(job_id, 0) + on_disk > self.budget:
+            if self.row.tally.full or not await self.runner._usage.reserve(
+                job_id, on_disk, self.budget
+            ):
                 # Never evict what this job loaded (or pinned data) to make room for more.
                 self.row.tally.full = True
                 return False, False
-            self.runner._used[job_id] = self.runner._used.get(job_id, 0) + on_disk
             if self.bucket is not None and source is None:  # a copy from a peer is no WAN's
                 await self.bucket.take(length)
                 if self.runner.stopping or self.halt is not None:
-                    self.runner._used[job_id] -= on_disk
+                    await self.runner._usage.add(job_id, -on_disk)
                     self.check()
             await self.runner.yield_to_clients()
             self.check()
@@ -603,7 +610,7 @@ class _Job:
             finally:
                 self.runner.own_fills -= 1
         if not await warm.kept(pages, bkey):
-            self.runner._used[job_id] -= on_disk
+            await self.runner._usage.add(job_id, -on_disk)
             t.unkept_bytes += length
             self.row.tally.full = True  # the disk's free-space floor: stop filling here
             return False, True

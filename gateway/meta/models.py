@@ -93,6 +93,11 @@ class TenancyRows:
     policies: dict[str, str]  # custom policy name -> document
     owners: dict[str, int | None]  # bucket -> owner's user id (None: the admin user)
     bucket_policies: dict[str, str]  # bucket -> document
+    # When each user was created and each bucket policy stored: a bucket policy names users
+    # by name, and grants a user of that name only if it existed when the policy was stored
+    # (a name deleted and made again is another user, as IAM's unique ids make it).
+    user_created: dict[int, datetime] = field(default_factory=dict)
+    policy_stored: dict[str, datetime] = field(default_factory=dict)
 
 
 class UserExists(MetaError):

@@ -224,7 +224,9 @@ class Tenants:
 
     async def read_tenancy(self) -> TenancyRows:
         async with self._connect() as conn:
-            user_rows = (await conn.execute(sa.select(users.c.id, users.c.name))).all()
+            user_rows = (
+                await conn.execute(sa.select(users.c.id, users.c.name, users.c.created_at))
+            ).all()
             held: dict[int, list[str]] = {}
             for uid, policy in await conn.execute(
                 sa.select(user_policies.c.user_id, user_policies.c.policy).order_by(
@@ -242,12 +244,13 @@ class Tenants:
                 (await conn.execute(sa.select(mounts.c.bucket, mounts.c.owner_id))).tuples().all()
             )
             bucket_docs = await conn.execute(
-                sa.select(mounts.c.bucket, bucket_policies.c.document).join(
-                    bucket_policies, bucket_policies.c.mount_id == mounts.c.id
-                )
+                sa.select(
+                    mounts.c.bucket, bucket_policies.c.document, bucket_policies.c.updated_at
+                ).join(bucket_policies, bucket_policies.c.mount_id == mounts.c.id)
             )
-            by_bucket = dict(bucket_docs.tuples().all())
-        names = {uid: name for uid, name in user_rows}
+            stored = bucket_docs.tuples().all()
+        by_bucket = {bucket: document for bucket, document, _ in stored}
+        names = {uid: name for uid, name, _ in user_rows}
         admin_id = next((uid for uid, name in names.items() if name == ADMIN_USER), None)
         return TenancyRows(
             admin_id=admin_id,
@@ -256,4 +259,6 @@ class Tenants:
             policies=custom,
             owners=owners,
             bucket_policies=by_bucket,
+            user_created={uid: at for uid, _, at in user_rows},
+            policy_stored={bucket: at for bucket, _, at in stored},
         )

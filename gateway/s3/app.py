@@ -100,7 +100,8 @@ class S3App:
         self.verifier_v2 = SigV2Verifier(service.secret_for)
         self.fast = FastHits(service, self.verifier, base_domain, self.access_log, self.verifier_v2)
         # JSON documents for clients at /_gateway/<name> (the node gives them), signed GETs.
-        self.documents: dict[str, Callable[[], Awaitable[bytes]]] = {}
+        # Each is given the caller's access key: a document shows what that key may see.
+        self.documents: dict[str, Callable[[str | None], Awaitable[bytes]]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
@@ -185,7 +186,7 @@ class S3App:
         produce = self.documents.get(req.raw_path.partition("?")[0][len(DOCUMENTS) :])
         if produce is None or req.method not in ("GET", "HEAD"):
             raise errors.NotImplementedError_("No such document on this node.")
-        reply = Reply(body=await produce())
+        reply = Reply(body=await produce(req.access_key))
         reply.header("content-type", "application/json")
         return reply
 
@@ -230,7 +231,8 @@ class S3App:
         is looked up, so that the answer says nothing of whether the object exists."""
         client = scope.get("client")
         source_ip = client[0] if client else None
-        self.service.enter_caller(req.access_key, source_ip)
+        secure = scope.get("scheme") == "https"
+        self.service.enter_caller(req.access_key, source_ip, secure)
         action = op.action
         if action == "s3:DeleteObject" and req.key is None:
             return  # DeleteObjects: each key is decided by the service, alone
@@ -239,7 +241,7 @@ class S3App:
             self.service.authorize(
                 req.access_key, action, req.bucket, req.key, source_ip,
                 prefix=query.get("prefix") if query else None,
-                delimiter=query.get("delimiter") if query else None,
+                delimiter=query.get("delimiter") if query else None, secure=secure,
             )  # fmt: skip
         except errors.AccessDenied:
             bucket = req.bucket

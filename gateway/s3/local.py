@@ -33,13 +33,16 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
+import errno
 import fcntl
 import json
 import logging
 import os
+import resource
 import secrets
 import socket
 import struct
+from collections import Counter as Tally
 from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import parse_qsl
@@ -64,6 +67,16 @@ MAX_FDS = 253  # descriptors in one message (the kernel's SCM_MAX_FD)
 # are cheaper inline, and a request of many pays one hop for all of them.
 INLINE_OPENS = 16
 _UCRED = struct.Struct("3i")  # pid, uid, gid
+# A connection that has not proved its key within this long is closed: an idle connection
+# holds a descriptor of the node's.
+HELLO_TIMEOUT = 10.0
+# Connections one uid may hold at once (a DataLoader holds one per worker process), and the
+# share of the node's descriptors all connections together may hold: the rest is the node's
+# own work (block files, the database, its HTTP clients, the janitor, metrics).
+PER_UID = 64
+SHARE_OF_DESCRIPTORS = 4  # at most 1/4 of RLIMIT_NOFILE
+# accept() failing for want of descriptors or memory: the accept loop waits and goes on.
+_SCARCE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 HANDED = Counter(
     "gateway_local_reads",
@@ -98,11 +111,23 @@ class LocalReads:
         verifier: SigV4Verifier,
         path: Path,
         allowed_uids: frozenset[int],
+        *,
+        hello_timeout: float = HELLO_TIMEOUT,
+        per_uid: int = PER_UID,
     ) -> None:
         self._service = service
         self._verifier = verifier
         self.path = path
         self._uids = allowed_uids
+        self._hello_timeout = hello_timeout
+        self._per_uid = per_uid
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        limit = soft if soft != resource.RLIM_INFINITY else 1 << 16
+        self._max_connections = max(8, limit // SHARE_OF_DESCRIPTORS)
+        self._held: Tally[int] = Tally()  # connections by uid
+        # A descriptor kept for the moment accept() finds none: closed, it lets the accept
+        # loop take one waiting connection and close it (else it would stay in the backlog).
+        self._reserve: int | None = None
         self._sock: socket.socket | None = None
         self._lock: int | None = None
         self._accepting: asyncio.Task[None] | None = None
@@ -126,6 +151,7 @@ class LocalReads:
         sock.listen(128)
         sock.setblocking(False)
         self._sock = sock
+        self._reserve = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self._accepting = asyncio.create_task(self._accept())
         log.info("short-circuit reads on %s (uids %s)", self.path, sorted(self._uids))
         return True
@@ -144,15 +170,40 @@ class LocalReads:
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None
+        if self._reserve is not None:
+            os.close(self._reserve)
+            self._reserve = None
 
     async def _accept(self) -> None:
         assert self._sock is not None
         loop = asyncio.get_running_loop()
         while True:
-            conn, _ = await loop.sock_accept(self._sock)
+            try:
+                conn, _ = await loop.sock_accept(self._sock)
+            except OSError as exc:
+                if exc.errno not in _SCARCE:
+                    raise
+                HANDED.labels("no_descriptor").inc()
+                log.warning("short-circuit: cannot accept a connection: %s", exc.strerror)
+                self._shed()
+                await asyncio.sleep(0.1)  # let the node's own work close what it holds
+                continue
             task = asyncio.create_task(self._serve(conn))
             self._clients.add(task)
             task.add_done_callback(self._clients.discard)
+
+    def _shed(self) -> None:
+        """With the reserve descriptor, take one waiting connection and close it: its client
+        sees the connection end (and reads over HTTP), rather than a connect that hangs."""
+        assert self._sock is not None
+        if self._reserve is not None:
+            os.close(self._reserve)
+            self._reserve = None
+        with contextlib.suppress(OSError):
+            conn, _ = self._sock.accept()
+            conn.close()
+        with contextlib.suppress(OSError):
+            self._reserve = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
 
     async def _serve(self, conn: socket.socket) -> None:
         with conn:
@@ -167,31 +218,57 @@ class LocalReads:
                 # For this uid, whatever it asks: the client need not ask again soon.
                 await _send(conn, {**_error(error), "scope": "uid"}, [])
                 return
-            nonce = secrets.token_hex(16)
+            if self._held[uid] >= self._per_uid or len(self._clients) > self._max_connections:
+                HANDED.labels("too_many").inc()
+                log.warning("short-circuit: too many connections (uid %d holds %d)",
+                            uid, self._held[uid])  # fmt: skip
+                error = errors.SlowDown(
+                    f"At most {self._per_uid} short-circuit connections per user; read over "
+                    "HTTP, or close some."
+                )
+                await _send(conn, {**_error(error), "scope": "connection"}, [])
+                return
+            self._held[uid] += 1
             try:
-                await _send(conn, {"v": 2, "nonce": nonce}, [])
-                hello = await _receive(conn)
-                if hello is None:
+                await self._converse(conn)
+            finally:
+                self._held[uid] -= 1
+                if not self._held[uid]:
+                    del self._held[uid]
+
+    async def _converse(self, conn: socket.socket) -> None:
+        """A connection of an allowed uid: its hello (in HELLO_TIMEOUT), then its requests."""
+        nonce = secrets.token_hex(16)
+        try:
+            await _send(conn, {"v": 2, "nonce": nonce}, [])
+            try:
+                async with asyncio.timeout(self._hello_timeout):
+                    hello = await _receive(conn)
+            except TimeoutError:
+                HANDED.labels("hello_timeout").inc()
+                log.info("short-circuit: no hello in %.0f s", self._hello_timeout)
+                return
+            if hello is None:
+                return
+            try:
+                access_key, secret = self._hello(hello, nonce)
+            except errors.S3Error as exc:
+                HANDED.labels(exc.code).inc()
+                await _send(conn, {**_error(exc), "scope": "connection"}, [])
+                return
+            await _send(conn, {"key": access_key}, [])
+            while True:
+                request = await _receive(conn)
+                if request is None:
                     return
-                try:
-                    access_key, secret = self._hello(hello, nonce)
-                except errors.S3Error as exc:
-                    HANDED.labels(exc.code).inc()
-                    await _send(conn, {**_error(exc), "scope": "connection"}, [])
+                if self._service.secret_for(access_key) != secret:
+                    error = errors.InvalidAccessKeyId("The connection's key has changed.")
+                    HANDED.labels(error.code).inc()
+                    await _send(conn, {**_error(error), "scope": "connection"}, [])
                     return
-                await _send(conn, {"key": access_key}, [])
-                while True:
-                    request = await _receive(conn)
-                    if request is None:
-                        return
-                    if self._service.secret_for(access_key) != secret:
-                        error = errors.InvalidAccessKeyId("The connection's key has changed.")
-                        HANDED.labels(error.code).inc()
-                        await _send(conn, {**_error(error), "scope": "connection"}, [])
-                        return
-                    await self._answer(conn, access_key, request)
-            except (ConnectionError, ValueError) as exc:
-                log.info("short-circuit: dropped a client: %s", exc)
+                await self._answer(conn, access_key, request)
+        except (ConnectionError, ValueError) as exc:
+            log.info("short-circuit: dropped a client: %s", exc)
 
     def _hello(self, hello: dict[str, object], nonce: str) -> tuple[str, str]:
         """The access key that signed this connection's nonce (and its secret now)."""
@@ -387,7 +464,10 @@ async def _receive(conn: socket.socket) -> dict[str, object] | None:
     body = await _exactly(loop, conn, size)
     if body is None:
         raise ConnectionError("the client went away mid-request")
-    request = json.loads(body)
+    try:
+        request = json.loads(body)
+    except RecursionError:  # nested too deep for the parser: a bad request, not a dead task
+        raise ValueError("a request nested too deep") from None
     if not isinstance(request, dict):
         raise ValueError("a request must be a JSON object")
     return request

@@ -83,6 +83,7 @@ class Caller(NamedTuple):
 
     access_key: str | None
     source_ip: str | None
+    secure: bool | None = None  # over TLS (aws:SecureTransport); None: not known
 
 
 CALLER: ContextVar[Caller | None] = ContextVar("gateway_caller", default=None)
@@ -133,6 +134,7 @@ class Authorizer:
         source_ip: str | None,
         prefix: str | None = None,
         delimiter: str | None = None,
+        secure: bool | None = None,
     ) -> bool:
         if access_key in self.free:
             return True
@@ -159,8 +161,12 @@ class Authorizer:
             values["s3:prefix"] = prefix
         if delimiter is not None:
             values["s3:delimiter"] = delimiter
+        if secure is not None:
+            values["aws:securetransport"] = "true" if secure else "false"
         if p is not None:
             values["aws:username"] = p.name
+            if p.user_id is not None:
+                values["aws:userid"] = str(p.user_id)
         ctx = RequestContext(action, resource, values)
         identity = p.policies if p is not None else ()
         statements = rules.statements_for(p.name if p else None) if rules is not None else ()
@@ -233,7 +239,7 @@ def build_authorizer(rows: TenancyRows, public_read: Iterable[str]) -> Authorize
             policies=policies,
             allows_all=not has_deny and any(p.allows_all for p in policies),
             has_deny=has_deny,
-            conditional=any(s.conditions for p in policies for s in p.statements),
+            conditional=any(s.conditions or s.variables for p in policies for s in p.statements),
         )
     principals: dict[str, Principal] = {}
     for access_key, key_user in rows.key_users.items():
@@ -241,6 +247,11 @@ def build_authorizer(rows: TenancyRows, public_read: Iterable[str]) -> Authorize
         if found is not None:
             principals[access_key] = found
     public = set(public_read)
+    user_created = {
+        name: rows.user_created[uid]
+        for uid, (name, _) in rows.users.items()
+        if uid in rows.user_created
+    }
     buckets: dict[str, BucketRules] = {}
     for bucket, owner in rows.owners.items():
         document = rows.bucket_policies.get(bucket)
@@ -251,16 +262,22 @@ def build_authorizer(rows: TenancyRows, public_read: Iterable[str]) -> Authorize
             statements += _public_read(bucket)
         everyone = tuple(s for s in statements if s.principals is None or ANONYMOUS in s.principals)
         named: dict[str, list[Statement]] = {}
+        stored = rows.policy_stored.get(bucket)
         for s in statements:
             for user in s.principals or ():
-                if user != ANONYMOUS:
-                    named.setdefault(user, []).append(s)
+                if user == ANONYMOUS:
+                    continue
+                # A user made after the policy was stored is not the one it names.
+                created = user_created.get(user)
+                if stored is not None and created is not None and created > stored:
+                    continue
+                named.setdefault(user, []).append(s)
         buckets[bucket] = BucketRules(
             owner=owner if owner is not None else rows.admin_id,
             everyone=everyone,
             by_user={u: tuple(ss) for u, ss in named.items()},
             has_deny=any(not s.allow for s in statements),
-            conditional=any(s.conditions for s in statements),
+            conditional=any(s.conditions or s.variables for s in statements),
             document=document,
         )
     free: frozenset[str] = frozenset()

@@ -100,11 +100,12 @@ class S3Service:
         *,
         prefix: str | None = None,
         delimiter: str | None = None,
+        secure: bool | None = None,
     ) -> None:
         """AccessDenied unless the key (None: anonymous) may do `action` (an IAM action name,
         s3:GetObject) on the bucket or object; the same answer whether the object exists."""
         if not self._shared.namespace.auth.allowed(
-            access_key, action, bucket, key, source_ip, prefix, delimiter
+            access_key, action, bucket, key, source_ip, prefix, delimiter, secure
         ):
             raise errors.AccessDenied()
 
@@ -115,15 +116,19 @@ class S3Service:
         policy's Condition could change it."""
         return self._shared.namespace.auth.quick(access_key, action, bucket, key)
 
-    def enter_caller(self, access_key: str | None, source_ip: str | None) -> None:
+    def enter_caller(
+        self, access_key: str | None, source_ip: str | None, secure: bool | None = None
+    ) -> None:
         """Who asks, for the rest of this request's task: the operations that decide again
         (DeleteObjects per key, a copy's source, ListBuckets, CreateBucket's owner) read it."""
-        authz.CALLER.set(authz.Caller(access_key, source_ip))
+        authz.CALLER.set(authz.Caller(access_key, source_ip, secure))
 
     def _check_caller(self, action: str, bucket: str, key: str | None) -> None:
         caller = authz.CALLER.get()
         if caller is not None:
-            self.authorize(caller.access_key, action, bucket, key, caller.source_ip)
+            self.authorize(
+                caller.access_key, action, bucket, key, caller.source_ip, secure=caller.secure
+            )
 
     def peek_hit(
         self, bucket: str, key: str, disk: bool = True

@@ -138,6 +138,8 @@ def own_paths(settings: Settings) -> OwnPaths:
         files.append(("database", os.path.realpath(database)))
     if settings.tls_key is not None:
         files.append(("TLS key", os.path.realpath(settings.tls_key)))
+    if settings.config_file is not None:  # it may hold the admin's and the fleet's secrets
+        files.append(("config file", os.path.realpath(settings.config_file)))
     return OwnPaths(tuple(folders), tuple(files), (os.path.join(data, "demo"),))
 
 

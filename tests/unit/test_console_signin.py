@@ -1,6 +1,7 @@
-"""The limit on failed console sign-ins (gateway/console/signin.py): five failures of one key,
-or from one address, within the window refuse that key and that address until the oldest of
-them is a window old, the right secret included; nothing sleeps, the clock is moved on. Last,
+"""The limit on failed console sign-ins (gateway/console/signin.py): five failures of one key
+from one address within the window refuse that key from that address until the oldest of them
+is a window old (twenty from one address, any key from it); the same key from elsewhere is
+not limited; nothing sleeps, the clock is moved on. Last,
 the console itself over HTTP on loopback (uvicorn in this process, so that its clock is the
 test's): 401 five times, 429 for the right secret, a sign-in again once the window has passed."""
 
@@ -31,45 +32,73 @@ class Clock:
         return self.now
 
 
-def test_five_failures_limit_the_key_and_the_address_for_the_window() -> None:
+@pytest.mark.anyio
+@pytest.mark.parametrize("shared", [False, True], ids=["memory", "file"])
+async def test_five_failures_limit_that_key_from_that_address_for_the_window(
+    tmp_path: Path, shared: bool
+) -> None:
+    clock = Clock()
+    limits = SignInLimits(clock, str(tmp_path / "signins") if shared else None)
+    for _ in range(4):
+        await limits.failed("GKADMIN", "10.0.0.1")
+        clock.now += 10
+    assert await limits.retry_after("GKADMIN", "10.0.0.1") == 0
+    await limits.failed("GKADMIN", "10.0.0.1")  # the fifth, 40 s after the first
+    assert await limits.retry_after("GKADMIN", "10.0.0.1") == 260
+    assert await limits.retry_after("GKADMIN", "10.0.0.9") == 0  # the key from elsewhere
+    assert await limits.retry_after("GKOTHER", "10.0.0.1") == 0  # another key from there
+    clock.now += 259.5
+    assert await limits.retry_after("GKADMIN", "10.0.0.1") == 0.5
+    clock.now += 0.5  # the first failure is a window old: one more try
+    assert await limits.retry_after("GKADMIN", "10.0.0.1") == 0
+    await limits.failed(
+        "GKADMIN", "10.0.0.1"
+    )  # five within the window again, the oldest 10 s later
+    assert await limits.retry_after("GKADMIN", "10.0.0.1") == 10
+    if shared:  # another worker process reads the same file
+        other = SignInLimits(clock, str(tmp_path / "signins"))
+        assert await other.retry_after("GKADMIN", "10.0.0.1") == 10
+
+
+@pytest.mark.anyio
+async def test_twenty_failures_from_one_address_limit_it_for_any_key() -> None:
+    clock = Clock()
+    limits = SignInLimits(clock)
+    for i in range(20):
+        await limits.failed(f"GK{i}", "10.0.0.1")
+    assert await limits.retry_after("GKNEW", "10.0.0.1") == 300
+    assert await limits.retry_after("GKNEW", "10.0.0.2") == 0
+
+
+@pytest.mark.anyio
+async def test_the_right_secret_clears_its_pairs_failures() -> None:
     clock = Clock()
     limits = SignInLimits(clock)
     for _ in range(4):
-        limits.failed("GKADMIN", "10.0.0.1")
-        clock.now += 10
-    assert limits.retry_after("GKADMIN", "10.0.0.1") == 0
-    limits.failed("GKADMIN", "10.0.0.1")  # the fifth, 40 s after the first
-    assert limits.retry_after("GKADMIN", "10.0.0.9") == 260  # the key, from anywhere
-    assert limits.retry_after("GKOTHER", "10.0.0.1") == 260  # the address, for any key
-    assert limits.retry_after("GKOTHER", "10.0.0.9") == 0
-    clock.now += 259.5
-    assert limits.retry_after("GKADMIN", None) == 0.5
-    clock.now += 0.5  # the first failure is a window old: one more try
-    assert limits.retry_after("GKADMIN", "10.0.0.1") == 0
-    limits.failed("GKADMIN", "10.0.0.1")  # five within the window again, the oldest 10 s later
-    assert limits.retry_after("GKADMIN", "10.0.0.1") == 10
+        await limits.failed("GKADMIN", "10.0.0.1")
+    await limits.succeeded("GKADMIN", "10.0.0.1")
+    await limits.failed("GKADMIN", "10.0.0.1")
+    assert await limits.retry_after("GKADMIN", "10.0.0.1") == 0
 
 
-def test_failures_spread_over_more_than_the_window_do_not_limit() -> None:
+@pytest.mark.anyio
+async def test_failures_spread_over_more_than_the_window_do_not_limit() -> None:
     clock = Clock()
     limits = SignInLimits(clock)
     for _ in range(20):
-        limits.failed("GKADMIN", "10.0.0.1")
+        await limits.failed("GKADMIN", "10.0.0.1")
         clock.now += 61  # five take more than 300 s
-        assert limits.retry_after("GKADMIN", "10.0.0.1") == 0
+        assert await limits.retry_after("GKADMIN", "10.0.0.1") == 0
 
 
-def test_what_is_remembered_is_bounded() -> None:
+@pytest.mark.anyio
+async def test_what_is_remembered_is_bounded() -> None:
     clock = Clock()
     limits = SignInLimits(clock, max_tracked=100)
     for i in range(300):
-        limits.failed(f"GK{i:018d}" + "x" * 10_000, f"10.0.{i // 256}.{i % 256}")
-    assert len(limits._failures) <= 100
-    assert all(len(subject[1]) <= 128 for subject in limits._failures)
-    for _ in range(5):
-        limits.failed("GKADMIN", "")  # no address: counted against the key alone
-    assert limits.retry_after("GKADMIN", "10.9.9.9") == 300
-    assert limits.retry_after("", "") == 0
+        await limits.failed(f"GK{i:018d}" + "x" * 10_000, f"10.0.{i // 256}.{i % 256}")
+    assert len(limits._memory) <= 100
+    assert all(len(subject) <= 128 + 40 for subject in limits._memory)
 
 
 # -- the console over HTTP, in this process --------------------------------------------------
@@ -120,7 +149,7 @@ async def test_the_console_refuses_sign_ins_past_the_limit_until_the_window_pass
         ):
             for _ in range(5):
                 assert (await sign_in(client, ACCESS_KEY, "wrong")).status_code == 401
-            limited = await sign_in(client, ACCESS_KEY, SECRET)
+            limited = await sign_in(client, ACCESS_KEY, SECRET)  # from the guesser's address
             assert limited.status_code == 429 and limited.headers["retry-after"] == "300"
             assert "Too many failed sign-ins" in limited.text
             clock.now += 299.5

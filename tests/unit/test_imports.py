@@ -38,8 +38,8 @@ ALLOWED: dict[str, set[str]] = {
     "gateway.cache": LEAF,
     "gateway.admin": {"gateway.service"} | BELOW_THE_SERVICE | BASE,
     # Preload jobs drive the Reader (serve_block) like a client would, and check the API's
-    # signatures with the S3 layer's SigV4 verifier.
-    "gateway.jobs": {"gateway.service", "gateway.s3"} | BELOW_THE_SERVICE | BASE,
+    # signatures with the S3 layer's SigV4 verifier (and who is an admin key, with iam's rule).
+    "gateway.jobs": {"gateway.service", "gateway.s3", "gateway.iam"} | BELOW_THE_SERVICE | BASE,
     # The operator console: pages over the service's mounts, the jobs API's submit, the
     # built-in policies, and the database beneath.
     "gateway.console": {"gateway.service", "gateway.jobs", "gateway.iam"}
@@ -51,6 +51,7 @@ ALLOWED: dict[str, set[str]] = {
     "gateway.client": {"gateway.cache", "gateway.cluster"},
     "gateway.node": EVERYTHING,  # builds a node out of the parts
     "gateway.generations": set(),
+    "gateway.datadir": set(),  # the data dir's modes, for `serve` (cli) alone
     "gateway.cli": EVERYTHING,
     "gateway": set(),
     "gateway.errors": set(),
