@@ -250,6 +250,8 @@ class LocalReads:
                 return
             if hello is None:
                 return
+            if self._service.state_stale():
+                await self._service.state_current()
             try:
                 access_key, secret = self._hello(hello, nonce)
             except errors.S3Error as exc:
@@ -261,6 +263,10 @@ class LocalReads:
                 request = await _receive(conn)
                 if request is None:
                     return
+                if self._service.state_stale():
+                    # A key, policy or mount changed on the node (another worker, the CLI):
+                    # this request is decided on what holds now.
+                    await self._service.state_current()
                 if self._service.secret_for(access_key) != secret:
                     error = errors.InvalidAccessKeyId("The connection's key has changed.")
                     HANDED.labels(error.code).inc()
