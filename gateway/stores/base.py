@@ -210,6 +210,59 @@ class StoreRejected(StoreError):
     (an origin's 4xx): sending it again unchanged would not help."""
 
 
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """Which bytes of an origin's answer to a read are the ones asked for: `skip` of them,
+    then `keep` (None: all the rest). An origin that ignores Range answers 200 with the whole
+    object, and only a part of it is wanted."""
+
+    skip: int = 0
+    keep: int | None = None
+
+
+def check_answer(
+    key: str,
+    start: int,
+    end: int | None,
+    ranged: bool,
+    if_match: str | None,
+    etag: str | None,
+    content_range: str | None,
+    length: int | None,
+) -> Answered:
+    """Check an origin's answer to a read of [start, end) of `key` against what was asked
+    before a byte of it is kept or sent: the version (the answer's ETag against `if_match`,
+    compared by value: an origin that ignores If-Match answers 200 with another version's
+    bytes), and the range (Content-Range, or the whole object when the origin ignored Range).
+    VersionChanged for another version; StoreError for an answer of bytes not asked for."""
+    from gateway.stores.etags import same  # etags imports this module
+
+    if if_match is not None and if_match != "*" and not same(etag, if_match):
+        raise VersionChanged(f"{key}: asked for {if_match}, the origin answered {etag}")
+    if not ranged:
+        return Answered()
+    if not content_range:
+        # 200 and the whole object: the range is in it, from `start` on (to its end at most).
+        if end is not None and length is not None:
+            end = min(end, length)
+        return Answered(start, None if end is None else max(end - start, 0))
+    unit, _, rest = content_range.strip().partition(" ")
+    span, _, total = rest.partition("/")
+    first, _, last = span.partition("-")
+    try:
+        got_start, got_end = int(first), int(last) + 1
+    except ValueError:
+        raise StoreError(f"{key}: the origin answered Content-Range {content_range!r}") from None
+    if unit != "bytes" or got_start != start:
+        raise StoreError(f"{key}: asked for bytes {start}-, answered {content_range!r}")
+    if total.isdigit() and end is not None:
+        end = min(end, int(total))  # S3 ends a range that runs past the object at its end
+    if end is not None and got_end < end:
+        raise StoreError(f"{key}: asked for bytes {start}-{end - 1}, answered {content_range!r}")
+    # Past what was asked, the bytes are dropped; an exact answer is passed on as it comes.
+    return Answered(0, None if end is None or got_end <= end else end - start)
+
+
 class UploadJournal(abc.ABC):
     """Where a store records the uploads it opens at its origin on its own behalf (S3's
     multipart upload that streams a large PUT) while it holds them, so that those a crash

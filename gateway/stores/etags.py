@@ -22,6 +22,18 @@ def bare(etag: str) -> str:
     return etag.strip().removeprefix("W/").strip('"')
 
 
+def same(a: str | None, b: str | None) -> bool:
+    """Whether two ETags name one version, compared by value as S3 compares them: quoted or
+    not (S3 quotes them in headers and listings; rclone lists them bare), weak or strong."""
+    return a is not None and b is not None and bare(a) == bare(b)
+
+
+def quoted(etag: str) -> str:
+    """The ETag in S3's own form, '"VALUE"': what an origin's answer is made into before the
+    gateway keeps it, so that a version has one name whichever form the origin gave."""
+    return f'"{bare(etag)}"'
+
+
 def multipart_etag(etags: Sequence[str]) -> str:
     """S3's ETag of a multipart object: the MD5 of the parts' binary MD5s, then '-N'."""
     md5 = new_md5()

@@ -6,6 +6,8 @@ moto, rewriting some of moto's replies or answering some requests itself.
 - `fail_next(op, status, code)`: the next request of that operation is read to its end and
   answered with that S3 error (a 500 InternalError that a client retries, a 400 that it does
   not), without reaching moto.
+- `whole_gets = True`: GETs reach moto without their Range header, so a ranged GET is
+  answered 200 with the whole object, as some origins answer one.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ class _OddHandler(_Handler):
         failure = owner._take_failure(op)
         if failure is None:
             self._rewriting = op in owner._blanked
+            if owner.whole_gets and self.command == "GET":
+                del self.headers["Range"]
             super().do_any()
             return
         path, _, query = self.path.partition("?")
@@ -111,6 +115,7 @@ class OddOrigin(CountingProxy):
         self._server.RequestHandlerClass = _OddHandler
         self._blanked: set[str] = set()
         self._failures: dict[str, list[Failure]] = {}
+        self.whole_gets = False
 
     def blank_etags(self, *ops: str) -> None:
         with self._lock:
@@ -130,3 +135,4 @@ class OddOrigin(CountingProxy):
         with self._lock:
             self._blanked.clear()
             self._failures.clear()
+        self.whole_gets = False
