@@ -12,13 +12,16 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
 import boto3
 from botocore.config import Config
 
+from gateway.stores import open_store
 from tests.support.net import free_port, wait_http
+from tests.support.stores import DECOYS, MOUNT_PREFIX, Origin
 
 ACCESS_KEY = "realoriginkey"
 SECRET_KEY = "realoriginsecret0123456789"
@@ -37,6 +40,9 @@ class RealOrigin:
     """A started S3 server: `.url`, keys ACCESS_KEY/SECRET_KEY, `.s3` a boto3 client of it."""
 
     name = ""
+    # Whether a key cannot be both an object and a folder of others ('a' and 'a/b'): rclone
+    # serves a local folder, where a file and a folder cannot share a name.
+    files_and_folders_apart = False
 
     def __init__(self, tmpdir: Path) -> None:
         self.dir = Path(tmpdir) / self.name
@@ -101,6 +107,7 @@ class RcloneS3(RealOrigin):
     """`rclone serve s3` over a local folder: each folder in it is a bucket."""
 
     name = "rclone"
+    files_and_folders_apart = True
 
     def command(self) -> list[str]:
         (self.dir / "data").mkdir(exist_ok=True)
@@ -137,3 +144,26 @@ class SeaweedS3(RealOrigin):
         env["AWS_ACCESS_KEY_ID"] = ACCESS_KEY
         env["AWS_SECRET_ACCESS_KEY"] = SECRET_KEY
         return env
+
+
+class RealS3Origin(Origin):
+    """The S3 store over one of these servers, for the store contract suite (tests/store):
+    a fresh bucket, the store mounted on MOUNT_PREFIX, decoys beside it."""
+
+    kind = "s3"
+
+    def __init__(self, server: RealOrigin) -> None:
+        self.server = server
+        self.bucket = f"b-{uuid.uuid4().hex[:12]}"
+        server.s3.create_bucket(Bucket=self.bucket)
+        for key in DECOYS:
+            if server.files_and_folders_apart and key == MOUNT_PREFIX:
+                continue  # a file where the mount's folder must be
+            server.s3.put_object(Bucket=self.bucket, Key=key, Body=b"decoy")
+        options = {"endpoint_url": server.url, "access_key": ACCESS_KEY, "secret_key": SECRET_KEY}
+        self.store = open_store(f"s3://{self.bucket}/{MOUNT_PREFIX}", options)
+
+    def put(self, key: str, data: bytes, content_type: str | None = None, **extra: Any) -> None:
+        args = {"ContentType": content_type} if content_type else {}
+        key = f"{MOUNT_PREFIX}/{key}"
+        self.server.s3.put_object(Bucket=self.bucket, Key=key, Body=data, **args, **extra)
