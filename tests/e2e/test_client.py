@@ -19,7 +19,7 @@ import pytest
 
 from gateway.client import GatewayDataset, GatewayFileSystem
 from tests.support.gateway import ACCESS_KEY, SECRET_KEY, GatewayNode, run_cli, start_gateway
-from tests.support.net import eventually
+from tests.support.net import eventually, free_port
 
 MiB = 1 << 20
 OBJECTS = 24
@@ -372,3 +372,15 @@ def test_leases_past_the_ttl_are_renewed_in_one_request_for_the_epoch(tmp_path: 
         fs.close()
     finally:
         node.stop()
+
+
+def test_several_endpoints_a_job_starts_with_the_first_node_down(node: GatewayNode) -> None:
+    down = f"http://127.0.0.1:{free_port()}"  # no node listens there
+    fs = _fs(node, endpoint_url=f"{down},{node.url}")
+    assert fs.cat_file("data/train/001.bin") == _blob(50_001, 1)
+    assert fs.endpoint_url == node.url and fs.stats.short_circuit_reads == 1
+    assert [p["name"] for p in fs.ls("data/train")][:1] == ["data/train/000.bin"]
+    fs.close()
+    listed = _fs(node, local=False, endpoint_url=[down, node.url])
+    assert listed.cat_file("data/train/002.bin") == _blob(50_002, 2)
+    listed.close()
