@@ -303,7 +303,9 @@ class S3Store(DelegatingStore):
             r = await self.client.call(key, "get_object", **args)
         except PreconditionFailed:
             raise VersionChanged(f"{key}: is no longer {if_match}") from None
-        async with contextlib.aclosing(self._chunks(_botocore_chunks(r["Body"]), key)) as chunks:
+        body = _botocore_chunks(r["Body"])
+        answered = await self._checked(key, r, body, start, end, args, if_match)
+        async with contextlib.aclosing(self._kept(body, key, answered)) as chunks:
             async for chunk in chunks:
                 yield chunk
 
