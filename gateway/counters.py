@@ -84,13 +84,12 @@ STORE_WRONG_VERSIONS = Counter(
 )
 
 
-def store_wasted(kind: str, n: int) -> None:
-    if n:
-        STORE_WASTED_BYTES.labels(kind).inc(n)
-
-
-def store_wrong_version(kind: str) -> None:
-    STORE_WRONG_VERSIONS.labels(kind).inc()
+def store_answer(kind: str, wasted: int, wrong_version: bool) -> None:
+    """What a store's answer check found (gateway/stores/base.answer_report)."""
+    if wasted:
+        STORE_WASTED_BYTES.labels(kind).inc(wasted)
+    if wrong_version:
+        STORE_WRONG_VERSIONS.labels(kind).inc()
 
 
 # Preload jobs (gateway/jobs): what this node loaded into its cache, and the fleet's jobs by

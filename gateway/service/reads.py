@@ -42,9 +42,12 @@ from gateway.service.recorder import MetadataRecorder
 from gateway.service.shared import Shared
 from gateway.service.store_errors import store_errors
 from gateway.stores import ListPage, ObjectInfo, VersionChanged
+from gateway.stores import base as store_base
 from gateway.stores.etags import same
 
 log = logging.getLogger("gateway.service")
+# The stores' answer checks are counted in this process's metrics (stores import no counters).
+store_base.answer_report = counters.store_answer
 
 _WALKS_MAX = 4096  # versions whose last read block is remembered, to spot sequential readers
 _READ_TRIES = 4  # reads of an object that changes under them, before 503

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -210,6 +210,24 @@ class StoreRejected(StoreError):
     (an origin's 4xx): sending it again unchanged would not help."""
 
 
+def same_etag(a: str | None, b: str | None) -> bool:
+    """Whether two ETags name one version, compared by value as S3 compares them: quoted or
+    not (S3 quotes them in headers and listings; rclone lists them bare), weak or strong."""
+    if a is None or b is None:
+        return False
+    return a.strip().removeprefix("W/").strip('"') == b.strip().removeprefix("W/").strip('"')
+
+
+def _no_report(scheme: str, wasted: int, wrong_version: bool) -> None:
+    del scheme, wasted, wrong_version
+
+
+# Where a store tells what its answer checks found (bytes wasted around a range, an answer of
+# another version): the service sets it to its metrics (counters.store_answer); stores may
+# not import them.
+answer_report: Callable[[str, int, bool], None] = _no_report
+
+
 @dataclass(frozen=True, slots=True)
 class Answered:
     """Which bytes of an origin's answer to a read are the ones asked for: `skip` of them,
@@ -235,9 +253,7 @@ def check_answer(
     compared by value: an origin that ignores If-Match answers 200 with another version's
     bytes), and the range (Content-Range, or the whole object when the origin ignored Range).
     VersionChanged for another version; StoreError for an answer of bytes not asked for."""
-    from gateway.stores.etags import same  # etags imports this module
-
-    if if_match is not None and if_match != "*" and not same(etag, if_match):
+    if if_match is not None and if_match != "*" and not same_etag(etag, if_match):
         raise VersionChanged(f"{key}: asked for {if_match}, the origin answered {etag}")
     if not ranged:
         return Answered()

@@ -8,7 +8,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.stores.base import InvalidPart, PartInfo
+from gateway.stores.base import InvalidPart, PartInfo, same_etag
 
 MAX_PART_NUMBER = 10000  # S3's: parts are numbered 1..10000
 
@@ -23,9 +23,8 @@ def bare(etag: str) -> str:
 
 
 def same(a: str | None, b: str | None) -> bool:
-    """Whether two ETags name one version, compared by value as S3 compares them: quoted or
-    not (S3 quotes them in headers and listings; rclone lists them bare), weak or strong."""
-    return a is not None and b is not None and bare(a) == bare(b)
+    """Whether two ETags name one version, compared by value (base.same_etag)."""
+    return same_etag(a, b)
 
 
 def quoted(etag: str) -> str:

@@ -12,7 +12,7 @@ from urllib.parse import SplitResult, unquote
 
 from botocore.exceptions import ClientError
 
-from gateway import counters
+from gateway.stores import base as store_base
 from gateway.stores.base import (
     Answered,
     ListPage,
@@ -147,7 +147,7 @@ class S3Store(DelegatingStore):
             )  # fmt: skip
         except VersionChanged:
             await _drop(body)
-            counters.store_wrong_version(self.scheme)
+            store_base.answer_report(self.scheme, 0, True)
             if not self.ignores_if_match:
                 self.ignores_if_match = True
                 log.warning("%r ignores If-Match: its answers are checked by their ETag", self)
@@ -193,7 +193,8 @@ class S3Store(DelegatingStore):
                         keep -= len(chunk)
                     yield chunk
         finally:
-            counters.store_wasted(self.scheme, wasted)
+            if wasted:
+                store_base.answer_report(self.scheme, wasted, False)
 
     async def open(
         self, key: str, length: int | None = None
