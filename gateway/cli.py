@@ -596,6 +596,45 @@ def mount_add(bucket: str, uri: str, pairs: tuple[str, ...], check: bool, **kwar
     click.echo(f"mounted {m.bucket} -> {m.uri} {json.dumps(m.public_options())}")
 
 
+@mount.command("set")
+@click.argument("bucket")
+@click.option("--option", "-o", "pairs", multiple=True, metavar="KEY=VALUE", help="Option to set.")
+@click.option("--unset", multiple=True, metavar="KEY", help="Option to remove (its default then).")
+@_options(_MOUNT_OPTIONS)
+def mount_set(bucket: str, pairs: tuple[str, ...], unset: tuple[str, ...], **kwargs: Any) -> None:
+    """Change options of the mount of BUCKET in place (its cache, versions and uploads stay).
+
+    The options that result are checked as `mount add` checks them; nodes serve with them
+    from their next refresh of the mounts.
+    """
+    if not pairs and not unset:
+        raise click.UsageError("nothing to change: give -o KEY=VALUE or --unset KEY")
+    changes = _parse_options(pairs)
+    settings = _settings(kwargs)
+    m = _run(_with_meta(settings, lambda meta: meta.get_mount(bucket)))
+    if m is None:
+        raise click.ClickException(f"bucket {bucket!r} is not mounted")
+    options = {**m.options, **changes}
+    for name in unset:
+        options.pop(name, None)
+    _validate_mount(m.uri, options, settings)
+
+    async def change(meta: MetaStore) -> bool:
+        for name in unset:
+            if not await meta.set_mount_option(bucket, name, None):
+                return False
+        for name, value in changes.items():
+            if not await meta.set_mount_option(bucket, name, value):
+                return False
+        return True
+
+    if not _run(_with_meta(settings, change)):
+        raise click.ClickException(f"bucket {bucket!r} is not mounted")
+    m = _run(_with_meta(settings, lambda meta: meta.get_mount(bucket)))
+    assert m is not None
+    click.echo(f"changed {m.bucket} -> {m.uri} {json.dumps(m.public_options())}")
+
+
 @mount.command("list")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document.")
 @_options(_DB_OPTIONS)

@@ -67,6 +67,31 @@ def store_bytes(kind: str, n: int) -> None:
     child.inc(n)
 
 
+# Answers of under-stores that were not what was asked for (gateway/stores/base.check_answer):
+# bytes an origin that ignores Range sent beyond the range asked, and answers of another
+# version than the If-Match asked for (an origin that ignores If-Match); neither is kept.
+STORE_WASTED_BYTES = Counter(
+    "gateway_store_wasted_bytes",
+    "Bytes under-stores sent that were not asked for (a ranged GET answered whole)",
+    ["store"],
+    registry=REGISTRY,
+)
+STORE_WRONG_VERSIONS = Counter(
+    "gateway_store_wrong_versions",
+    "Store answers of another version than the one asked for, refused",
+    ["store"],
+    registry=REGISTRY,
+)
+
+
+def store_answer(kind: str, wasted: int, wrong_version: bool) -> None:
+    """What a store's answer check found (gateway/stores/base.answer_report)."""
+    if wasted:
+        STORE_WASTED_BYTES.labels(kind).inc(wasted)
+    if wrong_version:
+        STORE_WRONG_VERSIONS.labels(kind).inc()
+
+
 # Preload jobs (gateway/jobs): what this node loaded into its cache, and the fleet's jobs by
 # state as this node's job loop last read them from the database.
 JOB_OBJECTS = Counter(

@@ -44,6 +44,8 @@ class ClientErrorRetry(Exception):
 class GatewayFileSystem(AbstractFileSystem):
     """The gateway's objects as files. Options as s3fs names them: `endpoint_url`, `key`,
     `secret` (else AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), `region`;
+    `endpoint_url` may name several nodes (a list, or URLs separated by commas): each process
+    uses the first that answers (`/healthz`), so a job starts with a node of the fleet down;
     `local_socket` for short-circuit reads on the node's host, `max_descriptors` for the
     block files' descriptors it keeps (default: half the process's limit)."""
 
@@ -52,7 +54,7 @@ class GatewayFileSystem(AbstractFileSystem):
 
     def __init__(
         self,
-        endpoint_url: str | None = None,
+        endpoint_url: str | list[str] | tuple[str, ...] | None = None,
         key: str | None = None,
         secret: str | None = None,
         region: str = "us-east-1",
@@ -66,7 +68,12 @@ class GatewayFileSystem(AbstractFileSystem):
         endpoint = endpoint_url or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
         if not endpoint:
             raise ValueError("endpoint_url is needed (or AWS_ENDPOINT_URL)")
-        self.endpoint_url: str = endpoint.rstrip("/")
+        if isinstance(endpoint, str):
+            endpoint = endpoint.split(",")
+        self.endpoints = [e.strip().rstrip("/") for e in endpoint if e.strip()]
+        if not self.endpoints:
+            raise ValueError("endpoint_url is needed (or AWS_ENDPOINT_URL)")
+        self.endpoint_url: str = self.endpoints[0]
         self.key = key or env.get("AWS_ACCESS_KEY_ID")
         self.secret = secret or env.get("AWS_SECRET_ACCESS_KEY")
         self.region = region
@@ -93,6 +100,8 @@ class GatewayFileSystem(AbstractFileSystem):
         """This process's botocore client (made again in a forked or spawned worker)."""
         with self._lock:
             if self._s3 is None or self._pid != os.getpid():
+                if len(self.endpoints) > 1:
+                    self.endpoint_url = self._live_endpoint()
                 self._s3 = self._client(self.endpoint_url, retries=3)
                 self._nodes = {}
                 self._pid = os.getpid()
@@ -107,6 +116,17 @@ class GatewayFileSystem(AbstractFileSystem):
             if client is None:
                 client = self._nodes[url] = self._client(url, retries=1)
             return client
+
+    def _live_endpoint(self) -> str:
+        """The first of the endpoints whose node answers its health check (else the first:
+        the error then comes with the first request)."""
+        for url in self.endpoints:
+            try:
+                with urllib.request.urlopen(f"{url}/healthz", timeout=2):
+                    return url
+            except (OSError, ValueError) as exc:
+                log.info("gateway endpoint %s does not answer (%s); trying the next", url, exc)
+        return self.endpoints[0]
 
     def _client(self, url: str, retries: int) -> Any:
         return botocore.session.get_session().create_client(
@@ -126,6 +146,7 @@ class GatewayFileSystem(AbstractFileSystem):
 
     def _placement_document(self) -> bytes:
         """The fleet's placement as the endpoint node describes it (a signed GET)."""
+        self.s3  # noqa: B018 (the endpoint of this process chosen first)
         request = AWSRequest(method="GET", url=f"{self.endpoint_url}/_gateway/placement")
         credentials = Credentials(self.key or "", self.secret or "")
         S3SigV4Auth(credentials, "s3", self.region).add_auth(request)
@@ -141,6 +162,7 @@ class GatewayFileSystem(AbstractFileSystem):
     def _sign_hello(self, nonce: str) -> tuple[str, str]:
         """The short-circuit connection's hello: a presigned GET naming the node's nonce,
         which proves the key once for the connection (request target, Host)."""
+        self.s3  # noqa: B018 (the endpoint of this process chosen first)
         url = f"{self.endpoint_url}{HELLO_PATH}?nonce={quote(nonce, safe='')}"
         request = AWSRequest(method="GET", url=url)
         credentials = Credentials(self.key or "", self.secret or "")

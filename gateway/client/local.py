@@ -135,6 +135,7 @@ class ShortCircuit:
         now = self._clock()
         found: dict[str, Lease | ShortCircuitError] = {}
         missing: list[str] = []
+        stale: list[str] = []
         with self._lock:
             for key in keys:
                 if key in found:
@@ -144,8 +145,12 @@ class ShortCircuit:
                     self._leases.move_to_end((bucket, key))
                     self.stats.leases_reused += 1
                     found[key] = lease
-                elif key not in missing:
+                elif lease is not None and key not in stale:
+                    stale.append(key)
+                elif lease is None and key not in missing:
                     missing.append(key)
+        if stale:
+            missing += self._revalidate(bucket, stale, now, found)
         for i in range(0, len(missing), MAX_KEYS):
             chunk = missing[i : i + MAX_KEYS]
             try:
@@ -210,6 +215,74 @@ class ShortCircuit:
                 _, evicted = self._leases.popitem(last=False)
                 self._open_fds -= len(evicted.fds)
                 evicted.close()
+
+    def _revalidate(
+        self, bucket: str, keys: list[str], now: float, found: dict[str, Lease | ShortCircuitError]
+    ) -> list[str]:
+        """Leases past their time kept valid by the node's word that their versions are still
+        the current ones: one request for many keys (count 0: versions only, no descriptor,
+        answered from what the node knows), for `keys` and the other leases of the bucket
+        past their time (an epoch's leases run out together; the first read past the TTL
+        renews them all). A key still of its version is put in `found`, renewed for another
+        TTL; a key refused is put there with its error; the keys to lease again (another
+        version, or the node could not be asked) are returned."""
+        asked = set(keys)
+        with self._lock:
+            others = [
+                k for (b, k), held in self._leases.items()
+                if b == bucket and now >= held.until and k not in asked
+            ]  # fmt: skip
+        batch = keys + others[: -len(keys) % MAX_KEYS]  # the last request's room
+        again: list[str] = []
+        for i in range(0, len(batch), MAX_KEYS):
+            chunk = batch[i : i + MAX_KEYS]
+            try:
+                objects, fds = self._request({"bucket": bucket, "keys": chunk, "first": 0,
+                                              "count": 0})  # fmt: skip
+            except ShortCircuitError:
+                # A node that does not answer versions alone (or cannot be asked): lease again.
+                again += [k for k in chunk if k in asked]
+                continue
+            _close(fds)  # none is asked for
+            if len(objects) != len(chunk):
+                again += [k for k in chunk if k in asked]
+                continue
+            for key, answer in zip(chunk, objects, strict=True):
+                kept = self._renewed(bucket, key, answer, now)
+                if key not in asked:
+                    continue
+                if isinstance(kept, Lease | ShortCircuitError):
+                    found[key] = kept
+                else:
+                    again.append(key)
+        return again
+
+    def _renewed(
+        self, bucket: str, key: str, answer: dict[str, Any], now: float
+    ) -> Lease | ShortCircuitError | None:
+        """The lease of `key` renewed when the node's answer names its version, its error when
+        the node refuses the key, None (the lease dropped) for another version."""
+        with self._lock:
+            lease = self._leases.get((bucket, key))
+            if lease is None:
+                return None
+            if "error" in answer:
+                refusal: Lease | ShortCircuitError | None = _refusal(answer)
+            elif (
+                answer.get("etag") == lease.etag and answer.get("size") == lease.size
+                and answer.get("block_size") == lease.block_size
+            ):  # fmt: skip
+                ttl = float(answer["ttl"])
+                lease.until = now + ttl if ttl >= 0 else float("inf")
+                self._leases.move_to_end((bucket, key))
+                self.stats.leases_renewed += 1
+                return lease
+            else:
+                refusal = None
+            del self._leases[(bucket, key)]
+            self._open_fds -= len(lease.fds)
+            lease.close()
+            return refusal
 
     def _ask(
         self, bucket: str, keys: list[str], now: float

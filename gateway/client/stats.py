@@ -18,4 +18,5 @@ class ClientStats:
     leases: int = 0  # objects the node answered for (a version, and descriptors if it held any)
     lease_requests: int = 0  # round trips on the node's socket (one asks for many objects)
     leases_reused: int = 0  # objects found leased already: no round trip
+    leases_renewed: int = 0  # leases past their time kept: the node said the version holds
     connections: int = 0  # connections to the node's socket (each with its signed hello)

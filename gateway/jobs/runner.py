@@ -34,6 +34,7 @@ from gateway.meta import MetaUnavailable
 from gateway.service.namespace import MountHandle
 from gateway.service.reads import Reader, block_key
 from gateway.stores import ListPage, ObjectInfo, VersionChanged
+from gateway.stores.etags import same
 
 log = logging.getLogger("gateway.jobs")
 
@@ -481,7 +482,7 @@ class _Job:
             return t
         first_of_object = plan[0][2]
         known = self.reader.metadata.peek(handle.id, item.key)
-        if known is not None and known.etag != item.etag and not spec.verify:
+        if known is not None and not same(known.etag, item.etag) and not spec.verify:
             if not spec.refresh:
                 if first_of_object:
                     t.skipped += 1

@@ -19,6 +19,7 @@ from gateway.service.namespace import MountHandle
 from gateway.service.reads import Reader, StoreSource, block_key
 from gateway.service.store_errors import store_errors
 from gateway.stores import ObjectInfo, VersionChanged
+from gateway.stores.etags import same
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -81,7 +82,7 @@ async def fill_first(reader: Reader, handle: MountHandle, listed: ObjectInfo, pi
         async with aclosing(body) as chunks:
             async for _ in chunks:
                 pass
-    if info.etag != listed.etag:
+    if not same(info.etag, listed.etag):
         raise VersionChanged(f"{listed.key} changed since it was listed")
     await reader.pages.fill_ended(block_key(handle.id, info.key, info.etag, handle.block_size, 0))
 

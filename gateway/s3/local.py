@@ -21,7 +21,9 @@ Messages, both ways: a 4-byte big-endian length, then that many bytes of JSON.
   node:                 {"key": "<access key>"}, or an error with "scope": "connection" (and
                         the connection is closed)
   client, then:         {"bucket": "...", "keys": ["...", ...], "first": 0, "count": 64}
-  node:                 {"objects": [<object>, ...], "more": true|false}, repeated while "more"
+  node:                 {"objects": [<object>, ...], "more": true|false}, repeated while "more";
+                        "count": 0 asks for versions only (no descriptor): a client
+                        renews its leases past the TTL with it, many keys a request
     <object>:           {"etag": ..., "size": ..., "block_size": ..., "ttl": ...,
                          "blocks": [[index, length], ...]}   (descriptors in this order)
                         or {"error": "NoSuchKey", "status": 404, "message": "..."}
@@ -411,7 +413,7 @@ def _parse(request: dict[str, object]) -> tuple[str, list[str], int, int]:
     if not (
         isinstance(bucket, str) and bucket and isinstance(keys, list)
         and all(isinstance(k, str) and k for k in keys)
-        and isinstance(first, int) and isinstance(count, int) and first >= 0 and count > 0
+        and isinstance(first, int) and isinstance(count, int) and first >= 0 and count >= 0
     ):  # fmt: skip
         raise errors.InvalidRequest("A short-circuit request needs bucket, keys, first, count.")
     if len(keys) > MAX_KEYS:

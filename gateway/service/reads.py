@@ -42,8 +42,12 @@ from gateway.service.recorder import MetadataRecorder
 from gateway.service.shared import Shared
 from gateway.service.store_errors import store_errors
 from gateway.stores import ListPage, ObjectInfo, VersionChanged
+from gateway.stores import base as store_base
+from gateway.stores.etags import same
 
 log = logging.getLogger("gateway.service")
+# The stores' answer checks are counted in this process's metrics (stores import no counters).
+store_base.answer_report = counters.store_answer
 
 _WALKS_MAX = 4096  # versions whose last read block is remembered, to spot sequential readers
 _READ_TRIES = 4  # reads of an object that changes under them, before 503
@@ -368,9 +372,9 @@ class Reader:
             log.warning("store unavailable, serving last known version of %s", key)
             return previous
         self.metadata.put(handle.id, key, info, now)
-        if previous is not None and previous.etag != info.etag:
+        if previous is not None and not same(previous.etag, info.etag):
             self.shared.invalidate(handle, previous)
-        if handle.ttl < 0 and (previous is None or previous.etag != info.etag):
+        if handle.ttl < 0 and (previous is None or not same(previous.etag, info.etag)):
             self.recorder.record(handle.id, key, info)
         return info
 

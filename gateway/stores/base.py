@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -213,6 +213,75 @@ class MetadataTooLarge(StoreError):
 class StoreRejected(StoreError):
     """The store refused the request as it was made, for a reason it gave no finer name for
     (an origin's 4xx): sending it again unchanged would not help."""
+
+
+def same_etag(a: str | None, b: str | None) -> bool:
+    """Whether two ETags name one version, compared by value as S3 compares them: quoted or
+    not (S3 quotes them in headers and listings; rclone lists them bare), weak or strong."""
+    if a is None or b is None:
+        return False
+    return a.strip().removeprefix("W/").strip('"') == b.strip().removeprefix("W/").strip('"')
+
+
+def _no_report(scheme: str, wasted: int, wrong_version: bool) -> None:
+    del scheme, wasted, wrong_version
+
+
+# Where a store tells what its answer checks found (bytes wasted around a range, an answer of
+# another version): the service sets it to its metrics (counters.store_answer); stores may
+# not import them.
+answer_report: Callable[[str, int, bool], None] = _no_report
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """Which bytes of an origin's answer to a read are the ones asked for: `skip` of them,
+    then `keep` (None: all the rest). An origin that ignores Range answers 200 with the whole
+    object, and only a part of it is wanted."""
+
+    skip: int = 0
+    keep: int | None = None
+
+
+def check_answer(
+    key: str,
+    start: int,
+    end: int | None,
+    ranged: bool,
+    if_match: str | None,
+    etag: str | None,
+    content_range: str | None,
+    length: int | None,
+) -> Answered:
+    """Check an origin's answer to a read of [start, end) of `key` against what was asked
+    before a byte of it is kept or sent: the version (the answer's ETag against `if_match`,
+    compared by value: an origin that ignores If-Match answers 200 with another version's
+    bytes), and the range (Content-Range, or the whole object when the origin ignored Range).
+    VersionChanged for another version; StoreError for an answer of bytes not asked for."""
+    if if_match is not None and if_match != "*" and not same_etag(etag, if_match):
+        raise VersionChanged(f"{key}: asked for {if_match}, the origin answered {etag}")
+    if not ranged:
+        return Answered()
+    if not content_range:
+        # 200 and the whole object: the range is in it, from `start` on (to its end at most).
+        if end is not None and length is not None:
+            end = min(end, length)
+        return Answered(start, None if end is None else max(end - start, 0))
+    unit, _, rest = content_range.strip().partition(" ")
+    span, _, total = rest.partition("/")
+    first, _, last = span.partition("-")
+    try:
+        got_start, got_end = int(first), int(last) + 1
+    except ValueError:
+        raise StoreError(f"{key}: the origin answered Content-Range {content_range!r}") from None
+    if unit != "bytes" or got_start != start:
+        raise StoreError(f"{key}: asked for bytes {start}-, answered {content_range!r}")
+    if total.isdigit() and end is not None:
+        end = min(end, int(total))  # S3 ends a range that runs past the object at its end
+    if end is not None and got_end < end:
+        raise StoreError(f"{key}: asked for bytes {start}-{end - 1}, answered {content_range!r}")
+    # Past what was asked, the bytes are dropped; an exact answer is passed on as it comes.
+    return Answered(0, None if end is None or got_end <= end else end - start)
 
 
 class UploadJournal(abc.ABC):

@@ -8,7 +8,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.stores.base import InvalidPart, PartInfo
+from gateway.stores.base import InvalidPart, PartInfo, same_etag
 
 MAX_PART_NUMBER = 10000  # S3's: parts are numbered 1..10000
 
@@ -20,6 +20,17 @@ def new_md5() -> Any:
 def bare(etag: str) -> str:
     """The ETag without quotes or weak mark: the form in which two of them compare."""
     return etag.strip().removeprefix("W/").strip('"')
+
+
+def same(a: str | None, b: str | None) -> bool:
+    """Whether two ETags name one version, compared by value (base.same_etag)."""
+    return same_etag(a, b)
+
+
+def quoted(etag: str) -> str:
+    """The ETag in S3's own form, '"VALUE"': what an origin's answer is made into before the
+    gateway keeps it, so that a version has one name whichever form the origin gave."""
+    return f'"{bare(etag)}"'
 
 
 def multipart_etag(etags: Sequence[str]) -> str:

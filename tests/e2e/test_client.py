@@ -19,7 +19,7 @@ import pytest
 
 from gateway.client import GatewayDataset, GatewayFileSystem
 from tests.support.gateway import ACCESS_KEY, SECRET_KEY, GatewayNode, run_cli, start_gateway
-from tests.support.net import eventually
+from tests.support.net import eventually, free_port
 
 MiB = 1 << 20
 OBJECTS = 24
@@ -331,8 +331,56 @@ def test_a_lease_is_the_version_check_an_overwrite_is_read_after_it(tmp_path: Pa
         assert fs.stats.lease_requests == asked
         now[0] += 31  # the mount's TTL later: the lease is asked again, the new version read
         assert fs.cat_file("rwb/obj") == b"new" * 2000
-        assert fs.stats.lease_requests == asked + 1
+        # Its renewal is refused (another version), then the new version is leased.
+        assert fs.stats.lease_requests == asked + 2 and fs.stats.leases_renewed == 0
         assert fs.stats.short_circuit_reads == 3 and fs.stats.http_reads == 0
         fs.close()
     finally:
         node.stop()
+
+
+def test_leases_past_the_ttl_are_renewed_in_one_request_for_the_epoch(tmp_path: Path) -> None:
+    files = tmp_path / "files"
+    (files / "train").mkdir(parents=True)
+    for i in range(OBJECTS):
+        (files / "train" / f"{i:03d}.bin").write_bytes(_blob(50_000 + i, i))
+    data = tmp_path / "data"
+    run_cli(data, None, "mount", "add", "rwb", files.as_uri(), "-o", "metadata_ttl=30")
+    node = start_gateway(data)
+    try:
+        fs = _fs(node)
+        now = [0.0]
+        assert fs._local is not None
+        fs._local._clock = lambda: now[0]  # the client's clock: its leases' time
+        for i in range(OBJECTS):  # an epoch, an object at a time as a DataLoader reads
+            assert fs.cat_file(f"rwb/train/{i:03d}.bin") == _blob(50_000 + i, i)
+        asked, leased = fs.stats.lease_requests, fs.stats.leases
+        handed = node.metric("gateway_local_reads", 'outcome="handed"')
+        now[0] += 31  # the next epoch, past the TTL: every lease has run out
+        for i in range(OBJECTS):
+            assert fs.cat_file(f"rwb/train/{i:03d}.bin") == _blob(50_000 + i, i)
+        # One request renewed them all (the versions only: no descriptor handed again).
+        assert fs.stats.lease_requests == asked + 1
+        assert fs.stats.leases_renewed == OBJECTS and fs.stats.leases == leased
+        assert node.metric("gateway_local_reads", 'outcome="handed"') == handed
+        # A version that changed is not renewed: it is leased again and read new.
+        fs.pipe_file("rwb/train/000.bin", b"new" * 2000)
+        now[0] += 31
+        assert fs.cat_file("rwb/train/000.bin") == b"new" * 2000
+        assert fs.stats.leases == leased + 1
+        assert fs.stats.short_circuit_reads == 2 * OBJECTS + 1 and fs.stats.http_reads == 0
+        fs.close()
+    finally:
+        node.stop()
+
+
+def test_several_endpoints_a_job_starts_with_the_first_node_down(node: GatewayNode) -> None:
+    down = f"http://127.0.0.1:{free_port()}"  # no node listens there
+    fs = _fs(node, endpoint_url=f"{down},{node.url}")
+    assert fs.cat_file("data/train/001.bin") == _blob(50_001, 1)
+    assert fs.endpoint_url == node.url and fs.stats.short_circuit_reads == 1
+    assert [p["name"] for p in fs.ls("data/train")][:1] == ["data/train/000.bin"]
+    fs.close()
+    listed = _fs(node, local=False, endpoint_url=[down, node.url])
+    assert listed.cat_file("data/train/002.bin") == _blob(50_002, 2)
+    listed.close()

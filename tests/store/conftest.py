@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.origin import CountingProxy, MotoServer
+from tests.support.real_origins import RcloneS3, RealS3Origin
 from tests.support.stores import MOUNT_PREFIX, FileOrigin, Origin, S3Origin
 
 
@@ -21,7 +22,14 @@ def proxy(moto_server: MotoServer) -> Iterator[CountingProxy]:
     p.stop()
 
 
-@pytest.fixture(params=["file", "s3", "azure", "gcs", "hdfs"])
+@pytest.fixture(scope="session")
+def rclone_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RcloneS3]:
+    server = RcloneS3(tmp_path_factory.mktemp("rclone"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["file", "s3", "azure", "gcs", "hdfs", "s3-rclone"])
 async def origin(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Origin]:
     """One contract, every store: each kind on its real server."""
     o: Origin
@@ -38,6 +46,8 @@ async def origin(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
         from tests.support.gcs_server import GcsOrigin
 
         o = GcsOrigin(request.getfixturevalue("gcs"))
+    elif request.param == "s3-rclone":
+        o = RealS3Origin(request.getfixturevalue("rclone_server"))
     else:
         from tests.support.webhdfs_server import HdfsOrigin
 

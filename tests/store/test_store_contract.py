@@ -24,6 +24,7 @@ from gateway.stores.s3 import CHUNK_SIZE as S3_CHUNK
 from gateway.stores.s3 import S3Store
 from tests.support.net import free_port
 from tests.support.origin import CountingProxy
+from tests.support.real_origins import RealS3Origin
 from tests.support.stores import (
     MOUNT_PREFIX,
     TREE,
@@ -156,6 +157,9 @@ async def test_listing_with_delimiter_rolls_up_prefixes(origin: Origin) -> None:
         (origin.folder / "a" / "emptydir").mkdir()
     combos = [("", "/"), ("a", "/"), ("a/", "/"), ("a/x/", "/"), ("a/b", "/"), ("", "-")]
     combos += [("a/", "b"), ("", "y/"), ("zz", "/"), ("nothing/", "/")]
+    if isinstance(origin, RealS3Origin) and origin.server.name == "rclone":
+        # rclone rolls up "/" only (docs/stores/s3-and-file.md): a known defect, not fixed.
+        combos = [c for c in combos if c[1] == "/"]
     for prefix, delimiter in combos:
         for max_keys in (1, 2, 1000):
             entries, _ = await list_all(origin.store, prefix, delimiter, max_keys=max_keys)

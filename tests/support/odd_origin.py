@@ -8,6 +8,8 @@ moto, rewriting some of moto's replies or answering some requests itself.
   not), without reaching moto.
 - `fail_next(op, status, code, forward=True)`: the request reaches moto, which does it, and
   the answer is replaced by that error: a store that did the work and then failed to say so.
+- `whole_gets = True`: GETs reach moto without their Range header, so a ranged GET is
+  answered 200 with the whole object, as some origins answer one.
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ class _OddHandler(_Handler):
         if failure is None or failure.forward:
             self._rewriting = op in owner._blanked
             self._swallowed = failure
+            if owner.whole_gets and self.command == "GET":
+                del self.headers["Range"]
             super().do_any()
             return
         path, _, query = self.path.partition("?")
@@ -128,6 +132,7 @@ class OddOrigin(CountingProxy):
         self._server.RequestHandlerClass = _OddHandler
         self._blanked: set[str] = set()
         self._failures: dict[str, list[Failure]] = {}
+        self.whole_gets = False
 
     def blank_etags(self, *ops: str) -> None:
         with self._lock:
@@ -149,3 +154,4 @@ class OddOrigin(CountingProxy):
         with self._lock:
             self._blanked.clear()
             self._failures.clear()
+        self.whole_gets = False

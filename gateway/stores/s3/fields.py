@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from gateway.stores.base import ObjectInfo, WriteAttrs
+from gateway.stores.etags import quoted
 from gateway.stores.header_text import from_header, to_header
 
 # Our checksum names -> S3's algorithm names; the first one a writer gives goes to the origin.
@@ -145,7 +146,7 @@ def info_of(key: str, h: Mapping[str, Any]) -> ObjectInfo:
     return ObjectInfo(
         key=key,
         size=int(h["ContentLength"]),
-        etag=h["ETag"],
+        etag=quoted(h["ETag"]),
         last_modified=utc(h["LastModified"]),
         content_type=h.get("ContentType"),
         content_encoding=h.get("ContentEncoding"),

@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 from urllib.parse import SplitResult, unquote
 
 from botocore.exceptions import ClientError
 
+from gateway.stores import base as store_base
 from gateway.stores.base import (
+    Answered,
     ListPage,
     ListRequest,
     ObjectInfo,
@@ -21,8 +24,10 @@ from gateway.stores.base import (
     StoreRejected,
     UploadJournal,
     VersionChanged,
+    check_answer,
 )
 from gateway.stores.delegating import DelegatingStore
+from gateway.stores.etags import quoted
 from gateway.stores.s3.client import (
     CHUNK_SIZE,
     TRANSPORT_ERRORS,
@@ -34,6 +39,8 @@ from gateway.stores.s3.client import (
 from gateway.stores.s3.fast_get import FastGet
 from gateway.stores.s3.fields import CUSTOMER_KEY_MARK, encryption_args, info_of, utc
 from gateway.stores.s3.writes import Writes
+
+log = logging.getLogger("gateway.stores")
 
 __all__ = ["CHUNK_SIZE", "S3Store", "open_s3", "parse_timestamp"]
 
@@ -55,6 +62,11 @@ class S3Store(DelegatingStore):
         self.client = S3Client(bucket, prefix, options)
         self.bucket, self.prefix = self.client.bucket, self.client.prefix
         self.writes = self.uploads = Writes(self.client)
+        # What the origin was seen to ignore: If-Match (it answered another version's bytes)
+        # or Range (it answered a ranged GET with the whole object). Its answers are checked
+        # either way (check_answer); these say so once in the log.
+        self.ignores_if_match = False
+        self.ignores_range = False
 
     def __repr__(self) -> str:
         return repr(self.client)
@@ -114,11 +126,75 @@ class S3Store(DelegatingStore):
             raise self.client.error(exc, key) from None
         except TRANSPORT_ERRORS as exc:
             raise self.client.error(exc, key) from None
-        async with contextlib.aclosing(self._chunks(body, key)) as chunks:
+        answered = await self._checked(key, response, body, start, end, args, if_match)
+        async with contextlib.aclosing(self._kept(body, key, answered)) as chunks:
             if CUSTOMER_KEY_MARK in (response.get("Metadata") or {}):
                 raise StoreRejected(f"{key}: encrypted with a customer key; the key is needed")
             async for chunk in chunks:
                 yield chunk
+
+    async def _checked(
+        self, key: str, response: Mapping[str, Any], body: AsyncGenerator[bytes, None],
+        start: int, end: int | None, args: Mapping[str, str], if_match: str | None,
+    ) -> Answered:  # fmt: skip
+        """The answer checked against the version and range asked for (check_answer); on a
+        mismatch its body is dropped and the error raised, no byte of it used."""
+        ranged = "Range" in args
+        try:
+            answered = check_answer(
+                key, start, end, ranged, if_match, response.get("ETag"),
+                response.get("ContentRange"), _length(response),
+            )  # fmt: skip
+        except VersionChanged:
+            await _drop(body)
+            store_base.answer_report(self.scheme, 0, True)
+            if not self.ignores_if_match:
+                self.ignores_if_match = True
+                log.warning("%r ignores If-Match: its answers are checked by their ETag", self)
+            raise
+        except Exception:
+            await _drop(body)
+            raise
+        if ranged and not response.get("ContentRange") and not self.ignores_range:
+            self.ignores_range = True
+            log.warning("%r answers ranged GETs whole: the bytes around a range are dropped", self)
+        return answered
+
+    async def _kept(
+        self, body: AsyncGenerator[bytes, None], key: str, answered: Answered
+    ) -> AsyncGenerator[bytes, None]:
+        """The body's chunks, of the bytes asked for only (see Answered); the others are
+        counted as wasted, and the body is closed once the last byte asked for is in."""
+        chunks = self._chunks(body, key)
+        skip, keep = answered.skip, answered.keep
+        if not skip and keep is None:
+            async with contextlib.aclosing(chunks):
+                async for chunk in chunks:
+                    yield chunk
+            return
+        wasted = 0
+        try:
+            async with contextlib.aclosing(chunks):
+                async for chunk in chunks:
+                    if skip:
+                        if len(chunk) <= skip:
+                            skip -= len(chunk)
+                            wasted += len(chunk)
+                            continue
+                        wasted += skip
+                        chunk = chunk[skip:]
+                        skip = 0
+                    if keep is not None and len(chunk) >= keep:
+                        wasted += len(chunk) - keep
+                        if keep:
+                            yield chunk[:keep]
+                        return
+                    if keep is not None:
+                        keep -= len(chunk)
+                    yield chunk
+        finally:
+            if wasted:
+                store_base.answer_report(self.scheme, wasted, False)
 
     async def open(
         self, key: str, length: int | None = None
@@ -143,12 +219,15 @@ class S3Store(DelegatingStore):
             raise self.client.error(exc, key) from None
         info = info_of(key, response)
         if "customer_key_md5" in info.encryption:
-            await body.aclose()  # the answer's connection goes back
+            await _drop(body)  # the answer's connection goes back
             _keyless(info)
+        answered = Answered()
+        if length is not None:
+            answered = await self._checked(key, response, body, 0, length, args, None)
         total = _total_size(response.get("ContentRange"))
         if total is not None:
             info = dataclasses.replace(info, size=total)
-        return info, self._chunks(body, key)
+        return info, self._kept(body, key, answered)
 
     async def _chunks(
         self, body: AsyncGenerator[bytes, None], key: str
@@ -225,7 +304,9 @@ class S3Store(DelegatingStore):
             r = await self.client.call(key, "get_object", **args)
         except PreconditionFailed:
             raise VersionChanged(f"{key}: is no longer {if_match}") from None
-        async with contextlib.aclosing(self._chunks(_botocore_chunks(r["Body"]), key)) as chunks:
+        body = _botocore_chunks(r["Body"])
+        answered = await self._checked(key, r, body, start, end, args, if_match)
+        async with contextlib.aclosing(self._kept(body, key, answered)) as chunks:
             async for chunk in chunks:
                 yield chunk
 
@@ -253,7 +334,7 @@ class S3Store(DelegatingStore):
             ObjectInfo(
                 key=o["Key"][cut:],
                 size=int(o["Size"]),
-                etag=o["ETag"],
+                etag=quoted(o["ETag"]),
                 last_modified=utc(o["LastModified"]),
                 storage_class=o.get("StorageClass") or "STANDARD",
             )
@@ -278,6 +359,19 @@ def _total_size(content_range: str | None) -> int | None:
         return None
     _, slash, total = content_range.rpartition("/")
     return int(total) if slash and total.isdigit() else None
+
+
+def _length(response: Mapping[str, Any]) -> int | None:
+    value = response.get("ContentLength")
+    return None if value is None else int(value)
+
+
+async def _drop(body: AsyncGenerator[bytes, None]) -> None:
+    """Close an answer's body unread: its connection is closed rather than pooled (a body
+    never started would leave its response open)."""
+    with contextlib.suppress(StopAsyncIteration, Exception):
+        await anext(body)
+    await body.aclose()
 
 
 async def _no_bytes() -> AsyncGenerator[bytes, None]:
