@@ -47,6 +47,11 @@ async def origin(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
 
         o = GcsOrigin(request.getfixturevalue("gcs"))
     elif request.param == "s3-rclone":
+        if request.module.__name__ != "tests.store.test_store_contract":
+            # rclone is an origin nobody here wrote, read through the gateway: it runs the read
+            # contract; its writes, tags and buckets are not what it serves for (its quirks:
+            # docs/stores/s3-and-file.md).
+            pytest.skip("rclone runs the read contract only")
         o = RealS3Origin(request.getfixturevalue("rclone_server"))
     else:
         from tests.support.webhdfs_server import HdfsOrigin

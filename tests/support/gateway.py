@@ -185,7 +185,11 @@ def start_gateway(
     # The node's default worker count (one per core) unless a test is about one worker: what
     # users run is what the tests run.
     if database_url:
+        # Small pools: a test file runs fleets of several nodes of several workers, and test
+        # files run side by side on one PostgreSQL (max_connections 100).
         cmd += ["--database-url", database_url]
+        if "--database-connections" not in args:
+            cmd += ["--database-connections", "4"]
     if tls:
         cmd += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
     log_path = data_dir / f"gateway-{port}.log"
