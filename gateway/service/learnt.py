@@ -43,17 +43,26 @@ class LearntVersions:
 
     def __init__(self, root: str) -> None:
         path = os.path.join(root, FILE)
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
         # Made by the first worker to start, the others waiting for it (at start only).
-        self._db = sqlite3.connect(path, timeout=5, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=OFF")
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS versions (mount INTEGER NOT NULL, key TEXT NOT NULL,"
-            " generation INTEGER NOT NULL, at REAL NOT NULL, info BLOB NOT NULL,"
-            " PRIMARY KEY (mount, key)) WITHOUT ROWID"
-        )
-        self._db.execute(f"PRAGMA busy_timeout={_BUSY_MS}")
+        self._db = sqlite3.connect(":memory:")  # until the shared file is open
+        try:
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+            db = sqlite3.connect(path, timeout=5, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=OFF")
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS versions (mount INTEGER NOT NULL, key TEXT NOT NULL,"
+                " generation INTEGER NOT NULL, at REAL NOT NULL, info BLOB NOT NULL,"
+                " PRIMARY KEY (mount, key)) WITHOUT ROWID"
+            )
+            db.execute(f"PRAGMA busy_timeout={_BUSY_MS}")
+        except (OSError, sqlite3.Error) as exc:
+            # A full or read-only cache disk: the node serves, each worker asking the store
+            # for what it does not know itself.
+            log.warning("versions learnt are not shared between workers: %s: %s", path, exc)
+            return
+        self._db.close()
+        self._db = db
 
     def lookup(self, mount_id: int, key: str) -> tuple[ObjectInfo, float, int] | None:
         try:
