@@ -183,7 +183,6 @@ class Node:
             asyncio.create_task(shared.namespace.run(s.refresh_interval)),
             asyncio.create_task(service.multipart.run_janitor(min(3600.0, s.multipart_max_age))),
         ]
-        await shared.catalog.refresh()
         self._tasks.append(asyncio.create_task(self._catalog_upkeep(shared, service).run()))
         if (folder := shared_dir()) is not None:  # one of several workers
             self._tasks.append(asyncio.create_task(publish_forever(pages, folder)))
