@@ -252,26 +252,31 @@ def main() -> None:
 @_options(_DB_OPTIONS + _SERVE_OPTIONS, _FLAGS)
 def serve(**kwargs: Any) -> None:
     """Run one gateway node."""
-    import uvicorn
-
-    from gateway.admin.metrics import prepare_shared_dir
-    from gateway.edge import EdgeConfig, EdgeLimits
+    from gateway.datadir import prepare_metrics_dir
     from gateway.logs import setup_logging
-    from gateway.node import SETTINGS_ENV, Node, settings_to_json
 
     settings = _settings(kwargs)
     if settings.workers < 0:
         raise click.UsageError(f"--workers must be 0 (one per core) or more: {settings.workers}")
     if settings.workers == 0:
         settings = dataclasses.replace(settings, workers=cpu_cores())
+    setup_logging(settings.log_level)
+    _make_private(settings)
+    if settings.workers > 1:
+        # The workers share their metrics in a folder of the node (gateway/admin/metrics.py);
+        # they are forked from this process, so prometheus_client, imported below, must find
+        # the folder named in the environment when it is.
+        prepare_metrics_dir(Path(settings.data_dir))
+    import uvicorn
+
+    from gateway.edge import EdgeConfig, EdgeLimits, run_workers
+    from gateway.node import SETTINGS_ENV, Node, settings_to_json
+    from gateway.service import learnt
+
     try:
         limits = EdgeLimits.from_settings(settings)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    setup_logging(settings.log_level)
-    _make_private(settings)
-    from gateway.service import learnt
-
     learnt.reset(settings.effective_cache_dir)  # versions learnt by a run before this one
     banner, mounts = _run(_with_meta(settings, lambda meta: _bootstrap(meta, settings)))
     click.echo(banner)
@@ -279,14 +284,13 @@ def serve(**kwargs: Any) -> None:
     # uvicorn says "running" when it binds, seconds before the workers answer: the node says
     # "serving" itself once it does (_announce).
     logging.getLogger("uvicorn.error").addFilter(_NotRunningYet())
-    threading.Thread(
+    announce = threading.Thread(
         target=_announce, args=(settings, mounts), name="announce", daemon=True
-    ).start()
+    )
     if settings.workers > 1:
         # Each worker process builds its own Node from the settings resolved here, and
         # shares its metrics with the others (gateway/admin/metrics.py).
         os.environ[SETTINGS_ENV] = settings_to_json(settings)
-        prepare_shared_dir(Path(settings.data_dir))
         app: Any = "gateway.node:node_from_environment"
     else:
         app = Node(settings)
@@ -303,9 +307,9 @@ def serve(**kwargs: Any) -> None:
         log_config=None,
         server_header=False,
         timeout_graceful_shutdown=10,
-        # A worker answers the supervisor's health pings only once it has imported the
-        # gateway; on a busy machine that takes longer than uvicorn's default of 5 s, and a
-        # worker killed for it is started again, and again.
+        # A worker answers the supervisor's health pings only once it has built its node; on
+        # a busy machine that takes longer than uvicorn's default of 5 s, and a worker killed
+        # for it is started again, and again.
         timeout_worker_healthcheck=30,
         ssl_certfile=settings.tls_cert,
         ssl_keyfile=settings.tls_key,
@@ -316,10 +320,11 @@ def serve(**kwargs: Any) -> None:
         sockets.append(_bind(settings.host, settings.effective_internal_port))
     try:
         if settings.workers > 1:
-            from uvicorn.supervisors import Multiprocess
-
-            Multiprocess(config, sockets=sockets).run()
+            # The announcing thread starts once the workers are forked: they are forked from
+            # a process with no other thread (gateway/edge.py).
+            run_workers(config, sockets, started=announce.start)
         else:
+            announce.start()
             config.load_app()
             server = uvicorn.Server(config)
             server.run(sockets=sockets)

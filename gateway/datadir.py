@@ -16,6 +16,8 @@ DIR_MODE = 0o700
 # the socket (whose peer credentials decide), never list the folder or open what is in it.
 PASSAGE_MODE = 0o711
 UMASK = 0o077
+# Where the workers of a node share their metrics (prometheus_client's multiprocess mode).
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 class NotPrivate(Exception):
@@ -121,3 +123,16 @@ def _real(path: Path) -> Path:
 
 def _inside(path: Path, folder: Path) -> bool:
     return _real(path).is_relative_to(_real(folder))
+
+
+def prepare_metrics_dir(data_dir: Path) -> Path:
+    """Before a node's workers start: an empty folder for their figures, named in the
+    environment. prometheus_client reads it once, when it is imported, so this runs before
+    anything imports it in the process the workers are forked from (gateway/edge.py)."""
+    folder = data_dir / "metrics"
+    if folder.exists():
+        for stale in folder.iterdir():
+            stale.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ[MULTIPROC_ENV] = str(folder)
+    return folder

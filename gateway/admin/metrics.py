@@ -27,10 +27,10 @@ from prometheus_client.registry import Collector
 
 from gateway.cache import PageStore
 from gateway.counters import REGISTRY
+from gateway.datadir import MULTIPROC_ENV
 
 log = logging.getLogger("gateway.metrics")
 
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 PUBLISH_INTERVAL = 1.0  # seconds between a worker's publications of its cache figures
 
 _COUNTERS = (
@@ -194,15 +194,3 @@ def scrape() -> CollectorRegistry:
     if _cache is not None:
         registry.register(_cache)
     return registry
-
-
-def prepare_shared_dir(data_dir: Path) -> Path:
-    """Before the workers start: an empty folder for their figures, named in the environment
-    they inherit (prometheus_client reads it when a worker imports it)."""
-    folder = data_dir / "metrics"
-    if folder.exists():
-        for stale in folder.iterdir():
-            stale.unlink()
-    folder.mkdir(parents=True, exist_ok=True)
-    os.environ[MULTIPROC_ENV] = str(folder)
-    return folder

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -214,3 +215,25 @@ def _read_grant(bucket: str, user: str) -> dict[str, Any]:
             }
         ],
     }
+
+
+def test_a_worker_killed_is_replaced_and_the_replacement_answers_as_the_node(
+    node: GatewayNode,
+) -> None:
+    """Workers are forked from the node's supervisor (gateway/edge.py, run_workers): one
+    killed with SIGKILL is forked again, and the new one shares what the others know."""
+    before = set(node.workers())
+    victim = min(before)
+    os.kill(victim, signal.SIGKILL)
+
+    def replaced() -> bool:
+        now = set(node.workers())
+        return victim not in now and len(now) == len(before)
+
+    eventually(replaced, timeout=60)
+    node.client().create_bucket(Bucket="after-a-crash")
+    node.client().put_object(Bucket="after-a-crash", Key="k", Body=b"still one node")
+    for _ in range(TRIES):
+        s3 = node.client()
+        assert "after-a-crash" in {b["Name"] for b in s3.list_buckets()["Buckets"]}
+        assert s3.get_object(Bucket="after-a-crash", Key="k")["Body"].read() == b"still one node"
