@@ -366,13 +366,19 @@ class Janitor:
         """Apply every new journal record. Whether a filled or dropped block is there is asked
         of the disk, not of the order of the records: journals are read one after the other,
         so a drop can come before the fill it follows (an eviction by the janitor before this
-        one, a block dropped in one process and filled again in another)."""
+        one, a block dropped in one process and filled again in another). So can a use: a
+        block filled by one worker and read next through another is known here by the second
+        worker's record first when its journal is read first, or flushed sooner; the block is
+        then taken as filled (it is on disk) and the use counts, so that the later record of
+        its fill finds it known and the block keeps the protection two uses earn."""
         assert self._reader is not None
         policy = self._policy
         touched = self._rescan.touched if self._rescan is not None else None
         for _, data in self._reader.read():
             for op, flags, mount, size, name in records(data):
                 if op == ACCESS:
+                    if (mount, name) not in policy:
+                        self._add_from_disk(mount, name)
                     policy.access(mount, name, True if flags & FLAG_PINNED else None)
                 elif op in (FILL, DROP):
                     if not os.path.exists(block_path(self.root, mount, name.hex())):
@@ -384,6 +390,15 @@ class Janitor:
                 self._dirty = True
                 if touched is not None:
                     touched.add((mount, name))
+
+    def _add_from_disk(self, mount: int, name: bytes) -> None:
+        """A block used before its fill was read: known from its file, if there is one."""
+        try:
+            st = os.stat(block_path(self.root, mount, name.hex()))
+        except OSError:
+            return  # gone (evicted or dropped since): the use is of nothing kept
+        if stat.S_ISREG(st.st_mode) and st.st_size >= TRAILER_SIZE:
+            self._policy.add(mount, name, st.st_size)
 
     def _check_rescan(self, now: float) -> None:
         rescan = self._rescan

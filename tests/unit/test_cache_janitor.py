@@ -193,6 +193,38 @@ def test_evicts_to_capacity_least_recently_used_first_and_to_a_new_capacity(root
     janitor.stop()
 
 
+def test_a_use_read_before_the_fill_it_follows_still_protects_the_block(root: str) -> None:
+    """Worker A fills blocks 0-3, worker B reads 0 and 1 next; B's journal is flushed and read
+    first (journals are read one after the other). Blocks 0 and 1 were used twice all the same:
+    a sweep of blocks used once evicts the others."""
+    janitor = Janitor(root, 6 * SIZE, 0)
+    janitor.run_once()
+    filler = JournalWriter(root)
+    for i in range(4):
+        make_block(root, 1, i)
+        filler.fill(name_of(i), SIZE, 1, False)
+    reader = JournalWriter(root)
+    reader.access(name_of(0), 1)
+    reader.access(name_of(1), 1)
+    reader.access(name_of(9), 1)  # a block dropped since: its use is of nothing kept
+    reader.flush()
+    janitor.run_once()  # the uses, and not yet the fills
+    filler.close()
+    janitor.run_once()
+    sweep = JournalWriter(root)
+    for i in range(10, 16):
+        make_block(root, 1, i)
+        sweep.fill(name_of(i), SIZE, 1, False)
+    sweep.close()
+    reader.close()
+
+    janitor.run_once()
+    assert on_disk(root, 1, range(4)) == [0, 1]
+    stats = read_stats(root)
+    assert stats is not None and stats.bytes_used == 6 * SIZE and stats.entries == 6
+    janitor.stop()
+
+
 def test_repeated_uses_within_one_flush_are_one_record(root: str) -> None:
     journal = JournalWriter(root)
     for _ in range(100):
