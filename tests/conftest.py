@@ -16,6 +16,28 @@ from gateway.meta import default_database_url
 from tests.support.origin import CountingProxy, MotoServer, start_moto
 from tests.support.postgres import temp_database
 
+# Test files that take minutes (fleets, restarts, preload jobs) start first. The suite runs
+# files side by side (pytest-xdist, --dist loadfile, in the order collected), and a long file
+# begun last would run alone at the end while the other processes have nothing left to do.
+SLOW_FIRST = (
+    "e2e/test_jobs_fleet.py",
+    "e2e/test_fleet.py",
+    "e2e/test_catalog.py",
+    "e2e/test_cache_restart.py",
+    "e2e/test_jobs_node.py",
+    "e2e/test_store_leftovers.py",
+    "e2e/test_mount_set.py",
+    "e2e/test_real_origins.py",
+    "e2e/test_console.py",
+    "e2e/test_awscli_write.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    last = len(SLOW_FIRST)
+    items.sort(key=lambda item: rank.get(f"{item.path.parent.name}/{item.path.name}", last))
+
 
 @pytest.fixture(scope="session")
 def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:

@@ -371,6 +371,9 @@ def test_the_fleet_port_has_the_same_limits_and_a_cap_of_its_own(tmp_path: Path)
         args=(
             "--fleet-secret", "edge-secret", "--internal-port", str(internal),
             "--max-connections", "30", "--no-access-log",
+            # The cap is per worker process: one worker, so that the 31st connection finds
+            # the one that holds the 30.
+            "--workers", "1",
         ),
     )  # fmt: skip
     try:

@@ -180,10 +180,11 @@ def start_gateway(
     cmd = [
         str(BIN / "gateway"), "serve", "--host", "127.0.0.1", "--port", str(port),
         "--data-dir", str(data_dir), "--admin-access-key", ACCESS_KEY,
-        "--admin-secret-key", SECRET_KEY, "--refresh-interval", "0.5", *args,
+        "--admin-secret-key", SECRET_KEY, *args,
     ]  # fmt: skip
-    # The node's default worker count (one per core) unless a test is about one worker: what
-    # users run is what the tests run.
+    # The node's default worker count (one per core) and refresh interval unless a test is
+    # about one worker or another interval: what users run is what the tests run. (A change
+    # holds on the node that made it at once; other nodes catch up within the interval.)
     if database_url:
         # Small pools: a test file runs fleets of several nodes of several workers, and test
         # files run side by side on one PostgreSQL (max_connections 100).

@@ -36,7 +36,8 @@ ALLOWED: dict[str, set[str]] = {
     "gateway.catalog": {"gateway.meta", "gateway.stores"} | BASE,
     "gateway.stores": LEAF,
     "gateway.cache": LEAF,
-    "gateway.admin": {"gateway.service"} | BELOW_THE_SERVICE | BASE,
+    # /metrics reads the workers' shared folder that `serve` names (gateway.datadir).
+    "gateway.admin": {"gateway.service", "gateway.datadir"} | BELOW_THE_SERVICE | BASE,
     # Preload jobs drive the Reader (serve_block) like a client would, and check the API's
     # signatures with the S3 layer's SigV4 verifier (and who is an admin key, with iam's rule).
     "gateway.jobs": {"gateway.service", "gateway.s3", "gateway.iam"} | BELOW_THE_SERVICE | BASE,
@@ -51,7 +52,7 @@ ALLOWED: dict[str, set[str]] = {
     "gateway.client": {"gateway.cache", "gateway.cluster"},
     "gateway.node": EVERYTHING,  # builds a node out of the parts
     "gateway.generations": set(),
-    "gateway.datadir": set(),  # the data dir's modes, for `serve` (cli) alone
+    "gateway.datadir": set(),  # the data dir's modes and metrics folder, for `serve` (cli)
     "gateway.cli": EVERYTHING,
     "gateway": set(),
     "gateway.errors": set(),
