@@ -238,7 +238,9 @@ def object_headers(reply: Reply, info: ObjectInfo, overrides: dict[str, str]) ->
     if info.storage_class and info.storage_class != "STANDARD":
         reply.header("x-amz-storage-class", _wire(info.storage_class))
     for name, value in info.metadata.items():
-        reply.header(f"x-amz-meta-{name}", _wire(value))
+        # S3 answers user metadata holding any non-ASCII character as one RFC 2047 word.
+        safe = value.isascii() and limits.is_header_safe(value)
+        reply.header(f"x-amz-meta-{name}", value if safe else _encoded_word(value))
     if info.tag_count:
         reply.header("x-amz-tagging-count", str(info.tag_count))
     if info.encryption:
@@ -255,8 +257,10 @@ def _wire(value: str) -> str:
     """A value from the store as a header can carry it: as it is, or, when it holds what
     HTTP/1.1 cannot (non-latin-1 text, control characters), as one RFC 2047 word, as S3
     answers non-ASCII metadata. Never folded: a line break would end the header."""
-    if limits.is_header_safe(value):
-        return value
+    return value if limits.is_header_safe(value) else _encoded_word(value)
+
+
+def _encoded_word(value: str) -> str:
     return f"=?UTF-8?B?{base64.b64encode(value.encode('utf-8', 'surrogatepass')).decode()}?="
 
 

@@ -47,7 +47,19 @@ def user_metadata(headers: Mapping[str, str]) -> dict[str, str]:
     size = sum(len(name) + len(value) for name, value in metadata.items())
     if size > MAX_USER_METADATA_BYTES:
         raise errors.MetadataTooLarge(Size=str(size), MaxSizeAllowed=str(MAX_USER_METADATA_BYTES))
-    return metadata
+    return {name: header_text(value) for name, value in metadata.items()}
+
+
+def header_text(value: str) -> str:
+    """The text a header value was sent as. SDKs (botocore, the AWS CLI, Go's and Java's) send
+    non-ASCII header text as UTF-8, which arrives here one latin-1 character per byte: bytes
+    that are valid UTF-8 are taken as it, others as latin-1 text, as they came."""
+    if value.isascii():
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return value
 
 
 def is_header_safe(value: str) -> bool:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from gateway import decimals, errors
 from gateway.s3 import xml_in
-from gateway.s3.limits import is_header_safe
+from gateway.s3.limits import header_text, is_header_safe
 from gateway.service.conditions import ByteRange
 
 FAST = settings(max_examples=300, deadline=None)
@@ -92,6 +92,22 @@ def test_header_safe_text_encodes_as_latin_1_without_line_breaks(value: str) -> 
     if is_header_safe(value):
         assert "\r" not in value and "\n" not in value and "\x00" not in value
         value.encode("latin-1")
+
+
+@FAST
+@given(st.text(max_size=30))
+@example("Hello World\u00e9")
+def test_header_text_is_the_text_an_sdk_sent_as_utf_8(value: str) -> None:
+    # A header value arrives one latin-1 character per byte sent.
+    assert header_text(value.encode("utf-8", "surrogatepass").decode("latin-1")) == value
+
+
+@pytest.mark.parametrize(
+    ("sent", "text"),
+    [(b"plain", "plain"), (b"Z\xc3\xbcrich", "Z\u00fcrich"), (b"caf\xe9", "caf\u00e9")],
+)
+def test_header_bytes_not_utf_8_are_latin_1_text(sent: bytes, text: str) -> None:
+    assert header_text(sent.decode("latin-1")) == text
 
 
 @FAST
