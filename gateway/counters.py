@@ -22,11 +22,21 @@ LATENCY = Histogram(
 )
 
 
+# Object reads by bucket and how the cache answered them (hit, miss, forward, bypass): [reads,
+# body bytes] per (bucket, cache), plain numbers, as cheap to bump on a hit as can be; /metrics
+# reads them out (gateway/admin/metrics.py, every worker's summed). A bucket is counted only
+# once an object read of it was answered, so there are as many as mounts read, whatever
+# buckets clients name.
+BUCKET_READS: dict[tuple[str, str], list[int]] = {}
+
 _children: dict[tuple[str, int, str], tuple[Counter, Counter, Histogram]] = {}
 
 
-def observe(op: str, status: int, cache: str, sent: int, seconds: float) -> None:
-    """Count one answered request; the labelled children are looked up once per label set
+def observe(
+    op: str, status: int, cache: str, sent: int, seconds: float, bucket: str | None = None
+) -> None:
+    """Count one answered request, and with `bucket` (an object read that found its mount)
+    that bucket's read. The labelled children are looked up once per label set
     (prometheus_client's labels() costs microseconds a call, the hit path cannot spare them)."""
     key = (op, status, cache)
     children = _children.get(key)
@@ -41,6 +51,12 @@ def observe(op: str, status: int, cache: str, sent: int, seconds: float) -> None
     requests.inc()
     sent_bytes.inc(sent)
     latency.observe(seconds)
+    if bucket is not None:
+        reads = BUCKET_READS.get((bucket, cache))
+        if reads is None:
+            reads = BUCKET_READS[(bucket, cache)] = [0, 0]
+        reads[0] += 1
+        reads[1] += sent
 
 
 def totals() -> tuple[int, int]:

@@ -20,13 +20,14 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.cache import PageStore
-from gateway.counters import REGISTRY
+from gateway.counters import BUCKET_READS, REGISTRY
 from gateway.datadir import MULTIPROC_ENV
 
 log = logging.getLogger("gateway.metrics")
@@ -67,14 +68,25 @@ def _process_figures(pages: PageStore) -> dict[str, float]:
     return figures
 
 
-def publish(pages: PageStore, folder: Path) -> dict[str, float]:
-    """Write this worker's cache figures where the other workers' scrapes find them."""
+# This process's reads by bucket (gateway/counters.py), as published: [bucket, cache, reads,
+# bytes] each.
+BucketReads = list[list[Any]]
+
+
+def _process_bucket_reads() -> BucketReads:
+    return [[bucket, cache, n, sent] for (bucket, cache), (n, sent) in BUCKET_READS.items()]
+
+
+def publish(pages: PageStore, folder: Path) -> tuple[dict[str, float], BucketReads]:
+    """Write this worker's cache figures and reads by bucket where the other workers' scrapes
+    find them."""
     figures = _process_figures(pages)
+    buckets = _process_bucket_reads()
     path = folder / f"cache_{os.getpid()}.json"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(figures))
+    tmp.write_text(json.dumps({"figures": figures, "buckets": buckets}))
     os.replace(tmp, path)
-    return figures
+    return figures, buckets
 
 
 async def publish_forever(pages: PageStore, folder: Path) -> None:
@@ -105,24 +117,30 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _node_figures(pages: PageStore, folder: Path) -> dict[str, float]:
+def _node_figures(pages: PageStore, folder: Path) -> tuple[dict[str, float], BucketReads]:
     """Counters of every worker that ever published; gauges of the live ones."""
     own = publish(pages, folder)
-    total = dict.fromkeys(own, 0.0)
+    total = dict.fromkeys(own[0], 0.0)
+    reads: dict[tuple[str, str], list[int]] = {}
     for path in folder.glob("cache_*.json"):
         pid = int(path.stem.split("_", 1)[1])
         if pid == os.getpid():
-            figures = own
+            figures, buckets = own
         else:
             try:
-                figures = json.loads(path.read_text())
-            except (OSError, ValueError):
+                doc = json.loads(path.read_text())
+                figures, buckets = doc["figures"], doc["buckets"]
+            except (OSError, ValueError, KeyError, TypeError):
                 continue  # being replaced, or gone
         live = pid == os.getpid() or _alive(pid)
         for name, value in figures.items():
             if name in total and (live or name not in _GAUGE_FIELDS):
                 total[name] += value
-    return total
+        for bucket, cache, n, sent in buckets:
+            counted = reads.setdefault((bucket, cache), [0, 0])
+            counted[0] += n
+            counted[1] += sent
+    return total, [[b, c, n, sent] for (b, c), (n, sent) in reads.items()]
 
 
 class CacheCollector(Collector):
@@ -134,15 +152,30 @@ class CacheCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         folder = shared_dir()
-        figures = (
+        figures, buckets = (
             _node_figures(self._pages, folder)
             if folder is not None
-            else _process_figures(self._pages)
+            else (_process_figures(self._pages), _process_bucket_reads())
         )
         for name, doc, field in _COUNTERS:
             yield CounterMetricFamily(name, doc, figures[field])
         for name, doc, field in _GAUGES:
             yield GaugeMetricFamily(name, doc, figures[field])
+        reads = CounterMetricFamily(
+            "gateway_bucket_reads",
+            "Object reads (GET, HEAD) answered, by bucket and how the cache answered",
+            labels=["bucket", "cache"],
+        )
+        sent = CounterMetricFamily(
+            "gateway_bucket_read_bytes",
+            "Body bytes of object reads sent, by bucket and how the cache answered",
+            labels=["bucket", "cache"],
+        )
+        for bucket, cache, n, nbytes in sorted(buckets):
+            reads.add_metric([bucket, cache], n)
+            sent.add_metric([bucket, cache], nbytes)
+        yield reads
+        yield sent
         node = self._pages.janitor_stats()
         yield GaugeMetricFamily(
             "gateway_cache_bytes", "Bytes of blocks on disk", node.bytes_used if node else 0

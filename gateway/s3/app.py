@@ -160,7 +160,10 @@ class S3App:
         name = op.name if op else "Unknown"
         elapsed = time.perf_counter() - started
         cache = reply.cache or "none"
-        counters.observe(name, reply.status, cache, sent, elapsed)
+        # reply.cache is set by an object read that found its mount: only then a bucket label.
+        counters.observe(
+            name, reply.status, cache, sent, elapsed, req.bucket if reply.cache else None
+        )
         if self.access_log is not None:
             self.access_log.write(
                 {

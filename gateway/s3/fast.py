@@ -143,7 +143,7 @@ class FastHits:
             else:
                 answer.append(data)  # not copied again: written after the head
         elapsed = time.perf_counter() - started
-        counters.observe(op, 200, "hit", sent, elapsed)
+        counters.observe(op, 200, "hit", sent, elapsed, bucket)
         if self._access_log is not None:
             self._access_log.write(
                 {

@@ -362,3 +362,34 @@ def test_metrics_of_several_workers_count_the_whole_node(tmp_path: Path) -> None
         eventually(every_scrape_counts_all)
     finally:
         node.stop()
+
+
+def test_object_reads_are_counted_by_bucket_and_how_the_cache_answered(tmp_path: Path) -> None:
+    """Per-mount figures on /metrics, summed over the node's workers: reads and body bytes by
+    bucket and cache outcome; a bucket no read found adds no series."""
+    for name, size in (("a", 3000), ("b", 700)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "obj").write_bytes(b"x" * size)
+    node = start_gateway(tmp_path / "n")
+    try:
+        for name in ("a", "b"):
+            node.cli("mount", "add", f"ds-{name}", (tmp_path / name).as_uri())
+        for bucket, reads in (("ds-a", 3), ("ds-b", 1)):
+            for _ in range(reads):  # a new client each: the reads spread over the workers
+                assert len(node.client().get_object(Bucket=bucket, Key="obj")["Body"].read())
+        with pytest.raises(ClientError):
+            node.client().get_object(Bucket="no-such-bucket", Key="obj")
+
+        def counted() -> bool:
+            miss_a = node.metric("gateway_bucket_reads", 'bucket="ds-a",cache="miss"')
+            hit_a = node.metric("gateway_bucket_reads", 'bucket="ds-a",cache="hit"')
+            return (miss_a, hit_a) == (1, 2) and node.metric(
+                "gateway_bucket_reads", 'bucket="ds-b"'
+            ) == 1
+
+        eventually(counted)  # each worker publishes its figures once a second
+        assert node.metric("gateway_bucket_read_bytes", 'bucket="ds-a"') == 3 * 3000
+        assert node.metric("gateway_bucket_read_bytes", 'bucket="ds-b",cache="miss"') == 700
+        assert 'bucket="no-such-bucket"' not in httpx.get(f"{node.url}/metrics").text
+    finally:
+        node.stop()
