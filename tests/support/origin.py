@@ -195,9 +195,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         else:
             sent = 0
             while data := response.read1(_BUFFER):
+                # Counted before it is written: a test that has read the whole answer through
+                # the gateway finds every byte counted.
+                self.server.owner._sent(self.command, len(data))
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if chunk_out else data)
                 sent += len(data)
-                self.server.owner._sent(self.command, len(data))
             if chunk_out:
                 self.wfile.write(b"0\r\n\r\n")
             elif sent < int(length or 0):
