@@ -21,6 +21,7 @@ from tests.support.postgres import temp_database
 # begun last would run alone at the end while the other processes have nothing left to do.
 SLOW_FIRST = (
     "e2e/test_jobs_fleet.py",
+    "e2e/test_jobs_fleet_faults.py",
     "e2e/test_fleet.py",
     "e2e/test_catalog.py",
     "e2e/test_cache_restart.py",
