@@ -35,6 +35,8 @@ log = logging.getLogger("gateway.namespace")
 # Re-reads on demand (an unknown key or bucket) start at most this often, so that a flood of
 # requests naming buckets that do not exist costs the database a few small queries a second.
 REREAD_GAP = 0.1
+# An idle worker looks this often whether the node's state moved (one load from shared memory).
+CATCH_UP_TICK = 0.25
 
 _TRUE = {"1", "true", "yes", "on"}
 # Options the gateway itself reads; every other mount option belongs to the store.
@@ -393,9 +395,19 @@ class Namespace:
         self._publish_auth(tenancy)
 
     async def run(self, interval: float) -> None:
-        """Refresh forever; a database outage keeps the last known state serving."""
+        """Refresh every `interval`, forever; a database outage keeps the last known state
+        serving. Between refreshes, a change told on this node (by a sibling worker, the CLI,
+        the console) is caught up with within CATCH_UP_TICK even with no request to prompt
+        it: an idle worker holds what the node acknowledged before the database can go away."""
+        loop = asyncio.get_running_loop()
+        due = loop.time() + interval
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(max(0.0, min(CATCH_UP_TICK, due - loop.time())))
+            if loop.time() < due:
+                if self.stale():
+                    await self.current()
+                continue
+            due = loop.time() + interval
             try:
                 await self.refresh()
             except MetaUnavailable as exc:

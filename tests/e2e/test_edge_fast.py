@@ -33,7 +33,9 @@ def node(module_dir: Path) -> Iterator[GatewayNode]:
     (files / "other.txt").write_bytes(b"other bytes")
     (files / "big.bin").write_bytes(BIG)
     data = module_dir / "data"
-    run_cli(data, None, "mount", "add", "fast", files.as_uri())
+    # Versions trusted for an hour: a hit whose version outlived the default TTL (5 s) between
+    # two requests of a test on a slow machine would be revalidated on the full path.
+    run_cli(data, None, "mount", "add", "fast", files.as_uri(), "-o", "metadata_ttl=3600")
     # One worker: the fast path is each process's own (its memory tier, the blocks it has
     # read), and these tests count its answers exactly; a node of several workers is
     # tests/e2e/test_workers.py's.

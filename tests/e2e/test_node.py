@@ -13,7 +13,7 @@ import httpx
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.support.gateway import BIN, GatewayNode, start_gateway
+from tests.support.gateway import BIN, GatewayNode, run_cli, start_gateway
 from tests.support.net import eventually
 from tests.support.origin import CountingProxy
 from tests.support.postgres import database_outage, temp_database
@@ -243,9 +243,16 @@ def test_reads_go_on_while_the_database_is_down(
     tmp_path: Path, origin: CountingProxy, bucket: str
 ) -> None:
     with temp_database() as url:
+        run_cli(
+            tmp_path / "n", url, "mount", "add", "outage", "s3://origin-node/set",
+            "-o", f"endpoint_url={origin.url}", "-o", "access_key=origin-ak",
+            "-o", f"secret_key={ORIGIN_SECRET}",
+        )  # fmt: skip
         node = start_gateway(tmp_path / "n", database_url=url)
         try:
-            _mount_s3(node, "outage", origin)
+            # Every worker has read the mount: whichever the kernel hands a request to knows
+            # it when the database goes away.
+            node.wait_workers()
             s3 = node.client()
             eventually(lambda: s3.get_object(Bucket="outage", Key="item-0.bin"))
             with database_outage(url):

@@ -18,7 +18,7 @@ import boto3
 import httpx
 from botocore.config import Config
 
-from tests.support.net import free_port, wait_http
+from tests.support.net import eventually, free_port, wait_http
 
 BIN = Path(sys.executable).parent
 ACCESS_KEY = "GKTESTACCESSKEY00001"
@@ -89,6 +89,17 @@ class GatewayNode:
     def workers(self) -> list[int]:
         """The node's worker processes (none: it runs in its one process)."""
         return children(self.proc.pid)
+
+    def wait_workers(self, timeout: float = 60.0) -> None:
+        """Return once every worker of the node has started (read the mounts, keys and
+        tenants, and published its first figures): /healthz answers from the first one."""
+
+        def started() -> bool:
+            pids = self.workers()
+            folder = self.data_dir / "metrics"
+            return all((folder / f"cache_{pid}.json").exists() for pid in pids)
+
+        eventually(started, timeout=timeout)
 
     def crash(self) -> None:
         """SIGKILL every process of the node at once, as a host or an OOM kill of the node

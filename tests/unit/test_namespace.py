@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
+from gateway.generations import Generations
 from gateway.meta import MetaStore, SecretBox
 from gateway.service.namespace import Namespace
+from tests.support.net import eventually_async
 
 pytestmark = pytest.mark.anyio
 
@@ -71,3 +73,25 @@ async def test_a_public_mount_is_readable_from_the_instant_it_is_seen(
         assert seen and all(seen), seen
     finally:
         await namespace.close()
+
+
+async def test_an_idle_worker_catches_up_with_a_change_told_on_the_node(
+    meta: MetaStore, tmp_path: Path
+) -> None:
+    """A worker that answers no request still reads a change the CLI or a sibling told the
+    node, long before its refresh interval: it holds the change if the database then goes."""
+    folder = tmp_path / "told"
+    folder.mkdir()
+    generations = Generations(str(tmp_path))
+    namespace = Namespace(meta, default_ttl=60, generations=generations)
+    await namespace.refresh()
+    runs = asyncio.create_task(namespace.run(interval=3600))
+    try:
+        await meta.add_mount("told", folder.as_uri(), {})
+        generations.bump_state()  # what the CLI does once the change has committed
+        await eventually_async(lambda: not namespace.stale())
+        assert namespace.mount("told") is not None
+    finally:
+        runs.cancel()
+        await namespace.close()
+        generations.close()
