@@ -252,6 +252,13 @@ class Multipart:
                 )
         except errors.PreconditionFailed as exc:
             raise await precondition_answer(handle, key, cond, exc) from None
+        except (errors.InvalidPart, errors.NoSuchUpload):
+            # Completed meanwhile by another worker or node, which took the parts once its
+            # object was in place: the answer a retry would get, not an error.
+            done = await self._completed_before(bucket, key, upload_id, requested)
+            if done is None:
+                raise
+            return done
         self._completed[upload_id] = (handle.id, key, _listed(requested), info)
         if len(self._completed) > _COMPLETED_KEPT:
             self._completed.popitem(last=False)

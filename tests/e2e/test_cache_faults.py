@@ -141,7 +141,7 @@ def test_a_full_cache_disk_never_cuts_a_read(
         assert get(node, "faults", "multi.bin", f"bytes={start}-") == bodies["multi.bin"][start:]
         assert origin.bytes_sent("GET") >= sum(len(b) for b in bodies.values())
         assert [p for p in (cache / "blocks").rglob("*") if not p.is_dir()] == []  # none kept
-        assert metric(node, "gateway_cache_unkept_blocks") >= 3
+        eventually(lambda: metric(node, "gateway_cache_unkept_blocks") >= 3)  # published
         node.stop()
 
         # Started on a full disk, a node serves too.
@@ -259,7 +259,8 @@ def test_a_damaged_block_found_after_a_restart_is_fetched_again_not_served_or_fa
         origin.reset()
         assert get(again, "faults", "damaged.bin") == body  # read-aheads met the damage
         assert origin.bytes_sent("GET") == 2 * MiB  # the two damaged blocks, nothing else
-        assert metric(again, "gateway_cache_corrupt_blocks") == 2
+        # Counted by whichever worker met the damage, published within a second.
+        eventually(lambda: metric(again, "gateway_cache_corrupt_blocks") == 2)
         origin.reset()
         assert get(again, "faults", "damaged.bin") == body
         assert origin.count() == 0

@@ -185,7 +185,7 @@ def test_ctrl_c_in_a_terminal_asks_and_can_cancel(node: GatewayNode) -> None:
     term = Terminal(cli_args(node, "load", "data/slow/", "--bandwidth", "16KiB/s"))
     term.until(b"objects")
     term.proc.send_signal(signal.SIGINT)
-    term.until(b"cancel it, or detach from it?")
+    term.until(b"cancel it, or detach from it?", timeout=60)  # a loaded machine: a slow poll
     os.write(term.master, b"cancel\n")
     assert term.finish() == 4  # cancelled
     jobs = json.loads(node.cli("jobs", "list", "--format", "json").stdout)
@@ -205,7 +205,7 @@ def test_ctrl_c_without_a_terminal_detaches(node: GatewayNode) -> None:
 
     started = eventually(running, timeout=30)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0 and b"detached" in err
     assert job(node, started["id"])["state"] == "running"  # it goes on without us
     node.cli("jobs", "cancel", str(started["id"]))

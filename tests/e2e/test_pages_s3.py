@@ -102,7 +102,8 @@ def test_a_sequential_reader_of_ranges_is_read_ahead_and_nothing_is_fetched_twic
         out += _get(node, "pages", "walk.bin", f"bytes={pos}-{pos + MiB - 1}")
     assert out == BIG_BODY
     assert origin.bytes_sent("GET") == BIG  # every block once, no more
-    assert node.metric("gateway_cache_prefetches") - prefetched >= 5
+    # Each worker publishes its cache figures within a second (gateway/admin/metrics.py).
+    eventually(lambda: node.metric("gateway_cache_prefetches") - prefetched >= 5)
 
 
 def test_cold_full_read_then_hot(node: GatewayNode, origin: CountingProxy, origin_s3: Any) -> None:
@@ -125,8 +126,9 @@ def test_concurrent_clients_fetch_each_block_once(
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda _: _get(node, "pages", "crowd.bin"), range(8)))
     assert all(r == BIG_BODY for r in results)
-    assert origin.bytes_sent("GET") == BIG
-    assert node.metric("gateway_cache_joins") > 0
+    # Which block came twice, if one did (and what the upstream failed, if anything).
+    assert origin.bytes_sent("GET") == BIG, (origin.requests, origin.upstream_failures)
+    eventually(lambda: node.metric("gateway_cache_joins") > 0)
 
 
 def test_concurrent_cold_readers_of_a_small_object_make_one_request(
@@ -145,7 +147,7 @@ def test_metrics_count_store_bytes_and_cache_use(node: GatewayNode) -> None:
     _get(node, "pages", "small/000")
     _get(node, "pages", "small/000")
     assert node.metric("gateway_store_bytes", 'store="s3"') >= MiB
-    assert node.metric("gateway_cache_hits") >= 1
+    eventually(lambda: node.metric("gateway_cache_hits") >= 1)
     eventually(lambda: node.metric("gateway_cache_bytes") >= MiB)  # the janitor published
     assert node.metric("gateway_cache_mount_bytes") >= MiB
     text = httpx.get(node.url + "/metrics").text
