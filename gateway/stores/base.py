@@ -284,6 +284,43 @@ def check_answer(
     return Answered(0, None if end is None or got_end <= end else end - start)
 
 
+async def kept(
+    chunks: AsyncGenerator[bytes, None], answered: Answered, scheme: str
+) -> AsyncGenerator[bytes, None]:
+    """The chunks of an answer, of the bytes asked for only (see Answered); the others are
+    reported as wasted (answer_report), and the answer is closed once the last byte asked
+    for is in."""
+    skip, keep = answered.skip, answered.keep
+    if not skip and keep is None:
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                yield chunk
+        return
+    wasted = 0
+    try:
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                if skip:
+                    if len(chunk) <= skip:
+                        skip -= len(chunk)
+                        wasted += len(chunk)
+                        continue
+                    wasted += skip
+                    chunk = chunk[skip:]
+                    skip = 0
+                if keep is not None and len(chunk) >= keep:
+                    wasted += len(chunk) - keep
+                    if keep:
+                        yield chunk[:keep]
+                    return
+                if keep is not None:
+                    keep -= len(chunk)
+                yield chunk
+    finally:
+        if wasted:
+            answer_report(scheme, wasted, False)
+
+
 class UploadJournal(abc.ABC):
     """Where a store records the uploads it opens at its origin on its own behalf (S3's
     multipart upload that streams a large PUT) while it holds them, so that those a crash

@@ -8,8 +8,15 @@ moto, rewriting some of moto's replies or answering some requests itself.
   not), without reaching moto.
 - `fail_next(op, status, code, forward=True)`: the request reaches moto, which does it, and
   the answer is replaced by that error: a store that did the work and then failed to say so.
-- `whole_gets = True`: GETs reach moto without their Range header, so a ranged GET is
-  answered 200 with the whole object, as some origins answer one.
+- `whole_gets = True`: GETs reach the upstream without their Range (or Azure's x-ms-range)
+  header, so a ranged GET is answered 200 with the whole object, as some origins answer one.
+
+- `generation_answered = "N"` (in front of fake-gcs-server): every answer says it is of
+  generation N (`x-goog-generation`), as a server that ignores the generation asked for
+  answers with the one it has.
+
+The proxy forwards to any HTTP upstream, so it stands in front of Azurite and
+fake-gcs-server as well as moto (a request it does not recognise as S3 is passed on as is).
 """
 
 from __future__ import annotations
@@ -70,6 +77,7 @@ class _OddHandler(_Handler):
             self._swallowed = failure
             if owner.whole_gets and self.command == "GET":
                 del self.headers["Range"]
+                del self.headers["x-ms-range"]
             super().do_any()
             return
         path, _, query = self.path.partition("?")
@@ -95,6 +103,13 @@ class _OddHandler(_Handler):
         self.wfile.flush()
 
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = do_any
+
+    def send_header(self, keyword: str, value: str) -> None:
+        owner = self.server.owner
+        assert isinstance(owner, OddOrigin)
+        if owner.generation_answered is not None and keyword.lower() == "x-goog-generation":
+            value = owner.generation_answered
+        super().send_header(keyword, value)
 
     def _relay(self, response: http.client.HTTPResponse) -> None:
         if self._swallowed is not None:
@@ -133,6 +148,7 @@ class OddOrigin(CountingProxy):
         self._blanked: set[str] = set()
         self._failures: dict[str, list[Failure]] = {}
         self.whole_gets = False
+        self.generation_answered: str | None = None
 
     def blank_etags(self, *ops: str) -> None:
         with self._lock:
@@ -155,3 +171,4 @@ class OddOrigin(CountingProxy):
             self._blanked.clear()
             self._failures.clear()
         self.whole_gets = False
+        self.generation_answered = None

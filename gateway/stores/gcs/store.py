@@ -4,10 +4,22 @@ uploads in `multipart`, listings in `listing`; options, stat and ranged reads he
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncGenerator, Mapping
 from urllib.parse import SplitResult, unquote, urlsplit
 
-from gateway.stores.base import ListPage, ListRequest, ObjectInfo, StoreUnavailable, VersionChanged
+import aiohttp
+
+from gateway.stores import base as store_base
+from gateway.stores.base import (
+    ListPage,
+    ListRequest,
+    ObjectInfo,
+    StoreUnavailable,
+    VersionChanged,
+    check_answer,
+    kept,
+)
 from gateway.stores.delegating import DelegatingStore
 from gateway.stores.etags import bare
 from gateway.stores.gcs.auth import credentials_from
@@ -116,18 +128,26 @@ class GcsStore(DelegatingStore):
                 if reply.status == 404:
                     raise await self.client.missing(key)
                 raise self.client.fail(reply, key)
-            # A server that ignored the Range sends all of it: cut [start, end) out ourselves.
-            skip = start if response.status == 200 else 0
-            left = None if end is None else end - start
-            async for chunk in response.content.iter_chunked(CHUNK_SIZE):
-                if skip:
-                    chunk, skip = chunk[skip:], max(0, skip - len(chunk))
-                if left is not None:
-                    chunk, left = chunk[:left], max(0, left - len(chunk))
-                if chunk:
+            # The answer is of the generation asked for (a server that ignores `generation`
+            # answers with the current one), and of the range (one that ignores Range sends
+            # all of it): checked before a byte of it is used.
+            asked = query.get("generation")
+            answered_generation = response.headers.get("x-goog-generation")
+            if asked is not None and answered_generation not in (None, asked):
+                store_base.answer_report(self.scheme, 0, True)
+                raise VersionChanged(
+                    f"{key}: asked for generation {asked}, answered {answered_generation}"
+                )
+            length = response.headers.get("Content-Length")
+            answered = check_answer(
+                key, start, end, "Range" in headers, None, None,
+                response.headers.get("Content-Range"),
+                int(length) if response.status == 200 and length else None,
+            )  # fmt: skip
+            body = kept(_chunks(response), answered, self.scheme)
+            async with contextlib.aclosing(body) as chunks:
+                async for chunk in chunks:
                     yield chunk
-                if left == 0:
-                    break
         except TRANSPORT as exc:
             raise StoreUnavailable(f"gs://{self.bucket}/{self.prefix}{key}: {exc!r}") from None
         finally:
@@ -184,3 +204,8 @@ def open_gcs(
     if not bucket or ":" in bucket or "/" in bucket:
         raise ValueError(f"gs URI {parts.geturl()!r} needs a bucket name: gs://bucket[/prefix]")
     return GcsStore(bucket, unquote(parts.path), options, clock=clock)
+
+
+async def _chunks(response: aiohttp.ClientResponse) -> AsyncGenerator[bytes, None]:
+    async for chunk in response.content.iter_chunked(CHUNK_SIZE):
+        yield chunk

@@ -25,6 +25,7 @@ from gateway.stores.base import (
     UploadJournal,
     VersionChanged,
     check_answer,
+    kept,
 )
 from gateway.stores.delegating import DelegatingStore
 from gateway.stores.etags import quoted
@@ -127,7 +128,9 @@ class S3Store(DelegatingStore):
         except TRANSPORT_ERRORS as exc:
             raise self.client.error(exc, key) from None
         answered = await self._checked(key, response, body, start, end, args, if_match)
-        async with contextlib.aclosing(self._kept(body, key, answered)) as chunks:
+        async with contextlib.aclosing(
+            kept(self._chunks(body, key), answered, self.scheme)
+        ) as chunks:
             if CUSTOMER_KEY_MARK in (response.get("Metadata") or {}):
                 raise StoreRejected(f"{key}: encrypted with a customer key; the key is needed")
             async for chunk in chunks:
@@ -160,42 +163,6 @@ class S3Store(DelegatingStore):
             log.warning("%r answers ranged GETs whole: the bytes around a range are dropped", self)
         return answered
 
-    async def _kept(
-        self, body: AsyncGenerator[bytes, None], key: str, answered: Answered
-    ) -> AsyncGenerator[bytes, None]:
-        """The body's chunks, of the bytes asked for only (see Answered); the others are
-        counted as wasted, and the body is closed once the last byte asked for is in."""
-        chunks = self._chunks(body, key)
-        skip, keep = answered.skip, answered.keep
-        if not skip and keep is None:
-            async with contextlib.aclosing(chunks):
-                async for chunk in chunks:
-                    yield chunk
-            return
-        wasted = 0
-        try:
-            async with contextlib.aclosing(chunks):
-                async for chunk in chunks:
-                    if skip:
-                        if len(chunk) <= skip:
-                            skip -= len(chunk)
-                            wasted += len(chunk)
-                            continue
-                        wasted += skip
-                        chunk = chunk[skip:]
-                        skip = 0
-                    if keep is not None and len(chunk) >= keep:
-                        wasted += len(chunk) - keep
-                        if keep:
-                            yield chunk[:keep]
-                        return
-                    if keep is not None:
-                        keep -= len(chunk)
-                    yield chunk
-        finally:
-            if wasted:
-                store_base.answer_report(self.scheme, wasted, False)
-
     async def open(
         self, key: str, length: int | None = None
     ) -> tuple[ObjectInfo, AsyncGenerator[bytes, None]]:
@@ -227,7 +194,7 @@ class S3Store(DelegatingStore):
         total = _total_size(response.get("ContentRange"))
         if total is not None:
             info = dataclasses.replace(info, size=total)
-        return info, self._kept(body, key, answered)
+        return info, kept(self._chunks(body, key), answered, self.scheme)
 
     async def _chunks(
         self, body: AsyncGenerator[bytes, None], key: str
@@ -306,7 +273,9 @@ class S3Store(DelegatingStore):
             raise VersionChanged(f"{key}: is no longer {if_match}") from None
         body = _botocore_chunks(r["Body"])
         answered = await self._checked(key, r, body, start, end, args, if_match)
-        async with contextlib.aclosing(self._kept(body, key, answered)) as chunks:
+        async with contextlib.aclosing(
+            kept(self._chunks(body, key), answered, self.scheme)
+        ) as chunks:
             async for chunk in chunks:
                 yield chunk
 
