@@ -22,7 +22,7 @@ from tests.support.gateway import GatewayNode, start_gateway
 from tests.support.net import eventually
 from tests.support.odd_origin import OddOrigin
 from tests.support.origin import MotoServer
-from tests.support.real_origins import RcloneS3
+from tests.support.real_origins import RcloneS3, SeaweedS3
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -51,6 +51,13 @@ def mount(node: GatewayNode, uri: str, options: list[str], *more: str) -> str:
     node.cli("mount", "add", bucket, uri, *options, *more)
     eventually(lambda: bucket in node.buckets())
     return bucket
+
+
+@pytest.fixture(scope="module")
+def seaweed(module_dir: Path) -> Iterator[SeaweedS3]:
+    server = SeaweedS3(module_dir)
+    yield server
+    server.stop()
 
 
 @pytest.fixture
@@ -85,6 +92,31 @@ def test_rclone_lists_etags_bare_and_a_load_still_loads_everything(
     # A refresh finds nothing changed.
     out = node.cli("load", f"{bucket}/train/", "--refresh", "--format", "json", check=False)
     assert out.returncode == 0 and json.loads(out.stdout)["state"] == "done", out.stdout
+
+
+def test_a_dataset_on_seaweedfs_loads_and_reads_back_through_the_gateway(
+    node: GatewayNode, seaweed: SeaweedS3
+) -> None:
+    name = f"o{uuid.uuid4().hex[:10]}"
+    seaweed.s3.create_bucket(Bucket=name)
+    data = {f"train/{i:02d}": blob(300 * KiB + i, f"s{i}") for i in range(8)}
+    data["train/big"] = blob(3 * MiB + 5, "seaweed-big")
+    for key, body in data.items():
+        seaweed.s3.put_object(Bucket=name, Key=key, Body=body)
+    bucket = mount(node, f"s3://{name}", seaweed.mount_options())
+    out = node.cli("load", f"{bucket}/train/", "--format", "json", check=False)
+    ended = json.loads(out.stdout)
+    assert out.returncode == 0 and ended["state"] == "done", ended
+    assert ended["loaded_bytes"] == sum(map(len, data.values())), ended
+    before = node.metric("gateway_store_bytes")
+    s3 = node.client()
+    for key, body in data.items():
+        assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == body
+    got = s3.get_object(Bucket=bucket, Key="train/big", Range="bytes=1048570-2097160")
+    assert got["Body"].read() == data["train/big"][1048570:2097161]
+    assert node.metric("gateway_store_bytes") == before  # every byte was loaded
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix="train/")["Contents"]
+    assert sorted(o["Key"] for o in listed) == sorted(data)
 
 
 def test_an_origin_that_ignores_if_match_never_gets_two_versions_mixed(

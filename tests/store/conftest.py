@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.origin import CountingProxy, MotoServer
-from tests.support.real_origins import RcloneS3, RealS3Origin
+from tests.support.real_origins import RcloneS3, RealS3Origin, SeaweedS3
 from tests.support.stores import MOUNT_PREFIX, FileOrigin, Origin, S3Origin
 
 
@@ -29,7 +29,14 @@ def rclone_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RcloneS3
     server.stop()
 
 
-@pytest.fixture(params=["file", "s3", "azure", "gcs", "hdfs", "s3-rclone"])
+@pytest.fixture(scope="session")
+def seaweed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
+    server = SeaweedS3(tmp_path_factory.mktemp("seaweedfs"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["file", "s3", "azure", "gcs", "hdfs", "s3-rclone", "s3-seaweedfs"])
 async def origin(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Origin]:
     """One contract, every store: each kind on its real server."""
     o: Origin
@@ -53,6 +60,11 @@ async def origin(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
             # docs/stores/s3-and-file.md).
             pytest.skip("rclone runs the read contract only")
         o = RealS3Origin(request.getfixturevalue("rclone_server"))
+    elif request.param == "s3-seaweedfs":
+        if request.module.__name__ != "tests.store.test_store_contract":
+            # As rclone: an origin read through the gateway (its quirks: docs/stores).
+            pytest.skip("SeaweedFS runs the read contract only")
+        o = RealS3Origin(request.getfixturevalue("seaweed_server"))
     else:
         from tests.support.webhdfs_server import HdfsOrigin
 

