@@ -30,12 +30,15 @@ from loadtest.servers import (
     BIN,
     BUCKET,
     SECRET_KEY,
+    add_mount,
     base_env,
     start_gateway,
     start_nginx,
 )
 from loadtest.sizes import fmt_size, parse_size
 from loadtest.wan import rate_bps
+
+IMMUTABLE = f"{BUCKET}-immutable"  # the data set again, mounted with metadata_ttl=-1
 
 SUMMARY = (
     "small objects read once per epoch in shuffled order: direct, gateway cold/warm, local files"
@@ -151,13 +154,24 @@ def run(options: Options, args: argparse.Namespace) -> None:
                 creds["nofile"] = args.client_nofile
             socket_path = str(gateway.data_dir / "gateway.sock")
             paths_of = [f"{BUCKET}/{k}" for k in keys]
-            for name, opts in (
-                ("client short-circuit", {**creds, "local_socket": socket_path}),
-                ("client http", creds),
-            ):
+            variants = [
+                ("client short-circuit", {**creds, "local_socket": socket_path}, paths_of),
+                ("client http", creds, paths_of),
+            ]
+            if options.metadata_ttl != "-1":
+                # The same data set mounted again with metadata_ttl=-1 (what docs/client.md
+                # says a training mount should set), read the same way: its epoch 1 fills
+                # its own cache, the next are warm; side by side with the TTL above.
+                add_mount(gateway.data_dir, IMMUTABLE, origin.url, "-1")
+                variants.append((
+                    "client short-circuit ttl -1",
+                    {**creds, "local_socket": socket_path, "dataset": f"{IMMUTABLE}/epochs"},
+                    [f"{IMMUTABLE}/{k}" for k in keys],
+                ))  # fmt: skip
+            for name, opts, where in variants:
                 if name == "client http" and not args.client_http:
                     continue
-                paths.append((name, CLIENT + json.dumps(opts), paths_of, gateway.pid))
+                paths.append((name, CLIENT + json.dumps(opts), where, gateway.pid))
         client = r.client()
         load: dict[str, Any] = {}
         for name, base_url, targets, pid in paths:
@@ -256,6 +270,10 @@ def _ratios(rows: list[Row]) -> dict[str, float]:
         ratios["client http warm / local (objects/s)"] = (
             _median(rows, "client http", range(2, 10**6)) / local
         )
+    if any(row["path"] == "client short-circuit ttl -1" for row in rows):
+        ratios["client short-circuit ttl -1 warm / local (objects/s)"] = _median(
+            rows, "client short-circuit ttl -1", range(2, 10**6)
+        ) / _median(rows, "local")
     if any(row["path"] == "gateway+preload" for row in rows):
         ratios["gateway+preload epoch 1 / direct epoch 1 (seconds)"] = _seconds(
             rows, "gateway+preload", 1

@@ -54,6 +54,20 @@ class Gateway:
         return sum(float(v) for v in re.findall(pattern, text, re.M))
 
 
+def add_mount(data_dir: Path, bucket: str, origin_url: str, metadata_ttl: str) -> None:
+    """Mount the origin's data set as `bucket` on the gateway over `data_dir` (running or
+    not: a running node has it when the command returns)."""
+    mount = [
+        str(BIN / "gateway"), "mount", "add", bucket, f"s3://{ORIGIN_BUCKET}/{ORIGIN_PREFIX}",
+        "-o", f"endpoint_url={origin_url}", "-o", f"access_key={ORIGIN_KEY}",
+        "-o", f"secret_key={ORIGIN_SECRET}", "-o", f"metadata_ttl={metadata_ttl}",
+        "--data-dir", str(data_dir),
+    ]  # fmt: skip
+    out = subprocess.run(mount, capture_output=True, text=True, env=base_env(), timeout=120)
+    if out.returncode != 0:
+        raise RuntimeError(f"gateway mount add failed: {out.stderr or out.stdout}")
+
+
 def start_gateway(
     cleanup: Cleanup,
     workdir: Path,
@@ -65,15 +79,7 @@ def start_gateway(
     data_dir = workdir / name
     data_dir.mkdir(parents=True, exist_ok=True)
     env = base_env()
-    mount = [
-        str(BIN / "gateway"), "mount", "add", BUCKET, f"s3://{ORIGIN_BUCKET}/{ORIGIN_PREFIX}",
-        "-o", f"endpoint_url={origin_url}", "-o", f"access_key={ORIGIN_KEY}",
-        "-o", f"secret_key={ORIGIN_SECRET}", "-o", f"metadata_ttl={metadata_ttl}",
-        "--data-dir", str(data_dir),
-    ]  # fmt: skip
-    out = subprocess.run(mount, capture_output=True, text=True, env=env, timeout=120)
-    if out.returncode != 0:
-        raise RuntimeError(f"gateway mount add failed: {out.stderr or out.stdout}")
+    add_mount(data_dir, BUCKET, origin_url, metadata_ttl)
     port = free_port()
     cmd = [
         str(BIN / "gateway"), "serve", "--host", "127.0.0.1", "--port", str(port),
