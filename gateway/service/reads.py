@@ -53,6 +53,8 @@ _WALKS_MAX = 4096  # versions whose last read block is remembered, to spot seque
 _READ_TRIES = 4  # reads of an object that changes under them, before 503
 OPEN_POLL = 0.001  # first look again at a sibling worker's open of a key (doubling to 20 ms)
 OPEN_WAIT = 60.0  # a sibling's open taking longer than this: open the key here as well
+# Versions of keys past their TTL asked of the store at once for one short-circuit request.
+STAT_CONCURRENCY = 32
 
 Place = Callable[[int, BlockKey], tuple[Node, ...]]  # a block's holders; () for this node
 
@@ -898,11 +900,9 @@ class Reader:
         handle = self.mount(bucket)
         root, size = self.pages.root, handle.block_size
         found: list[LocalBlocks | errors.S3Error] = []
-        for key in keys:
-            try:
-                info = await self.stat(handle, key)
-            except errors.S3Error as exc:
-                found.append(exc)
+        for info in await self._versions(handle, keys):
+            if isinstance(info, errors.S3Error):
+                found.append(info)
                 continue
             files = []
             if handle.cache_enabled and info.size:
@@ -914,6 +914,30 @@ class Reader:
                         files.append((index, length, block_path(root, handle.id, bkey.name)))
             found.append(LocalBlocks(info, size, handle.ttl, files))
         return found
+
+    async def _versions(
+        self, handle: MountHandle, keys: list[str]
+    ) -> list[ObjectInfo | errors.S3Error]:
+        """stat() of many keys: those fresh in memory at once, the others asked of the store
+        STAT_CONCURRENCY at a time (one after another, a thousand keys past their TTL took a
+        thousand round trips, longer than the TTL they were renewed for)."""
+        now = time.monotonic()
+        found: list[ObjectInfo | errors.S3Error | None] = [
+            self.metadata.fresh(handle.id, key, handle.ttl, now) for key in keys
+        ]
+        stale = [i for i, info in enumerate(found) if info is None]
+        if stale:
+            slots = asyncio.Semaphore(STAT_CONCURRENCY)
+
+            async def one(i: int) -> None:
+                async with slots:
+                    try:
+                        found[i] = await self.stat(handle, keys[i])
+                    except errors.S3Error as exc:
+                        found[i] = exc
+
+            await asyncio.gather(*(one(i) for i in stale))
+        return [info for info in found if info is not None]
 
 
 async def _sibling_opened(claims: OpenClaims, byte: int) -> bool:
