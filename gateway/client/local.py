@@ -31,6 +31,7 @@ from gateway.client.stats import ClientStats
 HELLO_PATH = "/_gateway/short-circuit"  # as gateway/s3/local.py verifies it
 MAX_BLOCKS = 64  # blocks of one object in one answer (the node's limit)
 MAX_KEYS = 1024  # keys asked in one request (as many as the node takes)
+RENEW_AHEAD_MIN_TTL = 60.0  # leases of a shorter TTL are renewed as they are read, not ahead
 MAX_FDS = 253  # descriptors in one message (the kernel's SCM_MAX_FD)
 REFUSED_FOR = 60.0  # seconds a client whose uid the node refused reads over HTTP only
 _RECV = 1 << 18
@@ -56,6 +57,7 @@ class Lease:
     until: float  # monotonic time after which it is asked for again
     fds: dict[int, tuple[int, int]] = field(default_factory=dict)  # index -> (fd, length)
     verified: set[int] = field(default_factory=set)  # blocks read whole and checked
+    ttl: float = -1.0  # the mount's metadata_ttl, as the node said (-1: for good)
 
     def close(self) -> None:
         for fd, _ in self.fds.values():
@@ -228,9 +230,13 @@ class ShortCircuit:
         version, or the node could not be asked) are returned."""
         asked = set(keys)
         with self._lock:
+            # Others only of a TTL long enough to outlast the reads before theirs: one of a
+            # short TTL renewed ahead has run out again by the time a shuffled epoch reads it,
+            # and cost the node a store request for nothing (TTL 5 s, a 30 s epoch).
             others = [
                 k for (b, k), held in self._leases.items()
                 if b == bucket and now >= held.until and k not in asked
+                and held.ttl >= RENEW_AHEAD_MIN_TTL
             ]  # fmt: skip
         batch = keys + others[: -len(keys) % MAX_KEYS]  # the last request's room
         again: list[str] = []
@@ -274,6 +280,7 @@ class ShortCircuit:
             ):  # fmt: skip
                 ttl = float(answer["ttl"])
                 lease.until = now + ttl if ttl >= 0 else float("inf")
+                lease.ttl = ttl
                 self._leases.move_to_end((bucket, key))
                 self.stats.leases_renewed += 1
                 return lease
@@ -302,7 +309,7 @@ class ShortCircuit:
                 continue
             ttl = float(answer["ttl"])
             until = now + ttl if ttl >= 0 else float("inf")
-            lease = Lease(answer["etag"], answer["size"], answer["block_size"], until)
+            lease = Lease(answer["etag"], answer["size"], answer["block_size"], until, ttl=ttl)
             for index, length in answer["blocks"]:
                 lease.fds[index] = (next(fds_left), length)
             found[key] = lease

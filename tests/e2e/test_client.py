@@ -345,7 +345,7 @@ def test_leases_past_the_ttl_are_renewed_in_one_request_for_the_epoch(tmp_path: 
     for i in range(OBJECTS):
         (files / "train" / f"{i:03d}.bin").write_bytes(_blob(50_000 + i, i))
     data = tmp_path / "data"
-    run_cli(data, None, "mount", "add", "rwb", files.as_uri(), "-o", "metadata_ttl=30")
+    run_cli(data, None, "mount", "add", "rwb", files.as_uri(), "-o", "metadata_ttl=600")
     node = start_gateway(data)
     try:
         fs = _fs(node)
@@ -356,7 +356,7 @@ def test_leases_past_the_ttl_are_renewed_in_one_request_for_the_epoch(tmp_path: 
             assert fs.cat_file(f"rwb/train/{i:03d}.bin") == _blob(50_000 + i, i)
         asked, leased = fs.stats.lease_requests, fs.stats.leases
         handed = node.metric("gateway_local_reads", 'outcome="handed"')
-        now[0] += 31  # the next epoch, past the TTL: every lease has run out
+        now[0] += 601  # the next epoch, past the TTL: every lease has run out
         for i in range(OBJECTS):
             assert fs.cat_file(f"rwb/train/{i:03d}.bin") == _blob(50_000 + i, i)
         # One request renewed them all (the versions only: no descriptor handed again).
@@ -365,10 +365,38 @@ def test_leases_past_the_ttl_are_renewed_in_one_request_for_the_epoch(tmp_path: 
         assert node.metric("gateway_local_reads", 'outcome="handed"') == handed
         # A version that changed is not renewed: it is leased again and read new.
         fs.pipe_file("rwb/train/000.bin", b"new" * 2000)
-        now[0] += 31
+        now[0] += 601
         assert fs.cat_file("rwb/train/000.bin") == b"new" * 2000
         assert fs.stats.leases == leased + 1
         assert fs.stats.short_circuit_reads == 2 * OBJECTS + 1 and fs.stats.http_reads == 0
+        fs.close()
+    finally:
+        node.stop()
+
+
+def test_leases_of_a_short_ttl_are_renewed_as_they_are_read_not_ahead(tmp_path: Path) -> None:
+    """A TTL shorter than an epoch (data written while it is read): a lease renewed ahead of
+    its read would run out again before it, at the cost of a store request at the node."""
+    files = tmp_path / "files"
+    (files / "train").mkdir(parents=True)
+    for i in range(OBJECTS):
+        (files / "train" / f"{i:03d}.bin").write_bytes(_blob(50_000 + i, i))
+    data = tmp_path / "data"
+    run_cli(data, None, "mount", "add", "short", files.as_uri(), "-o", "metadata_ttl=30")
+    node = start_gateway(data)
+    try:
+        fs = _fs(node)
+        now = [0.0]
+        assert fs._local is not None
+        fs._local._clock = lambda: now[0]
+        for i in range(OBJECTS):
+            assert fs.cat_file(f"short/train/{i:03d}.bin") == _blob(50_000 + i, i)
+        asked = fs.stats.lease_requests
+        now[0] += 31  # every lease has run out
+        assert fs.cat_file("short/train/005.bin") == _blob(50_005, 5)
+        assert fs.stats.lease_requests == asked + 1 and fs.stats.leases_renewed == 1
+        assert fs.cat_file("short/train/006.bin") == _blob(50_006, 6)
+        assert fs.stats.lease_requests == asked + 2 and fs.stats.leases_renewed == 2
         fs.close()
     finally:
         node.stop()
