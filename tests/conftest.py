@@ -4,7 +4,7 @@ behind a counting proxy, Azurite, fake-gcs-server, WebHDFS) and both metadata da
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,7 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from gateway.meta import default_database_url
+from gateway.meta import MetaStore, SecretBox, default_database_url
 from tests.support.origin import CountingProxy, MotoServer, start_moto
 from tests.support.postgres import temp_database
 
@@ -112,6 +112,14 @@ def database_url(backend: str, tmp_path: Path) -> Iterator[str]:
     else:
         with temp_database() as url:
             yield url
+
+
+@pytest.fixture
+async def meta(database_url: str) -> AsyncIterator[MetaStore]:
+    """A migrated metadata store on each database (a test file may define its own)."""
+    async with MetaStore(database_url, SecretBox([SecretBox.generate_key()])) as store:
+        await store.migrate()
+        yield store
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from gateway import counters, errors
 from gateway.cache import BlockKey, FillFailed, PageStore
@@ -937,7 +937,7 @@ class Reader:
                         found[i] = exc
 
             await asyncio.gather(*(one(i) for i in stale))
-        return [info for info in found if info is not None]
+        return cast(list[ObjectInfo | errors.S3Error], found)  # every one filled in
 
 
 async def _sibling_opened(claims: OpenClaims, byte: int) -> bool:

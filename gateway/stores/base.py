@@ -284,6 +284,21 @@ def check_answer(
     return Answered(0, None if end is None or got_end <= end else end - start)
 
 
+def check_range(
+    key: str,
+    start: int,
+    end: int | None,
+    ranged: bool,
+    status: int,
+    content_range: str | None,
+    content_length: str | None,
+) -> Answered:
+    """check_answer() of the range alone, from the answer's status and headers, for a store
+    that checks the version by its own means (GCS by generation, Azure by its ETag)."""
+    length = int(content_length) if status == 200 and content_length else None
+    return check_answer(key, start, end, ranged, None, None, content_range, length)
+
+
 async def kept(
     chunks: AsyncGenerator[bytes, None], answered: Answered, scheme: str
 ) -> AsyncGenerator[bytes, None]:

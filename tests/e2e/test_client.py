@@ -11,6 +11,7 @@ import json
 import os
 import socket
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -339,21 +340,35 @@ def test_a_lease_is_the_version_check_an_overwrite_is_read_after_it(tmp_path: Pa
         node.stop()
 
 
-def test_leases_past_the_ttl_are_renewed_in_one_request_for_the_epoch(tmp_path: Path) -> None:
+@contextmanager
+def _read_an_epoch(
+    tmp_path: Path, bucket: str, ttl: int
+) -> Iterator[tuple[GatewayNode, Any, list[float]]]:
+    """A node with the files of an epoch mounted as `bucket` at `ttl`, and a client that has
+    read each once, an object at a time as a DataLoader reads; the client's clock (its
+    leases' time) is the list's one number."""
     files = tmp_path / "files"
     (files / "train").mkdir(parents=True)
     for i in range(OBJECTS):
         (files / "train" / f"{i:03d}.bin").write_bytes(_blob(50_000 + i, i))
     data = tmp_path / "data"
-    run_cli(data, None, "mount", "add", "rwb", files.as_uri(), "-o", "metadata_ttl=600")
+    run_cli(data, None, "mount", "add", bucket, files.as_uri(), "-o", f"metadata_ttl={ttl}")
     node = start_gateway(data)
     try:
         fs = _fs(node)
         now = [0.0]
         assert fs._local is not None
-        fs._local._clock = lambda: now[0]  # the client's clock: its leases' time
-        for i in range(OBJECTS):  # an epoch, an object at a time as a DataLoader reads
-            assert fs.cat_file(f"rwb/train/{i:03d}.bin") == _blob(50_000 + i, i)
+        fs._local._clock = lambda: now[0]
+        for i in range(OBJECTS):
+            assert fs.cat_file(f"{bucket}/train/{i:03d}.bin") == _blob(50_000 + i, i)
+        yield node, fs, now
+        fs.close()
+    finally:
+        node.stop()
+
+
+def test_leases_past_the_ttl_are_renewed_in_one_request_for_the_epoch(tmp_path: Path) -> None:
+    with _read_an_epoch(tmp_path, "rwb", 600) as (node, fs, now):
         asked, leased = fs.stats.lease_requests, fs.stats.leases
         handed = node.metric("gateway_local_reads", 'outcome="handed"')
         now[0] += 601  # the next epoch, past the TTL: every lease has run out
@@ -369,37 +384,18 @@ def test_leases_past_the_ttl_are_renewed_in_one_request_for_the_epoch(tmp_path: 
         assert fs.cat_file("rwb/train/000.bin") == b"new" * 2000
         assert fs.stats.leases == leased + 1
         assert fs.stats.short_circuit_reads == 2 * OBJECTS + 1 and fs.stats.http_reads == 0
-        fs.close()
-    finally:
-        node.stop()
 
 
 def test_leases_of_a_short_ttl_are_renewed_as_they_are_read_not_ahead(tmp_path: Path) -> None:
     """A TTL shorter than an epoch (data written while it is read): a lease renewed ahead of
     its read would run out again before it, at the cost of a store request at the node."""
-    files = tmp_path / "files"
-    (files / "train").mkdir(parents=True)
-    for i in range(OBJECTS):
-        (files / "train" / f"{i:03d}.bin").write_bytes(_blob(50_000 + i, i))
-    data = tmp_path / "data"
-    run_cli(data, None, "mount", "add", "short", files.as_uri(), "-o", "metadata_ttl=30")
-    node = start_gateway(data)
-    try:
-        fs = _fs(node)
-        now = [0.0]
-        assert fs._local is not None
-        fs._local._clock = lambda: now[0]
-        for i in range(OBJECTS):
-            assert fs.cat_file(f"short/train/{i:03d}.bin") == _blob(50_000 + i, i)
+    with _read_an_epoch(tmp_path, "short", 30) as (_, fs, now):
         asked = fs.stats.lease_requests
         now[0] += 31  # every lease has run out
         assert fs.cat_file("short/train/005.bin") == _blob(50_005, 5)
         assert fs.stats.lease_requests == asked + 1 and fs.stats.leases_renewed == 1
         assert fs.cat_file("short/train/006.bin") == _blob(50_006, 6)
         assert fs.stats.lease_requests == asked + 2 and fs.stats.leases_renewed == 2
-        fs.close()
-    finally:
-        node.stop()
 
 
 def test_several_endpoints_a_job_starts_with_the_first_node_down(node: GatewayNode) -> None:

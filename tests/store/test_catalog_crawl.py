@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from gateway.catalog import Catalog, SyncProgress, sync, sync_parallel
-from gateway.meta import MetaStore, Mount, SecretBox
+from gateway.meta import MetaStore, Mount
 from gateway.stores import ObjectInfo, Store, open_store
 from tests.support.origin import CountingProxy
 
@@ -25,13 +24,6 @@ _buckets = itertools.count()
 
 class Stop(Exception):
     """The operator's Ctrl-C, in the middle of a run."""
-
-
-@pytest.fixture
-async def meta(database_url: str) -> AsyncIterator[MetaStore]:
-    async with MetaStore(database_url, SecretBox([SecretBox.generate_key()])) as store:
-        await store.migrate()
-        yield store
 
 
 async def _mounted(

@@ -11,18 +11,15 @@ once."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gateway.cache import PageStore
-from gateway.meta import MetaStore, SecretBox
+from gateway.meta import MetaStore
 from gateway.service import S3Service
-from gateway.service.shared import Shared
 from gateway.stores import ObjectInfo
+from tests.support.service import worker, wrap_store
 
 pytestmark = pytest.mark.anyio
 
@@ -55,13 +52,6 @@ class StatsTogether:
             self.in_flight -= 1
 
 
-@pytest.fixture
-async def meta(database_url: str) -> AsyncIterator[MetaStore]:
-    async with MetaStore(database_url, SecretBox([SecretBox.generate_key()])) as store:
-        await store.migrate()
-        yield store
-
-
 async def test_versions_past_their_ttl_are_asked_of_the_store_at_once(
     meta: MetaStore, tmp_path: Path
 ) -> None:
@@ -71,21 +61,11 @@ async def test_versions_past_their_ttl_are_asked_of_the_store_at_once(
         (origin / key).write_bytes(bytes([i]) * 1000)
     # TTL 0: every version is asked of the store, as every one past a TTL is.
     await meta.add_mount("vers", origin.as_uri(), {"metadata_ttl": "0"})
-    pages = PageStore(tmp_path / "cache", capacity_bytes=64 << 20, janitor=False)
-    await pages.open()
-    shared = Shared.build(meta, pages, 60.0, 1 << 20)
-    await shared.namespace.refresh()
-    try:
-        handle = shared.namespace.mount("vers")
-        assert handle is not None
-        store = StatsTogether(handle.store, len(KEYS))
-        shared.namespace._mounts["vers"] = dataclasses.replace(handle, store=store)
+    async with worker(meta, tmp_path / "cache") as shared:
+        store = wrap_store(shared, "vers", StatsTogether, len(KEYS))
         service = S3Service(shared)
         async with asyncio.timeout(10):  # one at a time, the first would wait for ever
             found = await service.local_files("vers", KEYS, 0)
         sizes = [f if isinstance(f, Exception) else f.info.size for f in found]
         assert sizes == [1000] * len(KEYS)
         assert store.most == len(KEYS)
-    finally:
-        await shared.close()
-        await pages.close()

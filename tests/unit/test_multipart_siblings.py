@@ -10,18 +10,16 @@ the order the race takes on a busy machine."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gateway.cache import PageStore
-from gateway.meta import MetaStore, SecretBox
+from gateway.meta import MetaStore
 from gateway.service import S3Service
-from gateway.service.shared import Shared
 from gateway.stores import WriteAttrs
+from tests.support.service import worker, wrap_store
 
 pytestmark = pytest.mark.anyio
 
@@ -45,21 +43,6 @@ class HeldCompletes:
         return await self._store.complete_multipart(*args, **kwargs)
 
 
-async def _worker(meta: MetaStore, cache: Path) -> tuple[Shared, PageStore, S3Service]:
-    pages = PageStore(cache, capacity_bytes=64 << 20, janitor=False)
-    await pages.open()
-    shared = Shared.build(meta, pages, 60.0, 1 << 20)
-    await shared.namespace.refresh()
-    return shared, pages, S3Service(shared)
-
-
-@pytest.fixture
-async def meta(database_url: str) -> AsyncIterator[MetaStore]:
-    async with MetaStore(database_url, SecretBox([SecretBox.generate_key()])) as store:
-        await store.migrate()
-        yield store
-
-
 async def _body(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
@@ -70,20 +53,18 @@ async def test_a_complete_another_worker_finished_first_answers_its_object(
     origin = tmp_path / "origin"
     origin.mkdir()
     await meta.add_mount("parts", origin.as_uri(), {})
-    first = await _worker(meta, tmp_path / "cache-1")
-    second = await _worker(meta, tmp_path / "cache-2")
-    try:
-        a, b = first[2], second[2]
+    async with (
+        worker(meta, tmp_path / "cache-1") as first,
+        worker(meta, tmp_path / "cache-2") as second,
+    ):
+        a, b = S3Service(first), S3Service(second)
         upload = await a.create_multipart_upload("parts", "twice.bin", WriteAttrs(), None)
         bodies = [b"t" * 5 * MiB, b"u" * 10]
         parts = []
         for number, body in enumerate(bodies, 1):
             part = await a.upload_part("parts", "twice.bin", upload, number, _body(body), len(body))
             parts.append((number, part.etag))
-        handle = second[0].namespace.mount("parts")
-        assert handle is not None
-        held = HeldCompletes(handle.store)
-        second[0].namespace._mounts["parts"] = dataclasses.replace(handle, store=held)
+        held = wrap_store(second, "parts", HeldCompletes)
 
         late = asyncio.create_task(b.complete_multipart_upload("parts", "twice.bin", upload, parts))
         await held.entered.wait()  # past its checks of the upload and its parts
@@ -91,7 +72,3 @@ async def test_a_complete_another_worker_finished_first_answers_its_object(
         held.go.set()
         assert (await late).etag == done.etag
         assert (origin / "twice.bin").read_bytes() == b"".join(bodies)
-    finally:
-        for shared, pages, _ in (first, second):
-            await shared.close()
-            await pages.close()

@@ -4,14 +4,13 @@ sees a new mount with the policies of before it (a public mount refused to anony
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gateway.generations import Generations
-from gateway.meta import MetaStore, SecretBox
+from gateway.meta import MetaStore
 from gateway.service.namespace import Namespace
 from tests.support.net import eventually_async
 
@@ -38,13 +37,6 @@ class HeldMeta:
             return await method(*args, **kwargs)
 
         return held
-
-
-@pytest.fixture
-async def meta(database_url: str) -> AsyncIterator[MetaStore]:
-    async with MetaStore(database_url, SecretBox([SecretBox.generate_key()])) as store:
-        await store.migrate()
-        yield store
 
 
 @pytest.mark.parametrize("held", ["list_keys", "read_tenancy"])

@@ -23,7 +23,6 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from gateway.cache import PageStore
 from gateway.meta import MetaStore, SecretBox
 from gateway.meta.engine import sqlite_path
 from gateway.service import S3Service
@@ -35,6 +34,7 @@ from gateway.service.writes import WriteConditions
 from gateway.stores import WriteAttrs
 from tests.support.net import eventually_async
 from tests.support.postgres import database_outage
+from tests.support.service import worker
 from tests.unit.test_meta import object_info
 
 pytestmark = pytest.mark.anyio
@@ -65,15 +65,8 @@ async def node(database_url: str, tmp_path: Path) -> AsyncIterator[Node]:
             origin = tmp_path / "origin" / bucket
             origin.mkdir(parents=True)
             mounts[bucket] = (await meta.add_mount(bucket, f"file://{origin}", options)).id
-        pages = PageStore(tmp_path / "cache", capacity_bytes=64 << 20, janitor=False)
-        await pages.open()
-        shared = Shared.build(meta, pages, 60.0, 1 << 20)
-        await shared.namespace.refresh()
-        try:
+        async with worker(meta, tmp_path / "cache") as shared:
             yield Node(meta, shared, S3Service(shared), mounts)
-        finally:
-            await shared.close()
-            await pages.close()
 
 
 async def _body(data: bytes) -> AsyncIterator[bytes]:

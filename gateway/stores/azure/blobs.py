@@ -29,7 +29,7 @@ from gateway.stores.base import (
     UnsupportedKey,
     VersionChanged,
     WriteAttrs,
-    check_answer,
+    check_range,
     kept,
 )
 
@@ -141,11 +141,10 @@ class Blobs:
             ):
                 raise VersionChanged(f"{key}: is no longer {if_match}")
             # And the range: a server that ignores it answers 200 with the whole blob.
-            length = response.headers.get("content-length")
-            answered = check_answer(
-                key, start, end, "x-ms-range" in headers, None, None,
-                response.headers.get("content-range"),
-                int(length) if response.status_code == 200 and length else None,
+            h = response.headers
+            answered = check_range(
+                key, start, end, "x-ms-range" in headers, response.status_code,
+                h.get("content-range"), h.get("content-length"),
             )  # fmt: skip
             async with contextlib.aclosing(kept(_body(response, key), answered, "az")) as chunks:
                 async for chunk in chunks:

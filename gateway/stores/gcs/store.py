@@ -17,7 +17,7 @@ from gateway.stores.base import (
     ObjectInfo,
     StoreUnavailable,
     VersionChanged,
-    check_answer,
+    check_range,
     kept,
 )
 from gateway.stores.delegating import DelegatingStore
@@ -138,11 +138,9 @@ class GcsStore(DelegatingStore):
                 raise VersionChanged(
                     f"{key}: asked for generation {asked}, answered {answered_generation}"
                 )
-            length = response.headers.get("Content-Length")
-            answered = check_answer(
-                key, start, end, "Range" in headers, None, None,
-                response.headers.get("Content-Range"),
-                int(length) if response.status == 200 and length else None,
+            answered = check_range(
+                key, start, end, "Range" in headers, response.status,
+                response.headers.get("Content-Range"), response.headers.get("Content-Length"),
             )  # fmt: skip
             body = kept(_chunks(response), answered, self.scheme)
             async with contextlib.aclosing(body) as chunks:
