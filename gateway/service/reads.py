@@ -535,6 +535,10 @@ class Reader:
                 byte = claims.byte(handle.id, key)
                 if claims.take(byte):
                     claimed = byte
+                    # A sibling may have opened it and let go between this request finding
+                    # the key unknown and the claim: its version is known then, not fetched.
+                    if self.metadata.fresh(handle.id, key, handle.ttl, time.monotonic()):
+                        return None
                 elif await _sibling_opened(claims, byte):
                     return None
             if handle.cache_enabled and not here:
