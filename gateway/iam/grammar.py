@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import dates
 from .actions import ACTIONS, BY_LOWER
 from .wildcard import Matcher, wildcard
 
@@ -27,6 +28,10 @@ KNOWN_KEYS = frozenset(
         "s3:delimiter",
     }
 )  # fmt: skip
+# The request's time (aws:CurrentTime, aws:EpochTime): a condition key of the Date operators
+# (and, epoch seconds, of the Numeric ones) and of Null, never of a text comparison nor a
+# policy variable (AWS's own rule for the Date operators).
+TIME_KEYS = dates.TIME_KEYS
 _VARIABLE = re.compile(r"\$\{([^}]*)\}")
 _ESCAPES = {"*": "*", "?": "?", "$": "$"}  # ${*} ${?} ${$}: the character itself, as text
 _STATEMENT_FIELDS = frozenset(
@@ -149,6 +154,9 @@ _OPERATORS: dict[str, tuple[Test, bool]] = {
     "NotIpAddress": (_ip_address, True),
     "Bool": (_bool, False),
 }
+# The ordered operators: Date<comparison> and Numeric<comparison>, their tests made per
+# condition (dates.Ordered) with the policy's values parsed once.
+_ORDERED = frozenset(f"{kind}{name}" for kind in ("Date", "Numeric") for name in dates.COMPARISONS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +204,7 @@ class Statement:
     patterns: tuple[str, ...] = ()  # the resources as written, less "arn:aws:s3:::"
     templates: tuple[Template | None, ...] = ()  # per resource: its policy variables
     variables: bool = False  # some resource or condition value has a policy variable
+    timed: bool = False  # some condition names the request's time (dates.TIME_KEYS)
 
     def matches(self, action: str, resource: str, context: Mapping[str, str]) -> bool:
         if action not in self.actions:
@@ -225,6 +234,7 @@ class CompiledPolicy:
     # An unconditional Allow of every action on every resource, and no Deny: nothing to check.
     allows_all: bool = False
     document: str = field(default="", compare=False)
+    timed: bool = False  # some statement names the request's time
 
 
 def compile_policy(text: str | bytes, bucket: str | None = None) -> CompiledPolicy:
@@ -267,7 +277,8 @@ def compile_policy(text: str | bytes, bucket: str | None = None) -> CompiledPoli
         for s in statements
     )
     document = text.decode() if isinstance(text, bytes) else text
-    return CompiledPolicy(statements, has_deny, allows_all, document)
+    timed = any(s.timed for s in statements)
+    return CompiledPolicy(statements, has_deny, allows_all, document, timed)
 
 
 def _statement(raw: Any, bucket: str | None) -> Statement:
@@ -306,6 +317,7 @@ def _statement(raw: Any, bucket: str | None) -> Statement:
         patterns=patterns,
         templates=templates,
         variables=any(templates) or any(any(c.templates) for c in conditions),
+        timed=any(c.key in TIME_KEYS for c in conditions),
     )
 
 
@@ -395,17 +407,24 @@ def _conditions(raw: Any) -> tuple[Condition, ...]:
     for operator, block in raw.items():
         if_exists = operator.endswith("IfExists")
         base = operator[: -len("IfExists")] if if_exists else operator
-        if base != "Null" and base not in _OPERATORS:
+        if base != "Null" and base not in _OPERATORS and base not in _ORDERED:
             raise MalformedPolicy(f"Invalid Condition type: {operator}")
         if not isinstance(block, dict) or not block:
             raise MalformedPolicy(f"Condition {operator} must map keys to values")
         for key, value in block.items():
             if not isinstance(key, str) or _CONDITION_KEY.fullmatch(key) is None:
                 raise MalformedPolicy(f"Invalid Condition key: {key}")
-            if key.lower() not in KNOWN_KEYS:
+            if key.lower() not in KNOWN_KEYS and key.lower() not in TIME_KEYS:
                 raise MalformedPolicy(
                     f"The gateway cannot evaluate the condition key {key}: it knows "
-                    + ", ".join(sorted(KNOWN_KEYS))
+                    + ", ".join(sorted(KNOWN_KEYS | TIME_KEYS))
+                )
+            if base in _ORDERED:
+                found.append(_ordered(operator, base, key, value, if_exists))
+                continue
+            if key.lower() in TIME_KEYS and base != "Null":
+                raise MalformedPolicy(
+                    f"{key} is compared with the Date operators (DateLessThan, ...), not {operator}"
                 )
             if isinstance(value, bool):
                 value = "true" if value else "false"
@@ -433,3 +452,38 @@ def _conditions(raw: Any) -> tuple[Condition, ...]:
                 Condition(operator, key.lower(), values, test, negated, if_exists, False, templates)
             )
     return tuple(found)
+
+
+def _ordered(operator: str, base: str, key: str, value: Any, if_exists: bool) -> Condition:
+    """A Date or Numeric condition: on the request's time alone, the only date or number the
+    gateway knows of a request (aws:CurrentTime and aws:EpochTime for Date, aws:EpochTime for
+    Numeric), with every value read now: one that is not a date (or number) is refused."""
+    date = base.startswith("Date")
+    comparison = base[len("Date") :] if date else base[len("Numeric") :]
+    lower = key.lower()
+    keys = TIME_KEYS if date else {dates.EPOCH_TIME}
+    if lower not in keys:
+        known = " and ".join(sorted(keys))
+        raise MalformedPolicy(f"{operator} compares {known} only, not {key}")
+    # JSON numbers are numbers' (and epoch seconds') text, as AWS takes them.
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = json.dumps(value)
+    elif isinstance(value, list):
+        value = [
+            json.dumps(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
+            for v in value
+        ]
+    values = tuple(_strings(value, f"Condition {operator} {key}"))
+    parse = dates.instant if date else dates.number
+    bounds = []
+    for v in values:
+        if "${" in v:
+            raise MalformedPolicy(f"Policy variables are for string conditions: {operator}")
+        parsed = parse(v)
+        if parsed is None:
+            said = "an ISO 8601 date or time, or epoch seconds" if date else "a number"
+            raise MalformedPolicy(f"Invalid Condition value for {operator}: {v!r} is not {said}")
+        bounds.append(parsed)
+    compare, negated = dates.COMPARISONS[comparison]
+    test = dates.Ordered(compare, tuple(bounds), parse)
+    return Condition(operator, lower, values, test, negated, if_exists)

@@ -97,9 +97,8 @@ def test_variables_in_condition_values() -> None:
         doc(allow("*", Condition={"StringEquals": {"aws:PrincipalTag/team": "a"}})),
         doc(allow("*", Condition={"StringNotEquals": {"s3:x-amz-acl": "public-read"}})),
         doc(allow("*", Condition={"IpAddress": {"aws:SourceIp": "${aws:username}"}})),
-        # No date operators: a time the gateway would compare as text is refused.
+        # A time compared as text is refused (the Date operators: test_policy_dates.py).
         doc(allow("*", Condition={"StringLike": {"aws:CurrentTime": "2026-*"}})),
-        doc(allow("*", Condition={"DateGreaterThan": {"aws:CurrentTime": "2026-01-01"}})),
     ],
 )
 def test_what_the_gateway_cannot_evaluate_is_refused_when_stored(policy: str) -> None:
