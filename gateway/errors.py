@@ -78,6 +78,13 @@ BucketAlreadyOwnedByYou = _error(
     409,
     "Your previous request to create the named bucket succeeded and you already own it.",
 )
+ConditionalRequestConflict = _error(
+    "ConditionalRequestConflict",
+    409,
+    "A conflicting operation occurred. If using PutObject you can retry the request. If using"
+    " multipart upload you should initiate another CreateMultipartUpload request and re-upload"
+    " each part.",
+)
 BucketNotEmpty = _error("BucketNotEmpty", 409, "The bucket you tried to delete is not empty")
 EntityTooSmall = _error(
     "EntityTooSmall",
@@ -165,6 +172,11 @@ MissingSecurityHeader = _error(
 NoSuchBucketPolicy = _error("NoSuchBucketPolicy", 404, "The bucket policy does not exist")
 NoSuchBucket = _error("NoSuchBucket", 404, "The specified bucket does not exist")
 NoSuchKey = _error("NoSuchKey", 404, "The specified key does not exist.")
+NoSuchVersion = _error(
+    "NoSuchVersion",
+    404,
+    "The specified version does not exist.",
+)
 NoSuchUpload = _error(
     "NoSuchUpload",
     404,

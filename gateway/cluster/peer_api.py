@@ -88,7 +88,9 @@ class PeerApi:
             await _answer(send, 400, f"bad internal request: {exc!r}\n".encode())
 
     async def _block(self, q: dict[str, str], send: Send) -> None:
-        info = ObjectInfo(key=q["k"], size=int(q["s"]), etag=q["e"], last_modified=_EPOCH)
+        info = ObjectInfo(
+            key=q["k"], size=int(q["s"]), etag=q["e"], last_modified=_EPOCH, version_id=q.get("v")
+        )
         start, end = int(q["a"]), int(q["z"])
         try:
             body = await self._server.serve_block(

@@ -98,9 +98,11 @@ async def head_bucket(ctx: Context, req: S3Request) -> Reply:
 
 
 async def get_bucket_versioning(ctx: Context, req: S3Request) -> Reply:
+    """A bucket's versioning is its store's: an S3 origin's bucket says its own; the other
+    stores keep one version of a key (never enabled)."""
     assert req.bucket is not None
     ctx.service.head_bucket(req.bucket)
-    return _xml(xml.versioning())
+    return _xml(xml.versioning(await ctx.service.get_versioning(req.bucket)))
 
 
 async def get_bucket_location(ctx: Context, req: S3Request) -> Reply:
@@ -194,23 +196,55 @@ async def list_objects_v1(ctx: Context, req: S3Request) -> Reply:
 
 
 async def list_object_versions(ctx: Context, req: S3Request) -> Reply:
-    """Every bucket is unversioned: each key's one version, "null" (tools' clean-up code and
-    conformance suites list versions to delete them)."""
+    """The store's versions where it keeps them (S3 origins); else each key's one version,
+    "null", as S3 lists a bucket never versioned (tools' clean-up code and conformance suites
+    list versions to delete them)."""
+    assert req.bucket is not None
     key_marker = req.query.get("key-marker", "")
     version_marker = req.query.get("version-id-marker")
-    if version_marker not in (None, "", "null"):
-        raise errors.InvalidArgument(
-            "Invalid version id specified", ArgumentName="version-id-marker",
-            ArgumentValue=version_marker,
-        )  # fmt: skip
     if version_marker and not key_marker:
         raise errors.InvalidArgument(
             "A version-id marker cannot be specified without a key marker.",
             ArgumentName="version-id-marker", ArgumentValue=version_marker,
         )  # fmt: skip
-    listing, _, last = await _list(ctx, req, None, key_marker or None)
-    next_marker = last if listing.truncated else None
-    return _xml(xml.list_versions(listing, key_marker, version_marker, next_marker))
+    if not ctx.service.keeps_versions(req.bucket):
+        if version_marker not in (None, "", "null"):
+            raise errors.InvalidArgument(
+                "Invalid version id specified", ArgumentName="version-id-marker",
+                ArgumentValue=version_marker,
+            )  # fmt: skip
+        listing, _, last = await _list(ctx, req, None, key_marker or None)
+        next_key = last if listing.truncated else None
+        versions = [
+            xml.ListedVersion(o.key, "null", True, o.last_modified, o.etag, o.size, o.storage_class)
+            for o in listing.objects
+        ]
+        next_version = "null" if any(o.key == next_key for o in listing.objects) else None
+        return _xml(
+            xml.list_versions(listing, versions, key_marker, version_marker, next_key, next_version)
+        )
+    prefix = req.query.get("prefix", "")
+    delimiter = req.query.get("delimiter") or None
+    max_keys = _max_keys(req)
+    page = await ctx.service.list_versions(
+        req.bucket, prefix, delimiter, key_marker or None, version_marker or None, max_keys
+    )
+    versions = [
+        xml.ListedVersion(
+            e.info.key, e.info.version_id or "null", e.latest, e.info.last_modified,
+            e.info.etag, e.info.size, e.info.storage_class, e.delete_marker,
+        )
+        for e in page.entries
+    ]  # fmt: skip
+    listing = xml.Listing(
+        req.bucket, prefix, delimiter, max_keys, _encoding(req), [], page.common_prefixes,
+        page.next_key_marker is not None,
+    )  # fmt: skip
+    body = xml.list_versions(
+        listing, versions, key_marker, version_marker, page.next_key_marker,
+        page.next_version_marker,
+    )  # fmt: skip
+    return _xml(body)
 
 
 # -- object ------------------------------------------------------------------------------
@@ -243,6 +277,8 @@ def object_headers(reply: Reply, info: ObjectInfo, overrides: dict[str, str]) ->
         reply.header(f"x-amz-meta-{name}", value if safe else _encoded_word(value))
     if info.tag_count:
         reply.header("x-amz-tagging-count", str(info.tag_count))
+    if info.version_id is not None:
+        reply.header("x-amz-version-id", info.version_id)
     if info.encryption:
         for name, value in sse.response_headers(info.encryption).items():
             reply.header(name, value)
@@ -298,14 +334,19 @@ async def get_object(ctx: Context, req: S3Request) -> Reply:
     cond = _conditions(req)
     service = ctx.service
     key = sse.customer_key(req.headers)
+    version = req.query.get("versionId")
     try:
         if key:  # SSE-C: with the client's key, from the store, never cached
+            if version not in (None, "null"):
+                raise errors.NotImplementedError_(
+                    "A version id with an SSE-C key is not implemented by this gateway."
+                )
             head = req.method == "HEAD"
             result = await service.get_encrypted_object(req.bucket, req.key, rng, cond, key, head)
         elif req.method == "HEAD":
-            result = await service.head_object(req.bucket, req.key, rng, cond)
+            result = await service.head_object(req.bucket, req.key, rng, cond, version)
         else:
-            result = await service.get_object(req.bucket, req.key, rng, cond)
+            result = await service.get_object(req.bucket, req.key, rng, cond, version)
     except errors.InvalidRange as exc:
         exc.headers["content-range"] = f"bytes */{exc.fields.get('ActualObjectSize', '*')}"
         raise
@@ -328,7 +369,8 @@ async def get_object_part(ctx: Context, req: S3Request) -> Reply:
         )
     overrides = response_overrides(req)
     cond = _conditions(req)
-    info = (await ctx.service.head_object(req.bucket, req.key, None, cond)).info
+    version = req.query.get("versionId")
+    info = (await ctx.service.head_object(req.bucket, req.key, None, cond, version)).info
     count = parts_count(info.etag)
     # The version just looked at, and all of it (a range of an empty object is no range).
     pinned = Conditions(info.etag, None, None, None)
@@ -338,7 +380,9 @@ async def get_object_part(ctx: Context, req: S3Request) -> Reply:
             raise errors.InvalidPartNumber(
                 PartNumberRequested=str(number), ActualPartCount=str(count)
             )
-        span = await ctx.service.part_range(req.bucket, req.key, info, number)
+        span = None
+        if info.version_id is None:  # the store's parts are asked of its current version
+            span = await ctx.service.part_range(req.bucket, req.key, info, number)
         if span is None:
             raise errors.NotImplementedError_(
                 "partNumber on an object uploaded in parts is not implemented by this gateway"
@@ -349,9 +393,9 @@ async def get_object_part(ctx: Context, req: S3Request) -> Reply:
     elif number != 1:
         raise errors.InvalidPartNumber(PartNumberRequested=str(number), ActualPartCount="1")
     if req.method == "HEAD":
-        result = await ctx.service.head_object(req.bucket, req.key, rng, pinned)
+        result = await ctx.service.head_object(req.bucket, req.key, rng, pinned, version)
     else:
-        result = await ctx.service.get_object(req.bucket, req.key, rng, pinned)
+        result = await ctx.service.get_object(req.bucket, req.key, rng, pinned, version)
     reply = _object_reply(req, result, overrides)
     if count is not None:
         reply.header("x-amz-mp-parts-count", str(count))

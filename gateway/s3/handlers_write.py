@@ -223,8 +223,29 @@ async def delete_object_tagging(ctx: Context, req: S3Request) -> Reply:
 
 async def delete_object(ctx: Context, req: S3Request) -> Reply:
     assert req.bucket is not None and req.key is not None
-    await ctx.service.delete_object(req.bucket, req.key)
-    return Reply(status=204)
+    version = req.query.get("versionId")
+    reply = Reply(status=204)
+    if version is None or (version == "null" and not ctx.service.keeps_versions(req.bucket)):
+        await ctx.service.delete_object(req.bucket, req.key)
+        return reply
+    deleted = await ctx.service.delete_version(req.bucket, req.key, version)
+    if deleted.version_id is not None:
+        reply.header("x-amz-version-id", deleted.version_id)
+    if deleted.delete_marker:
+        reply.header("x-amz-delete-marker", "true")
+    return reply
+
+
+async def put_bucket_versioning(ctx: Context, req: S3Request) -> Reply:
+    """Passed to an S3 origin whose bucket the mount is whole; 501 for any other store (they
+    keep one version of a key) and for a mount of a prefix (versioning is the bucket's)."""
+    assert req.bucket is not None
+    status, mfa = xml_in.versioning(await read_small_body(req, 64 << 10))
+    if mfa == "Enabled":
+        raise errors.NotImplementedError_("MFA delete is not implemented by this gateway.")
+    if status is not None:
+        await ctx.service.put_versioning(req.bucket, status)
+    return Reply()
 
 
 async def delete_objects(ctx: Context, req: S3Request) -> Reply:

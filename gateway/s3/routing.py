@@ -27,8 +27,11 @@ AUTH_PARAMS = frozenset(
         "X-Amz-Signature", "X-Amz-Security-Token", "X-Amz-Content-Sha256",
     }
 )  # fmt: skip
-# Every bucket is unversioned: its objects' one version is "null", which may be named.
+# A version of an object may be named by id ("null": the one of a bucket never versioned).
 _VERSION = ("versionId",)
+# The operations that address any version of a store that keeps them (the service checks the
+# id); the others take "null" only.
+_VERSIONED = frozenset({"GetObject", "HeadObject", "DeleteObject"})
 _LIST = {"prefix", "delimiter", "max-keys", "encoding-type"}
 
 
@@ -99,6 +102,7 @@ TABLE: dict[tuple[str, str], list[Operation]] = {
         _op("PutBucketCors", c.put_bucket_cors, False, "cors"),
         _op("PutBucketPolicy", p.put_bucket_policy, False, "policy"),
         _op("PutBucketAcl", a.put_bucket_acl, False, "acl"),
+        _op("PutBucketVersioning", w.put_bucket_versioning, False, "versioning"),
         _op("CreateBucket", w.create_bucket, False),
     ],
     ("bucket", "DELETE"): [
@@ -162,7 +166,7 @@ def route(req: S3Request) -> Operation:
                 f"{op.name} with ?{unknown[0]} is not implemented by this gateway."
             )
         version = req.query.get("versionId")
-        if version is not None and version != "null":
+        if version is not None and version != "null" and op.name not in _VERSIONED:
             raise errors.InvalidArgument(
                 "Invalid version id specified", ArgumentName="versionId", ArgumentValue=version
             )

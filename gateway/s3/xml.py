@@ -104,27 +104,51 @@ def list_v1(listing: Listing, marker: str, next_marker: str | None) -> bytes:
     return "".join(parts).encode()
 
 
+@dataclass(frozen=True, slots=True)
+class ListedVersion:
+    """One entry of ListObjectVersions: a version, or a delete marker (no ETag nor size)."""
+
+    key: str
+    version_id: str
+    latest: bool
+    last_modified: datetime
+    etag: str = ""
+    size: int = 0
+    storage_class: str = "STANDARD"
+    delete_marker: bool = False
+
+
 def list_versions(
-    listing: Listing, key_marker: str, version_marker: str | None, next_marker: str | None
+    listing: Listing,
+    versions: Sequence[ListedVersion],
+    key_marker: str,
+    version_marker: str | None,
+    next_key: str | None,
+    next_version: str | None,
 ) -> bytes:
-    """ListObjectVersions of an unversioned bucket: one version of each key, "null", the
-    latest."""
+    """ListObjectVersions: `versions` in order (listing.objects is not used)."""
     e = listing.encode
     parts = [HEAD, f'<ListVersionsResult xmlns="{NS}">', *_common(listing)]
     parts.append(f"<KeyMarker>{_enc(key_marker, e)}</KeyMarker>")
     if version_marker is not None:
         parts.append(f"<VersionIdMarker>{escape(version_marker)}</VersionIdMarker>")
-    if next_marker is not None:
-        parts.append(f"<NextKeyMarker>{_enc(next_marker, e)}</NextKeyMarker>")
-        if any(o.key == next_marker for o in listing.objects):
-            parts.append("<NextVersionIdMarker>null</NextVersionIdMarker>")
+    if next_key is not None:
+        parts.append(f"<NextKeyMarker>{_enc(next_key, e)}</NextKeyMarker>")
+    if next_version is not None:
+        parts.append(f"<NextVersionIdMarker>{escape(next_version)}</NextVersionIdMarker>")
     own = _owner()
-    for o in listing.objects:
+    for v in versions:
+        head = (
+            f"<Key>{_enc(v.key, e)}</Key><VersionId>{escape(v.version_id)}</VersionId>"
+            f"<IsLatest>{'true' if v.latest else 'false'}</IsLatest>"
+            f"<LastModified>{iso8601(v.last_modified)}</LastModified>"
+        )
+        if v.delete_marker:
+            parts.append(f"<DeleteMarker>{head}{own}</DeleteMarker>")
+            continue
         parts.append(
-            f"<Version><Key>{_enc(o.key, e)}</Key><VersionId>null</VersionId>"
-            f"<IsLatest>true</IsLatest><LastModified>{iso8601(o.last_modified)}</LastModified>"
-            f"<ETag>{escape(o.etag)}</ETag><Size>{o.size}</Size>{own}"
-            f"<StorageClass>{o.storage_class}</StorageClass></Version>"
+            f"<Version>{head}<ETag>{escape(v.etag)}</ETag><Size>{v.size}</Size>{own}"
+            f"<StorageClass>{v.storage_class}</StorageClass></Version>"
         )
     for p in listing.prefixes:
         parts.append(f"<CommonPrefixes><Prefix>{_enc(p, e)}</Prefix></CommonPrefixes>")
@@ -154,9 +178,14 @@ def list_buckets(
     ).encode()
 
 
-def versioning() -> bytes:
-    """GetBucketVersioning of a bucket versioning was never enabled on: no Status at all."""
-    return f'{HEAD}<VersioningConfiguration xmlns="{NS}"/>'.encode()
+def versioning(status: str | None) -> bytes:
+    """GetBucketVersioning: no Status at all for a bucket versioning was never enabled on."""
+    if status is None:
+        return f'{HEAD}<VersioningConfiguration xmlns="{NS}"/>'.encode()
+    return (
+        f'{HEAD}<VersioningConfiguration xmlns="{NS}">'
+        f"<Status>{escape(status)}</Status></VersioningConfiguration>"
+    ).encode()
 
 
 def object_attributes(

@@ -79,6 +79,17 @@ def create_bucket(data: bytes) -> str | None:
     return _text(root, "LocationConstraint")
 
 
+def versioning(data: bytes) -> tuple[str | None, str | None]:
+    """(Status, MfaDelete) of a PutBucketVersioning body, each None where not given."""
+    root = parse(data)
+    if _local(root.tag) != "VersioningConfiguration":
+        raise errors.MalformedXML()
+    status, mfa = _text(root, "Status"), _text(root, "MfaDelete")
+    if status not in (None, "Enabled", "Suspended") or mfa not in (None, "Enabled", "Disabled"):
+        raise errors.MalformedXML()
+    return status, mfa
+
+
 def tagging(data: bytes) -> list[tuple[str, str]]:
     """The (key, value) pairs of a PutObjectTagging body, in order (checked by s3.tags)."""
     root = parse(data)

@@ -20,7 +20,14 @@ from gateway.service.reads import LocalBlocks, ObjectResult, Reader
 from gateway.service.shared import Shared
 from gateway.service.store_errors import meta_unavailable, store_errors
 from gateway.service.writes import ObjectWriter, WriteConditions, check_encryption
-from gateway.stores import ListPage, ObjectInfo, PartInfo, WriteAttrs
+from gateway.stores import (
+    ListPage,
+    ObjectInfo,
+    PartInfo,
+    VersionDeleted,
+    VersionsPage,
+    WriteAttrs,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +210,43 @@ class S3Service:
         except MetaUnavailable as exc:
             raise meta_unavailable(exc) from None
 
+    # -- versions: a store's own, where it keeps them (S3 origins) ------------------------
+
+    def keeps_versions(self, bucket: str) -> bool:
+        """Whether the bucket's store keeps versions a request may name (no I/O)."""
+        return self._shared.mount(bucket).store.versions
+
+    async def get_versioning(self, bucket: str) -> str | None:
+        handle = self._shared.mount(bucket)
+        with store_errors(""):
+            return await handle.store.get_versioning()
+
+    async def put_versioning(self, bucket: str, status: str) -> None:
+        handle = self._shared.writable(bucket)
+        if not handle.store.versions:
+            raise errors.NotImplementedError_(
+                "Versioning is not implemented for this bucket's store: it keeps one version"
+                " of each key."
+            )
+        if not handle.store.versioning_settable():
+            raise errors.NotImplementedError_(
+                "This bucket is a prefix of its store's bucket, whose versioning is the whole"
+                " bucket's: set it at the store."
+            )
+        with store_errors(""):
+            await handle.store.put_versioning(status)
+
+    async def list_versions(
+        self, bucket: str, prefix: str, delimiter: str | None, key_marker: str | None,
+        version_marker: str | None, max_keys: int,
+    ) -> VersionsPage:  # fmt: skip
+        return await self.reader.list_versions(
+            bucket, prefix, delimiter, key_marker, version_marker, max_keys
+        )
+
+    async def delete_version(self, bucket: str, key: str, version_id: str) -> VersionDeleted:
+        return await self._writer.delete_version(bucket, key, version_id)
+
     def check_writable(self, bucket: str) -> None:
         """Refuse a write to a bucket not mounted, or mounted read-only, before its body."""
         self._shared.writable(bucket)
@@ -238,14 +282,16 @@ class S3Service:
     # -- objects ---------------------------------------------------------------------------
 
     async def head_object(
-        self, bucket: str, key: str, rng: ByteRange | None, cond: Conditions
-    ) -> ObjectResult:
-        return await self.reader.head_object(bucket, key, rng, cond)
+        self, bucket: str, key: str, rng: ByteRange | None, cond: Conditions,
+        version_id: str | None = None,
+    ) -> ObjectResult:  # fmt: skip
+        return await self.reader.head_object(bucket, key, rng, cond, version_id)
 
     async def get_object(
-        self, bucket: str, key: str, rng: ByteRange | None, cond: Conditions
-    ) -> ObjectResult:
-        return await self.reader.get_object(bucket, key, rng, cond)
+        self, bucket: str, key: str, rng: ByteRange | None, cond: Conditions,
+        version_id: str | None = None,
+    ) -> ObjectResult:  # fmt: skip
+        return await self.reader.get_object(bucket, key, rng, cond, version_id)
 
     async def put_object(
         self,

@@ -41,6 +41,11 @@ class MetadataCache:
         # the lookup that follows is remembered under, so that a sibling's write landing
         # while that lookup is under way still counts as newer than its answer.
         self._asked: dict[tuple[int, str], int] = {}
+        # Versions requests named by id, by key: (info, the key's generation when asked). A
+        # version never changes; it is forgotten with its key (a write or delete of it).
+        self._versions: OrderedDict[tuple[int, str], dict[str, tuple[ObjectInfo, int]]] = (
+            OrderedDict()
+        )
 
     def fresh(self, mount_id: int, key: str, ttl: float, now: float) -> ObjectInfo | None:
         item = self._items.get((mount_id, key))
@@ -105,9 +110,39 @@ class MetadataCache:
         if self._learnt is not None:
             self._learnt.publish(mount_id, key, info, self._wall(), generation)
 
+    def generation(self, mount_id: int, key: str) -> int:
+        """The key's change counter now (0 with one worker): what a version asked of the store
+        next is remembered under (put_version)."""
+        gens = self._generations
+        return 0 if gens is None else gens.current(gens.slot(mount_id, key))
+
+    def version(self, mount_id: int, key: str, version_id: str) -> ObjectInfo | None:
+        """A version of the key named by id, as put_version kept it, unless the key changed
+        since (through any worker)."""
+        versions = self._versions.get((mount_id, key))
+        item = None if versions is None else versions.get(version_id)
+        if item is None:
+            return None
+        if item[1] != self.generation(mount_id, key):
+            del self._versions[(mount_id, key)]
+            return None
+        self._versions.move_to_end((mount_id, key))
+        return item[0]
+
+    def put_version(self, mount_id: int, key: str, info: ObjectInfo, generation: int) -> None:
+        """Keep a version of the key named by id (info.version_id), as the store told it when
+        the key's change counter was `generation`."""
+        assert info.version_id is not None
+        self._versions.setdefault((mount_id, key), {})[info.version_id] = (info, generation)
+        self._versions.move_to_end((mount_id, key))
+        while len(self._versions) > self._max // 16:
+            self._versions.popitem(last=False)
+
     def forget(self, mount_id: int, key: str) -> None:
-        """Drop the key here, and tell the node's other workers it changed."""
+        """Drop the key here (its versions named by id too), and tell the node's other
+        workers it changed."""
         self._items.pop((mount_id, key), None)
+        self._versions.pop((mount_id, key), None)
         gens = self._generations
         if gens is not None:
             self._asked.pop((mount_id, key), None)

@@ -22,7 +22,7 @@ import functools
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, cast
@@ -41,7 +41,7 @@ from gateway.service.namespace import MountHandle, Namespace
 from gateway.service.recorder import MetadataRecorder
 from gateway.service.shared import Shared
 from gateway.service.store_errors import store_errors
-from gateway.stores import ListPage, ObjectInfo, VersionChanged
+from gateway.stores import ListPage, ObjectInfo, VersionChanged, VersionsPage
 from gateway.stores import base as store_base
 from gateway.stores.etags import same
 
@@ -174,8 +174,11 @@ class StoreSource:
     async def range(self, start: int, end: int) -> AsyncGenerator[bytes, None]:
         if start >= end:
             return
-        info = self.info
-        stream = self.handle.store.read(info.key, start, end, info.etag)
+        info, store = self.info, self.handle.store
+        if info.version_id is None:
+            stream = store.read(info.key, start, end, info.etag)
+        else:  # a version named by its id: that version, whatever the key's current one is
+            stream = store.read_version(info.key, info.version_id, start, end, info.etag)
         async with aclosing(_counted(self.handle, info.key, stream)) as chunks:
             async for chunk in chunks:
                 yield chunk
@@ -246,6 +249,8 @@ class PeerSource:
             "m": handle.id, "k": info.key, "e": info.etag, "s": info.size,
             "b": handle.block_size, "p": int(pages.pinned),
         }  # fmt: skip
+        if info.version_id is not None:
+            self.params["v"] = info.version_id
 
     async def read(self, span: Span, sent: bool = False) -> AsyncGenerator[bytes, None]:
         pos = span.start
@@ -286,6 +291,7 @@ class Reader:
         self.readahead = readahead
         self._opening: dict[tuple[int, str], asyncio.Future[None]] = {}
         self._stats: dict[tuple[int, str], asyncio.Future[ObjectInfo]] = {}
+        self._version_stats: dict[tuple[int, str, str], asyncio.Future[ObjectInfo]] = {}
         self._walks: OrderedDict[tuple[int, str, str], int] = OrderedDict()
 
     def mount(self, bucket: str) -> MountHandle:
@@ -323,6 +329,25 @@ class Reader:
                 "The continuation token provided is incorrect", ArgumentName="continuation-token"
             ) from None
 
+    async def list_versions(
+        self, bucket: str, prefix: str, delimiter: str | None, key_marker: str | None,
+        version_marker: str | None, max_keys: int,
+    ) -> VersionsPage:  # fmt: skip
+        """A page of the versions of a store that keeps them (ListObjectVersions)."""
+        handle = self.mount(bucket)
+        if max_keys == 0:
+            return VersionsPage([], [], None, None)
+        try:
+            with store_errors(prefix):
+                return await handle.store.list_versions(
+                    prefix, delimiter, key_marker, version_marker, max_keys
+                )
+        except ValueError:
+            raise errors.InvalidArgument(
+                "Invalid version id specified", ArgumentName="version-id-marker",
+                ArgumentValue=version_marker or "",
+            ) from None  # fmt: skip
+
     # -- objects ---------------------------------------------------------------------------
 
     async def stat(self, handle: MountHandle, key: str) -> ObjectInfo:
@@ -335,20 +360,9 @@ class Reader:
         if handle.ttl == 0:
             # "Always revalidate": a request must not take the answer to one sent before it.
             return await self._revalidate(handle, key, now)
-        pending = self._stats.get((handle.id, key))
-        if pending is None:
-            pending = asyncio.ensure_future(self._revalidate(handle, key, now))
-            self._stats[(handle.id, key)] = pending
-
-            def done(
-                future: asyncio.Future[ObjectInfo], at: tuple[int, str] = (handle.id, key)
-            ) -> None:
-                self._stats.pop(at, None)
-                if not future.cancelled():
-                    future.exception()  # retrieved here: every waiter may have gone
-
-            pending.add_done_callback(done)
-        return await asyncio.shield(pending)
+        return await _joined(
+            self._stats, (handle.id, key), lambda: self._revalidate(handle, key, now)
+        )
 
     async def _revalidate(self, handle: MountHandle, key: str, now: float) -> ObjectInfo:
         previous = self.metadata.peek(handle.id, key)
@@ -409,11 +423,39 @@ class Reader:
         if handle.catalog is not None:
             await self.shared.catalog.learnt(handle.id, key, info)
 
+    async def addressed(self, handle: MountHandle, key: str, version_id: str) -> ObjectInfo:
+        """The version of the key a request names by id. Of a store that keeps versions, asked
+        of it once and then known for good (a version never changes) until the key is written
+        or deleted through the gateway; concurrent askers make one request. A store that keeps
+        one version has only "null", the current one (as S3's never-versioned buckets)."""
+        if not handle.store.versions:
+            if version_id == "null":
+                return await self.stat(handle, key)
+            raise errors.InvalidArgument(
+                "Invalid version id specified", ArgumentName="versionId", ArgumentValue=version_id
+            )
+        info = self.metadata.version(handle.id, key, version_id)
+        if info is not None:
+            return info
+
+        async def ask() -> ObjectInfo:
+            generation = self.metadata.generation(handle.id, key)
+            with store_errors(key):
+                found = await handle.store.stat_version(key, version_id)
+            self.metadata.put_version(handle.id, key, found, generation)
+            return found
+
+        return await _joined(self._version_stats, (handle.id, key, version_id), ask)
+
     async def head_object(
-        self, bucket: str, key: str, rng: ByteRange | None, cond: Conditions
-    ) -> ObjectResult:
+        self, bucket: str, key: str, rng: ByteRange | None, cond: Conditions,
+        version_id: str | None = None,
+    ) -> ObjectResult:  # fmt: skip
         handle = self.mount(bucket)
-        info = await self.stat(handle, key)
+        if version_id is None:
+            info = await self.stat(handle, key)
+        else:
+            info = await self.addressed(handle, key, version_id)
         check_conditions(cond, info)
         start, end = rng.resolve(info.size) if rng else (0, info.size)
         size = handle.block_size
@@ -422,9 +464,12 @@ class Reader:
         return ObjectResult(info, start, end, rng is not None, None, "hit" if cached else "miss")
 
     async def get_object(
-        self, bucket: str, key: str, rng: ByteRange | None, cond: Conditions
-    ) -> ObjectResult:
+        self, bucket: str, key: str, rng: ByteRange | None, cond: Conditions,
+        version_id: str | None = None,
+    ) -> ObjectResult:  # fmt: skip
         handle = self.mount(bucket)
+        if version_id is not None and (version_id != "null" or handle.store.versions):
+            return await self._get_version(handle, key, version_id, rng, cond)
         cold = rng is None and await self._unknown(handle, key)
         for _ in range(_READ_TRIES):
             try:
@@ -450,6 +495,26 @@ class Reader:
             except FillFailed as exc:
                 raise errors.ServiceUnavailable(f"The store's answer was cut: {exc}") from None
         raise errors.ServiceUnavailable("The object changed while it was read.")
+
+    async def _get_version(
+        self, handle: MountHandle, key: str, version_id: str, rng: ByteRange | None,
+        cond: Conditions,
+    ) -> ObjectResult:  # fmt: skip
+        """A GET of a version named by its id: through the cache as any version (its blocks are
+        named by its ETag, shared with the key's current version when that is the same)."""
+        info = await self.addressed(handle, key, version_id)
+        check_conditions(cond, info)
+        start, end = rng.resolve(info.size) if rng else (0, info.size)
+        try:
+            body, how = await self._body(handle, info, start, end)
+        except VersionChanged:
+            # The store holds other bytes under that version id than it said (its ETag): it
+            # was removed and the id is not what it named. Asked again on the next read.
+            self.metadata.forget(handle.id, key)
+            raise errors.ServiceUnavailable("The version changed while it was read.") from None
+        except FillFailed as exc:
+            raise errors.ServiceUnavailable(f"The store's answer was cut: {exc}") from None
+        return ObjectResult(info, start, end, rng is not None, body, how)
 
     def peek_hit(
         self, bucket: str, key: str, disk: bool = True
@@ -852,9 +917,14 @@ class Reader:
                 continue
             path = await self.pages.block_file(bkey)
             if path is None:
-                body = await self.serve_block(handle.id, info, size, index, 0, length, pinned)
-                if not isinstance(body, bytes):
-                    await _collect(body)
+                try:
+                    body = await self.serve_block(handle.id, info, size, index, 0, length, pinned)
+                    if not isinstance(body, bytes):
+                        async with aclosing(body) as chunks:  # filled; the bytes are not kept
+                            async for _ in chunks:
+                                pass
+                except (FillFailed, VersionChanged) as exc:  # this key's answer, not the request's
+                    raise errors.ServiceUnavailable(f"A block was not fetched: {exc}") from None
                 path = await self.pages.block_file(bkey)
             if path is not None:
                 found.append((index, length, path))
@@ -904,7 +974,7 @@ class Reader:
         handle = self.mount(bucket)
         root, size = self.pages.root, handle.block_size
         found: list[LocalBlocks | errors.S3Error] = []
-        for info in await self._versions(handle, keys):
+        for info in await self._versions(handle, keys, count > 0 and handle.cache_enabled):
             if isinstance(info, errors.S3Error):
                 found.append(info)
                 continue
@@ -919,12 +989,28 @@ class Reader:
             found.append(LocalBlocks(info, size, handle.ttl, files))
         return found
 
+    async def _open_for_lease(self, handle: MountHandle, key: str) -> None:
+        """Open the key for a client on this host (_open_once): its block 0 filled here, or
+        by the peer that owns it (whose bytes are not read: the client reads them from it)."""
+        opened = await self._open_once(handle, key, here=False)
+        if opened is None:
+            return  # opened by another request meanwhile
+        _, head, how = opened
+        async with aclosing(head) as chunks:
+            if how != "forward":
+                async for _ in chunks:  # the fill's end: block 0 is committed
+                    pass
+
     async def _versions(
-        self, handle: MountHandle, keys: list[str]
+        self, handle: MountHandle, keys: list[str], opening: bool = False
     ) -> list[ObjectInfo | errors.S3Error]:
         """stat() of many keys: those fresh in memory at once, the others asked of the store
         STAT_CONCURRENCY at a time (one after another, a thousand keys past their TTL took a
-        thousand round trips, longer than the TTL they were renewed for)."""
+        thousand round trips, longer than the TTL they were renewed for). `opening`: a key
+        whose version this node does not know is opened instead, as a cold GET opens it
+        (its version and block 0 in one store request, block 0 filled into the cache), so
+        that a lease of keys never read costs a store request each, made together, not a
+        HEAD and then a GET of each in turn (21 objects/s over a 20 ms WAN)."""
         now = time.monotonic()
         found: list[ObjectInfo | errors.S3Error | None] = [
             self.metadata.fresh(handle.id, key, handle.ttl, now) for key in keys
@@ -936,12 +1022,37 @@ class Reader:
             async def one(i: int) -> None:
                 async with slots:
                     try:
+                        if opening and await self._unknown(handle, keys[i]):
+                            await self._open_for_lease(handle, keys[i])
                         found[i] = await self.stat(handle, keys[i])
                     except errors.S3Error as exc:
                         found[i] = exc
+                    except FillFailed as exc:
+                        found[i] = errors.ServiceUnavailable(f"The store's answer was cut: {exc}")
 
             await asyncio.gather(*(one(i) for i in stale))
         return cast(list[ObjectInfo | errors.S3Error], found)  # every one filled in
+
+
+async def _joined(
+    table: dict[Any, asyncio.Future[ObjectInfo]],
+    at: Any,
+    ask: Callable[[], Awaitable[ObjectInfo]],
+) -> ObjectInfo:
+    """One `ask()` for concurrent callers with the same `at`: the first starts it (in `table`
+    while it runs), the others wait for its answer; none of them cancels it by leaving."""
+    pending = table.get(at)
+    if pending is None:
+        pending = asyncio.ensure_future(ask())
+        table[at] = pending
+
+        def done(future: asyncio.Future[ObjectInfo]) -> None:
+            table.pop(at, None)
+            if not future.cancelled():
+                future.exception()  # retrieved here: every waiter may have gone
+
+        pending.add_done_callback(done)
+    return await asyncio.shield(pending)
 
 
 async def _sibling_opened(claims: OpenClaims, byte: int) -> bool:

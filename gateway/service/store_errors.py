@@ -122,6 +122,12 @@ def to_s3(exc: store.StoreError, key: str) -> errors.S3Error:
     come before their bases; VersionChanged is not here: its callers read again or say why."""
     detail = f"{type(exc).__name__}: {exc}"
     match exc:
+        case store.NoSuchVersion():
+            return errors.NoSuchVersion(Key=key)
+        case store.IsDeleteMarker():
+            error = errors.MethodNotAllowed(Method="GET", ResourceType="DeleteMarker")
+            error.headers["x-amz-delete-marker"] = "true"
+            return error
         case store.ObjectNotFound():
             return errors.NoSuchKey(Key=key)
         case store.KeyTooLong():
@@ -144,6 +150,8 @@ def to_s3(exc: store.StoreError, key: str) -> errors.S3Error:
             return errors.BucketNotEmpty()
         case store.ContainerExists():
             return errors.BucketAlreadyExists()
+        case store.InvalidVersionId():
+            return errors.InvalidArgument("Invalid version id specified", ArgumentName="versionId")
         case store.StoreRejected():
             return OriginRefused(detail)
         case store.StoreAccessDenied():

@@ -29,7 +29,7 @@ from gateway.service.inputs import CopySource
 from gateway.service.namespace import MountHandle
 from gateway.service.shared import Reads, Shared
 from gateway.service.store_errors import WithheldDetail, store_errors
-from gateway.stores import ObjectInfo, VersionChanged, WriteAttrs
+from gateway.stores import ObjectInfo, VersionChanged, VersionDeleted, WriteAttrs
 
 log = logging.getLogger("gateway.writes")
 
@@ -316,6 +316,27 @@ class ObjectWriter:
                     await self.shared.fleet.invalidate(handle.id, key)
             raise
         await self.written(handle, key, None)
+
+    async def delete_version(self, bucket: str, key: str, version_id: str) -> VersionDeleted:
+        """DeleteObject of a version named by id, in a store that keeps versions: that version
+        removed for good. The key's current version may change with it (the latest removed, or
+        a delete marker), so the key is forgotten as by a delete, before and after the store's
+        answer; the catalog doubts its row rather than drop it (older versions may remain)."""
+        handle = self.shared.writable(bucket)
+        self._forget(handle, key, None)
+        try:
+            with store_errors(key):
+                deleted = await handle.store.delete_version(key, version_id)
+        finally:
+            self._forget(handle, key, None)
+            if self.shared.fleet is not None:
+                with contextlib.suppress(Exception):
+                    await self.shared.fleet.invalidate(handle.id, key)
+        if handle.catalog is not None:
+            await self.shared.catalog.doubt(handle.id, key)
+        if handle.ttl < 0:
+            self.shared.recorder.record(handle.id, key, None)
+        return deleted
 
     async def delete_many(
         self, bucket: str, keys: list[str]

@@ -40,6 +40,42 @@ class ObjectInfo:
     tag_count: int = 0
     # Server-side encryption the store applied, as ENCRYPTION names it; empty for none.
     encryption: Mapping[str, str] = field(default_factory=dict)
+    # The store's id of this version where a read addressed it (S3's VersionId): reads of it
+    # ask the store for that version, which never changes. None for a key's current version,
+    # read by its ETag.
+    version_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VersionEntry:
+    """One version of a key in a store that keeps versions (ListObjectVersions): the version
+    (info.version_id names it), whether it is the key's latest, and whether it is a delete
+    marker (then only key, version id and last_modified mean anything)."""
+
+    info: ObjectInfo
+    latest: bool
+    delete_marker: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class VersionsPage:
+    """A page of a store's versions, keys relative to the mount, in S3's order (by key, each
+    key's newest first); the markers to ask the next page from (None: the listing is
+    complete)."""
+
+    entries: list[VersionEntry]
+    common_prefixes: list[str]
+    next_key_marker: str | None
+    next_version_marker: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class VersionDeleted:
+    """What a delete did in a store that keeps versions: the version it removed, or the
+    delete marker it made (then `delete_marker` is True and version_id names the marker)."""
+
+    version_id: str | None
+    delete_marker: bool
 
 
 # The names of server-side encryption settings, in WriteAttrs.encryption and
@@ -160,6 +196,14 @@ class StoreMissing(StoreUnavailable):
     one being made good), not a missing key."""
 
 
+class NoSuchVersion(ObjectNotFound):
+    """The key has no version of the id asked for (or there is no such key)."""
+
+
+class IsDeleteMarker(ObjectNotFound):
+    """The version asked for is a delete marker: it has no bytes nor metadata to read."""
+
+
 class VersionChanged(StoreError):
     """The object no longer has the ETag the reader asked for (it was overwritten)."""
 
@@ -213,6 +257,10 @@ class MetadataTooLarge(StoreError):
 class StoreRejected(StoreError):
     """The store refused the request as it was made, for a reason it gave no finer name for
     (an origin's 4xx): sending it again unchanged would not help."""
+
+
+class InvalidVersionId(StoreRejected):
+    """The store refused a version id as no id of its own (S3 answers 400 to a malformed one)."""
 
 
 def same_etag(a: str | None, b: str | None) -> bool:
@@ -517,6 +565,54 @@ class Store(ObjectWrites, MultipartUploads, abc.ABC):
         the store can tell them (S3 origins: HEAD ?partNumber=N); None where it cannot. The
         caller checks they add up to the version's size (a new version may answer)."""
         return None
+
+    # -- versions: stores that keep each key's versions and read any of them (S3 origins)
+
+    # Whether the store addresses versions (the methods below); the others keep one version
+    # of a key, which S3 calls "null".
+    versions: bool = False
+
+    async def stat_version(self, key: str, version_id: str) -> ObjectInfo:
+        """The metadata of one version of the key (info.version_id is it); NoSuchVersion if
+        the key has none of that id, IsDeleteMarker if it is a delete marker."""
+        raise StoreRejected(f"{self.scheme}:// stores keep one version of a key")
+
+    def read_version(
+        self, key: str, version_id: str, start: int, end: int, if_match: str | None = None
+    ) -> AsyncGenerator[bytes, None]:
+        """read() of that version: bytes [start, end), checked against `if_match` (its ETag,
+        as stat_version told it) as read() checks them."""
+        raise StoreRejected(f"{self.scheme}:// stores keep one version of a key")
+
+    async def list_versions(
+        self,
+        prefix: str,
+        delimiter: str | None,
+        key_marker: str | None,
+        version_marker: str | None,
+        max_keys: int,
+    ) -> VersionsPage:
+        """Up to max_keys versions and delete markers (and common prefixes) under prefix, after
+        the markers; ValueError for a marker the store refuses."""
+        raise StoreRejected(f"{self.scheme}:// stores keep one version of a key")
+
+    async def delete_version(self, key: str, version_id: str) -> VersionDeleted:
+        """Remove that version of the key for good (or that delete marker); a version that is
+        not there is not an error."""
+        raise StoreRejected(f"{self.scheme}:// stores keep one version of a key")
+
+    async def get_versioning(self) -> str | None:
+        """The versioning status of the store's bucket: "Enabled", "Suspended", or None for
+        a bucket it was never enabled on."""
+        return None
+
+    def versioning_settable(self) -> bool:
+        """Whether put_versioning may be asked: the store's versioning is the mount's alone."""
+        return False
+
+    async def put_versioning(self, status: str) -> None:
+        """Set the store's bucket's versioning status ("Enabled" or "Suspended")."""
+        raise StoreRejected(f"{self.scheme}:// stores keep one version of a key")
 
     # -- SSE-C: objects encrypted with a client's key, read only with it (stores that encrypt)
 

@@ -330,6 +330,32 @@ def test_the_internal_api_refuses_requests_without_the_fleet_secret(fleet: Fleet
     assert httpx.get(node.url + target).status_code >= 400
 
 
+def test_an_old_version_is_read_by_id_through_its_blocks_owners(
+    fleet: Fleet, origin: CountingProxy, origin_s3: Any
+) -> None:
+    """A version named by id is spread over the fleet as any version: each block fetched
+    once, by its owner, which asks the store for that version (not the key's current one)."""
+    bucket = "origin-fleet-versions"
+    origin_s3.create_bucket(Bucket=bucket)
+    origin_s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    old, new = _blob(8 * MiB, -2), _blob(3 * MiB, -3)
+    v1 = origin_s3.put_object(Bucket=bucket, Key="ckpt", Body=old)["VersionId"]
+    origin_s3.put_object(Bucket=bucket, Key="ckpt", Body=new)
+    opts = ["-o", f"endpoint_url={origin.url}", "-o", "access_key=origin-ak"]
+    opts += ["-o", "secret_key=origin-sk"]
+    fleet.nodes[0].cli("mount", "add", "versions", f"s3://{bucket}", *opts)
+    for node in fleet.nodes:
+        eventually(lambda n=node: "versions" in n.buckets())
+    origin.reset()
+    for node in fleet.nodes:
+        got = node.client().get_object(Bucket="versions", Key="ckpt", VersionId=v1)
+        assert got["Body"].read() == old and got["VersionId"] == v1
+    assert _get(fleet.nodes[1], "ckpt", "versions") == new
+    assert origin.bytes_sent("GET") == len(old) + len(new)
+    fetched = [r.range for r in origin.requests if r.method == "GET" and "versionId" in r.query]
+    assert len(fetched) == 8, fetched  # a block each, by whichever node owns it
+
+
 def test_a_killed_node_fails_over_and_the_fleet_converges(
     tmp_path: Path, origin: CountingProxy, origin_bucket: str
 ) -> None:

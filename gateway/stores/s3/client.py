@@ -173,7 +173,7 @@ class S3Client:
         botocore's ClientError / transport errors."""
         client = await self.botocore()
         fast = self.fast
-        if fast is not None:
+        if fast is not None and "VersionId" not in args:
             headers = {"Range": args["Range"]} if "Range" in args else {}
             if "IfMatch" in args:
                 headers["If-Match"] = args["IfMatch"]

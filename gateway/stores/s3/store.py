@@ -15,15 +15,22 @@ from botocore.exceptions import ClientError
 from gateway.stores import base as store_base
 from gateway.stores.base import (
     Answered,
+    InvalidVersionId,
+    IsDeleteMarker,
     ListPage,
     ListRequest,
+    NoSuchVersion,
     ObjectInfo,
     ObjectNotFound,
     PreconditionFailed,
     StoreAccessDenied,
+    StoreError,
     StoreRejected,
     UploadJournal,
     VersionChanged,
+    VersionDeleted,
+    VersionEntry,
+    VersionsPage,
     check_answer,
     kept,
 )
@@ -68,6 +75,9 @@ class S3Store(DelegatingStore):
         # either way (check_answer); these say so once in the log.
         self.ignores_if_match = False
         self.ignores_range = False
+        # The origin refuses VersionId=null, and its bucket was never versioned: "null" is the
+        # key's current version (see _null_is_current).
+        self.null_is_current = False
 
     def __repr__(self) -> str:
         return repr(self.client)
@@ -111,9 +121,16 @@ class S3Store(DelegatingStore):
             # No bytes to send, but a missing key or a changed version must still be reported.
             await self.client.head(key, if_match)
             return
+        async with contextlib.aclosing(self._get(key, start, end, if_match, {})) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    async def _get(
+        self, key: str, start: int, end: int | None, if_match: str | None, args: dict[str, str]
+    ) -> AsyncGenerator[bytes, None]:
+        """GET of bytes [start, end) (with `args`: the version), its answer checked."""
         if not key:
             raise ObjectNotFound(key)
-        args = {}
         # No Range for the whole object: S3 answers 416 to any range of an empty one.
         if start > 0 or end is not None:
             args["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
@@ -124,9 +141,15 @@ class S3Store(DelegatingStore):
         except ClientError as exc:
             if status_of(exc) == 416:
                 return  # the range starts at or past the end: [start, end) is empty
-            raise self.client.error(exc, key) from None
+            raise self._error(exc, key, args.get("VersionId")) from None
         except TRANSPORT_ERRORS as exc:
             raise self.client.error(exc, key) from None
+        if "VersionId" in args:
+            try:
+                _check_version(key, args["VersionId"], response.get("VersionId"))
+            except StoreError:
+                await _drop(body)
+                raise
         answered = await self._checked(key, response, body, start, end, args, if_match)
         async with contextlib.aclosing(
             kept(self._chunks(body, key), answered, self.scheme)
@@ -135,6 +158,31 @@ class S3Store(DelegatingStore):
                 raise StoreRejected(f"{key}: encrypted with a customer key; the key is needed")
             async for chunk in chunks:
                 yield chunk
+
+    def _error(self, exc: ClientError, key: str, version_id: str | None) -> StoreError:
+        """The typed error of a failed read; of a version's, in the version's terms."""
+        if version_id is None:
+            return self.client.error(exc, key)
+        code, status = str(exc.response.get("Error", {}).get("Code") or ""), status_of(exc)
+        if code == "NoSuchBucket":
+            return self.client.error(exc, key)
+        if status == 404 or code in ("NoSuchVersion", "NoSuchKey"):
+            return NoSuchVersion(f"{key}: no version {version_id}")
+        if status == 405 or code == "MethodNotAllowed":
+            return IsDeleteMarker(f"{key}: version {version_id} is a delete marker")
+        if status == 400:
+            return InvalidVersionId(f"{key}: invalid version id {version_id!r}")
+        return self.client.error(exc, key)
+
+    async def _null_is_current(self, version_id: str) -> bool:
+        """Whether a refusal of VersionId=null means the key's current version: the origin
+        refuses the id (moto does; S3 answers with the current object) and its bucket was never
+        versioned, so that its one version of each key is the null one. Learnt once."""
+        if version_id != "null":
+            return False
+        if await self.get_versioning() is None:
+            self.null_is_current = True
+        return self.null_is_current
 
     async def _checked(
         self, key: str, response: Mapping[str, Any], body: AsyncGenerator[bytes, None],
@@ -208,6 +256,134 @@ class S3Store(DelegatingStore):
                 except TRANSPORT_ERRORS as exc:
                     raise self.client.error(exc, key) from None
                 yield chunk
+
+    # -- versions: the origin's own (a bucket versioning was enabled on) -------------------
+
+    versions = True
+
+    async def stat_version(self, key: str, version_id: str) -> ObjectInfo:
+        if version_id == "null" and self.null_is_current:
+            return dataclasses.replace(await self.stat(key), version_id="null")
+        args = {**self.client.object_args(key), "VersionId": version_id, "ChecksumMode": "ENABLED"}
+        try:
+            r = await (await self.client.botocore()).head_object(**args)
+        except ClientError as exc:
+            error = self._error(exc, key, version_id)
+            if isinstance(error, InvalidVersionId) and await self._null_is_current(version_id):
+                return dataclasses.replace(await self.stat(key), version_id="null")
+            raise error from None
+        except TRANSPORT_ERRORS as exc:
+            raise self.client.error(exc, key) from None
+        _check_version(key, version_id, r.get("VersionId"))
+        return dataclasses.replace(_keyless(info_of(key, r)), version_id=version_id)
+
+    async def read_version(
+        self, key: str, version_id: str, start: int, end: int, if_match: str | None = None
+    ) -> AsyncGenerator[bytes, None]:
+        if end <= start:
+            return
+        if not (version_id == "null" and self.null_is_current):
+            chunks = self._get(key, start, end, if_match, {"VersionId": version_id})
+            try:
+                first = await anext(chunks, None)
+            except InvalidVersionId:
+                if not await self._null_is_current(version_id):
+                    raise
+            else:
+                async with contextlib.aclosing(chunks):
+                    if first is not None:
+                        yield first
+                    async for chunk in chunks:
+                        yield chunk
+                return
+        async with contextlib.aclosing(self.read(key, start, end, if_match)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    async def list_versions(
+        self,
+        prefix: str,
+        delimiter: str | None,
+        key_marker: str | None,
+        version_marker: str | None,
+        max_keys: int,
+    ) -> VersionsPage:
+        c = self.client
+        args: dict[str, Any] = {
+            "Bucket": c.bucket,
+            "Prefix": c.prefix + prefix,
+            "MaxKeys": max_keys,
+        }
+        if delimiter:
+            args["Delimiter"] = delimiter
+        if key_marker:
+            args["KeyMarker"] = c.prefix + key_marker
+            if version_marker:
+                args["VersionIdMarker"] = version_marker
+        try:
+            page = await (await c.botocore()).list_object_versions(**args)
+        except c.failures as exc:
+            if version_marker and isinstance(exc, ClientError) and status_of(exc) == 400:
+                raise ValueError("invalid version id marker") from None
+            raise c.error(exc, prefix) from None
+        cut = len(c.prefix)
+        entries = [
+            VersionEntry(
+                ObjectInfo(
+                    key=v["Key"][cut:], size=int(v.get("Size") or 0), etag=quoted(v["ETag"]),
+                    last_modified=utc(v["LastModified"]),
+                    storage_class=v.get("StorageClass") or "STANDARD",
+                    version_id=str(v.get("VersionId") or "null"),
+                ),
+                bool(v.get("IsLatest")),
+            )
+            for v in page.get("Versions", [])
+        ] + [
+            VersionEntry(
+                ObjectInfo(
+                    key=m["Key"][cut:], size=0, etag="", last_modified=utc(m["LastModified"]),
+                    version_id=str(m.get("VersionId") or "null"),
+                ),
+                bool(m.get("IsLatest")),
+                delete_marker=True,
+            )
+            for m in page.get("DeleteMarkers", [])
+        ]  # fmt: skip
+        # botocore parts versions from delete markers; S3's order is by key, newest first.
+        entries.sort(key=lambda e: (e.info.key.encode(), -e.info.last_modified.timestamp()))
+        prefixes = [p["Prefix"][cut:] for p in page.get("CommonPrefixes", [])]
+        more = bool(page.get("IsTruncated"))
+        next_key = page.get("NextKeyMarker") if more else None
+        return VersionsPage(
+            entries,
+            prefixes,
+            next_key[cut:] if next_key else None,
+            (page.get("NextVersionIdMarker") or None) if more else None,
+        )
+
+    async def delete_version(self, key: str, version_id: str) -> VersionDeleted:
+        where = {**self.client.object_args(key), "VersionId": version_id}
+        try:
+            r = await (await self.client.botocore()).delete_object(**where)
+        except ClientError as exc:
+            raise self._error(exc, key, version_id) from None
+        except TRANSPORT_ERRORS as exc:
+            raise self.client.error(exc, key) from None
+        return VersionDeleted(str(r.get("VersionId") or version_id), bool(r.get("DeleteMarker")))
+
+    async def get_versioning(self) -> str | None:
+        r = await self.client.call("", "get_bucket_versioning", Bucket=self.client.bucket)
+        return str(r["Status"]) if r.get("Status") else None
+
+    def versioning_settable(self) -> bool:
+        # Versioning is its bucket's: a mount of a prefix must not change it for the rest.
+        return not self.client.prefix
+
+    async def put_versioning(self, status: str) -> None:
+        await self.client.call(
+            "", "put_bucket_versioning", Bucket=self.client.bucket,
+            VersioningConfiguration={"Status": status},
+        )  # fmt: skip
 
     # -- tags: the origin's own object tags --------------------------------------------------
 
@@ -346,6 +522,17 @@ async def _drop(body: AsyncGenerator[bytes, None]) -> None:
 async def _no_bytes() -> AsyncGenerator[bytes, None]:
     return
     yield
+
+
+def _check_version(key: str, asked: str, answered: str | None) -> None:
+    """An answer to a request for version `asked` is of that version. An origin that answers
+    without a version id ignored it (its bucket was never versioned, where S3 refuses any id
+    but "null"; moto answers with the current object): never taken for the version asked."""
+    if answered is None:
+        if asked != "null":
+            raise InvalidVersionId(f"{key}: the origin keeps no versions; asked for {asked!r}")
+    elif answered != asked:
+        raise StoreError(f"{key}: asked for version {asked!r}, the origin answered {answered!r}")
 
 
 def _keyless(info: ObjectInfo) -> ObjectInfo:
