@@ -1249,17 +1249,23 @@ def _connect(kwargs: dict[str, Any]) -> tuple[Any, bool]:
 @click.option("--verify", is_flag=True, help="Count what is cached, per node; load nothing.")
 @click.option("--metadata-only", is_flag=True, help="Learn versions and sizes; no bytes.")
 @click.option("--refresh", is_flag=True, help="Reload objects whose version changed.")
+@click.option("--unpin", is_flag=True,
+              help="Load nothing: take the pins off what every node has cached.")  # fmt: skip
 @click.option("--detach", is_flag=True, help="Print the job's id and return.")
 @_job_client
 def load(
     target: str, pin: bool, replicas: int, concurrency: int, bandwidth: str | None,
     include: tuple[str, ...], exclude: tuple[str, ...], verify: bool, metadata_only: bool,
-    refresh: bool, detach: bool, **kwargs: Any,
+    refresh: bool, unpin: bool, detach: bool, **kwargs: Any,
 ) -> None:  # fmt: skip
     """Load BUCKET[/PREFIX] into the fleet's caches, each node the blocks it owns.
 
     Shows a progress bar until the job ends (Ctrl-C: cancel or detach). Exit status: 0 done,
     1 failed, 3 partial (not everything fit or loaded), 4 cancelled.
+
+    --unpin undoes --pin: every node unpins the blocks of the prefix it has cached, which
+    stay cached as ordinary blocks the cache may evict (exit 3: some node's pins stay, as
+    when it was down).
     """
     from gateway.jobs import commands
     from gateway.jobs.model import JobSpec, parse_bandwidth
@@ -1272,6 +1278,7 @@ def load(
             concurrency=concurrency,
             bandwidth=parse_bandwidth(bandwidth) if bandwidth else None,
             pin=pin, verify=verify, metadata_only=metadata_only, refresh=refresh,
+            unpin=unpin,
         )  # fmt: skip
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

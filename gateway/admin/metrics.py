@@ -192,6 +192,11 @@ class CacheCollector(Collector):
             node.pinned_bytes if node else 0,
         )
         yield CounterMetricFamily(
+            "gateway_cache_unpinned_blocks",
+            "Pinned blocks whose pin an unpin (gateway load --unpin) took off",
+            node.unpinned_blocks if node else 0,
+        )
+        yield CounterMetricFamily(
             "gateway_cache_evictions",
             "Blocks evicted by the janitor",
             node.evictions if node else 0,

@@ -25,6 +25,7 @@ from gateway.cache.journal import (
     ACCESS,
     DROP,
     FILL,
+    UNPIN,
     JournalReader,
     JournalWriter,
     load_snapshot,
@@ -66,6 +67,8 @@ class JanitorStats:
     updated: float  # time.time() of the last pass
     pid: int
     pinned_bytes: int = 0  # of pinned blocks (a file published before it: none counted)
+    unpinned_blocks: int = 0  # pins an operator took off, over every janitor of the directory
+    unpinned_bytes: int = 0
 
 
 def read_stats(root: str) -> JanitorStats | None:
@@ -200,6 +203,7 @@ class Janitor:
         self._dirty = False  # changed since the last snapshot
         self._covered: dict[str, int] = {}  # journal offsets of the last snapshot
         self._evictions = self._evicted_bytes = 0
+        self._unpinned = [0, 0]  # blocks, bytes: pins taken off by `gateway load --unpin`
         self._unlogged = [0, 0, time.monotonic()]  # evictions, bytes, since
         self._failed_passes = 0
         self._failure_logged = 0.0
@@ -246,8 +250,14 @@ class Janitor:
             self._policy.set_quotas(quotas)
         if self._policy.capacity != self.capacity:
             self._policy.set_capacity(self.capacity)
-        self._read_journals()
+        unpinned = self._read_journals()
         now = time.monotonic()
+        if unpinned:
+            # Until a snapshot covers them, a restart replays the unpins together with the
+            # pins before them (every journal from the last snapshot on, one after another).
+            # Applied last, they win that replay too; the snapshot now keeps the window for
+            # a later pin in it, which the replay would wrongly lose, one pass wide.
+            self._next_snapshot = now
         self._check_rescan(now)
         free = self._evict()
         self._publish(free)
@@ -299,6 +309,7 @@ class Janitor:
         stats = read_stats(self.root)
         if stats is not None:
             self._evictions, self._evicted_bytes = stats.evictions, stats.evicted_bytes
+            self._unpinned = [stats.unpinned_blocks, stats.unpinned_bytes]
         loaded = self._from_snapshot()
         how = "snapshot" if loaded is not None else "scan"
         self._policy, self._reader = loaded or self._from_scan()
@@ -362,20 +373,30 @@ class Janitor:
 
     # -- one pass -------------------------------------------------------------------------------
 
-    def _read_journals(self) -> None:
-        """Apply every new journal record. Whether a filled or dropped block is there is asked
-        of the disk, not of the order of the records: journals are read one after the other,
-        so a drop can come before the fill it follows (an eviction by the janitor before this
-        one, a block dropped in one process and filled again in another). So can a use: a
+    def _read_journals(self) -> int:
+        """Apply every new journal record; returns how many pins unpins took off.
+
+        Whether a filled or dropped block is there is asked of the disk, not of the order of
+        the records: journals are read one after the other, so a drop can come before the fill
+        it follows (an eviction by the janitor before this one, a block dropped in one process
+        and filled again in another). So can a use: a
         block filled by one worker and read next through another is known here by the second
         worker's record first when its journal is read first, or flushed sooner; the block is
         then taken as filled (it is on disk) and the use counts, so that the later record of
-        its fill finds it known and the block keeps the protection two uses earn."""
+        its fill finds it known and the block keeps the protection two uses earn.
+
+        For the same reason unpins are applied last, after every other record of the pass: a
+        pin and an unpin that both reach this pass are an unpin following the pin (a load
+        with --pin, then `gateway load --unpin`); the opposite order is too close to tell."""
         assert self._reader is not None
         policy = self._policy
         touched = self._rescan.touched if self._rescan is not None else None
+        unpins: list[tuple[int, bytes]] = []
         for _, data in self._reader.read():
             for op, flags, mount, size, name in records(data):
+                if op == UNPIN:
+                    unpins.append((mount, name))
+                    continue
                 if op == ACCESS:
                     if (mount, name) not in policy:
                         self._add_from_disk(mount, name)
@@ -390,6 +411,17 @@ class Janitor:
                 self._dirty = True
                 if touched is not None:
                     touched.add((mount, name))
+        unpinned = 0
+        for mount, name in unpins:
+            freed = policy.unpin(mount, name)
+            if freed is not None:
+                unpinned += 1
+                self._unpinned[0] += 1
+                self._unpinned[1] += freed
+        if unpinned:
+            self._dirty = True
+            log.info("cache: %d blocks unpinned", unpinned)
+        return unpinned
 
     def _add_from_disk(self, mount: int, name: bytes) -> None:
         """A block used before its fill was read: known from its file, if there is one."""
@@ -503,6 +535,8 @@ class Janitor:
             updated=time.time(),
             pid=os.getpid(),
             pinned_bytes=policy.pinned_bytes,
+            unpinned_blocks=self._unpinned[0],
+            unpinned_bytes=self._unpinned[1],
         )
         tmp = f"{self.root}/.{STATS}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:

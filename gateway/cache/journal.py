@@ -27,6 +27,10 @@ log = logging.getLogger("gateway.cache")
 # op, flags, version (OPEN only), mount (the pid for OPEN), size, name (the magic for OPEN)
 RECORD = struct.Struct("<BBHIQ32s")
 OPEN, FILL, ACCESS, DROP, SEAL = 1, 2, 3, 4, 5
+# An operator's unpin (`gateway load --unpin`). A new op rather than a flag on ACCESS: a use
+# that does not pin says nothing of pins, and a janitor of an earlier version skips an op it
+# does not know (the pin then stays, as it was before unpin existed).
+UNPIN = 6
 _MAGIC = b"S3GW journal".ljust(32, b"\0")
 _VERSION = 1
 _SUFFIX = ".log"
@@ -68,6 +72,12 @@ class JournalWriter:
     def drop(self, name: bytes, mount: int) -> None:
         """A block was removed (damaged, or its version invalidated)."""
         self._append(RECORD.pack(DROP, 0, 0, mount, 0, name))
+
+    def unpin(self, name: bytes, mount: int) -> None:
+        """The block's pin is to go: it becomes an ordinary block the janitor may evict. The
+        janitor applies it after every other record it reads in the same pass, so that a pin
+        written earlier, in a journal it happens to read later, does not come back."""
+        self._append(RECORD.pack(UNPIN, 0, 0, mount, 0, name))
 
     def flush(self) -> None:
         """Write what gathered. Blocks. On an OSError the batch is lost (the janitor's next

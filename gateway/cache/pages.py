@@ -335,6 +335,24 @@ class PageStore:
         but only reads one small file: call it at scrape time, not on a request path."""
         return read_stats(self.root)
 
+    def unpin(self, bkey: BlockKey) -> bool:
+        """Take the block's pin off (an operator's `gateway load --unpin`): the janitor may
+        evict it from its next pass on. Only a journal record, written with the next flush
+        (or flush_journal()); False when this process has no journal to write it in (its
+        disk failing)."""
+        if self._journal is None:
+            return False
+        self._journal.unpin(bkey.digest, bkey.mount_id)
+        return True
+
+    async def flush_journal(self) -> None:
+        """Write the journal's records now, not within the next half second: an unpin is
+        reported done only once a restart would find it (the janitor replays the journals).
+        Raises OSError when they could not be written (they are lost)."""
+        journal = self._journal
+        if journal is not None:
+            await self._hop(journal.flush)
+
     # -- reads ----------------------------------------------------------------------------------
 
     def peek(self, bkey: BlockKey, pinned: bool = False) -> bytes | None:

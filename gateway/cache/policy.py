@@ -160,6 +160,17 @@ class Policy:
             m.protected.move_to_end(name)
             m.protected[name] = self._tick << _SIZE_BITS | (m.protected[name] & _SIZE)
 
+    def unpin(self, mount: int, name: bytes) -> int | None:
+        """An operator's unpin: a pinned block becomes the newest probationary one (its pin
+        hid its uses, so it has earned no protection; its next use protects it). Its size, or
+        None when it was not pinned (unknown, or an ordinary block: left where it is)."""
+        m = self._mounts.get(mount)
+        if m is None or name not in m.pinned:
+            return None
+        size = self._take(m, PINNED, name)
+        self._put(mount, m, PROBATION, name, size)
+        return size
+
     def remove(self, mount: int, name: bytes) -> bool:
         """The block is gone (dropped by a worker, or its file vanished)."""
         m = self._mounts.get(mount)

@@ -509,6 +509,10 @@ class JobStore:
                         f"{_size(int(cached_bytes))} of {_size(job['total_bytes'])}"
                     ),
                 )
+            elif spec.unpin:
+                state, message = _unpinned(
+                    job["total_objects"], int(cached_objects), int(cached_bytes), int(failures)
+                )
             else:
                 state, message = _ending(
                     spec, job["total_objects"], job["total_bytes"], int(done_bytes),
@@ -526,6 +530,16 @@ def _size(count: int) -> str:
     from gateway.jobs.progress import size  # the one way sizes are written for people
 
     return size(count)
+
+
+def _unpinned(objects: int, blocks: int, size: int, failures: int) -> tuple[str, str]:
+    """The end of an unpin job (its nodes count the blocks they unpinned as `cached_*`:
+    every block of the prefix cached on a node, pinned before or not, is unpinned now)."""
+    blocks_of = f"{blocks} block{'s' if blocks != 1 else ''} ({_size(size)})"
+    what = f"unpinned the {blocks_of} of {objects} objects cached on the fleet"
+    if failures:
+        return PARTIAL, f"{what}; {failures} objects not unpinned on every node (see the errors)"
+    return DONE, what
 
 
 def _ending(

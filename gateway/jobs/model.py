@@ -61,6 +61,7 @@ class JobSpec:
     verify: bool = False  # count what is cached, load nothing
     metadata_only: bool = False  # learn versions and sizes, no bytes
     refresh: bool = False  # reload objects whose version changed
+    unpin: bool = False  # load nothing: take the pins off what every node has cached
 
     def __post_init__(self) -> None:
         if not 1 <= self.replicas <= MAX_REPLICAS:
@@ -72,6 +73,13 @@ class JobSpec:
         if self.verify and (self.metadata_only or self.refresh or self.pin):
             raise ValueError("--verify loads nothing: it goes with no --pin, --refresh or "
                              "--metadata-only")  # fmt: skip
+        if self.unpin and (
+            self.pin or self.verify or self.metadata_only or self.refresh or self.replicas != 1
+            or self.bandwidth is not None
+        ):  # fmt: skip
+            raise ValueError("--unpin loads nothing and looks at every node: it goes with no "
+                             "--pin, --verify, --metadata-only, --refresh, --replicas or "
+                             "--bandwidth")  # fmt: skip
 
     def wants(self, key: str) -> bool:
         """Whether a listed key is in the job, by --include and --exclude."""
@@ -82,6 +90,8 @@ class JobSpec:
 
     @property
     def kind(self) -> str:
+        if self.unpin:
+            return "unpin"
         return "verify" if self.verify else "metadata" if self.metadata_only else "load"
 
     def to_json(self) -> dict[str, Any]:
@@ -110,7 +120,7 @@ class JobSpec:
         bandwidth = values.get("bandwidth")
         if bandwidth is not None and type(bandwidth) is not int:
             raise ValueError("bandwidth is a whole number of bytes per second")
-        for name in ("pin", "verify", "metadata_only", "refresh"):
+        for name in ("pin", "verify", "metadata_only", "refresh", "unpin"):
             if name in values and type(values[name]) is not bool:
                 raise ValueError(f"{name} is true or false")
         if not isinstance(values.get("prefix", ""), str):
@@ -201,7 +211,7 @@ class JobView:
         def when(t: datetime | None) -> str | None:
             return None if t is None else t.isoformat()
 
-        return {
+        out = {
             "id": self.id,
             "bucket": self.spec.bucket,
             "prefix": self.spec.prefix,
@@ -227,6 +237,9 @@ class JobView:
                       for n in self.nodes},
             "errors": [asdict(e) for e in self.errors],
         }  # fmt: skip
+        if self.spec.unpin:  # its nodes count the blocks they unpinned as cached_*
+            out["unpinned_blocks"], out["unpinned_bytes"] = self.cached_objects, self.cached_bytes
+        return out
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> JobView:

@@ -74,16 +74,22 @@ def _state(job: JobView) -> str:
 
 def summary(job: JobView) -> str:
     lines = [f"job {job.id} {job.state}: {job.message or status_line(job)}"]
-    if job.spec.verify:
-        lines.append(_nodes_table(job, verify=True))
+    if job.spec.verify or job.spec.unpin:
+        lines.append(_nodes_table(job, verify=job.spec.verify, unpin=job.spec.unpin))
     for error in job.errors[:5]:
         lines.append(f"  {error.key}: {error.message} (on {error.node})")
     return "\n".join(lines)
 
 
-def _nodes_table(job: JobView, verify: bool = False) -> str:
+def _nodes_table(job: JobView, verify: bool = False, unpin: bool = False) -> str:
     rows: list[tuple[str, ...]]
-    if verify:
+    if unpin:  # an unpin job counts the blocks each node unpinned as cached_*
+        rows = [("NODE", "UNPINNED BLOCKS", "UNPINNED BYTES", "FAILED")]
+        rows += [
+            (n.node, str(n.cached_objects), size(n.cached_bytes), str(n.failures))
+            for n in job.nodes
+        ]
+    elif verify:
         rows = [("NODE", "CACHED OBJECTS", "CACHED BYTES")]
         rows += [(n.node, str(n.cached_objects), size(n.cached_bytes)) for n in job.nodes]
     else:
@@ -101,7 +107,9 @@ def _nodes_table(job: JobView, verify: bool = False) -> str:
 
 def detail(job: JobView) -> str:
     s = job.spec
-    options = [name for name in ("pin", "verify", "metadata_only", "refresh") if getattr(s, name)]
+    options = [
+        name for name in ("pin", "verify", "metadata_only", "refresh", "unpin") if getattr(s, name)
+    ]
     lines = [
         f"job {job.id}: {job.spec.kind} s3://{s.bucket}/{s.prefix}",
         f"  state:      {job.state}" + (f" ({job.message})" if job.message else ""),
@@ -116,7 +124,7 @@ def detail(job: JobView) -> str:
     if job.ended_at is not None:
         lines.append(f"  ended:      {job.ended_at.isoformat(timespec='seconds')}")
     if job.nodes:
-        lines.append(_nodes_table(job, verify=s.verify))
+        lines.append(_nodes_table(job, verify=s.verify, unpin=s.unpin))
     if job.errors:
         lines.append("  first errors:")
         lines += [f"    {e.key}: {e.message} (on {e.node})" for e in job.errors]

@@ -25,7 +25,7 @@ from gateway.cache.layout import file_size
 from gateway.catalog import SyncBusy, SyncProgress, sync_parallel
 from gateway.cluster.peers import PeerUnavailable
 from gateway.cluster.placement import Node, Placement
-from gateway.jobs import warm
+from gateway.jobs import unpin, warm
 from gateway.jobs.bandwidth import TokenBucket
 from gateway.jobs.db import ActiveJob, Item, JobStore, Tally, WorkRow, batches
 from gateway.jobs.model import ACTIVE, LISTING, QUEUED, RUNNING, JobSpec
@@ -193,7 +193,7 @@ class JobRunner:
         # A catalog=on mount: the listing syncs the prefix into the catalog first (unless an
         # earlier lister of the job got past that), and the items come from there: a load is
         # a sync too (docs/catalog.md).
-        syncs = handle.catalog is not None and not spec.verify and seq == 0
+        syncs = handle.catalog is not None and not (spec.verify or spec.unpin) and seq == 0
         if syncs and not await self._sync_catalog(job.id, spec, handle):
             return
         token: str | None = None
@@ -471,6 +471,8 @@ class _Job:
             raise _Lost(self.halt)
 
     async def item(self, item: Item) -> Tally:
+        if self.spec.unpin:
+            return await unpin.item(self, self.reader.pages, self.runner.store, item)
         t = Tally()
         handle, spec = self.handle, self.spec
         info = warm.listed_info(item.key, item.size, item.etag)

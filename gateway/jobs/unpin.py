@@ -1,0 +1,91 @@
+"""An unpin job's work on one object (`gateway load --unpin`): every node takes the pin off
+every block of the object it has on its disk, whoever owns the block now. Pins are where a
+load put them, which a later placement no longer says (a node joined, `--replicas`), so each
+node looks for every block rather than only for those it owns; a look is one stat.
+
+A node's share taken over after it left cannot reach that node's disk: its objects count as
+failed (the job ends partial), and the pins stay there until an unpin runs while it is up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Protocol
+
+from gateway.cache import BlockKey, PageStore
+from gateway.cache.layout import block_path
+from gateway.cluster.placement import Node, Placement, owner_key
+from gateway.jobs.db import BATCH, Item, JobStore, Tally, WorkRow
+from gateway.service.namespace import MountHandle
+from gateway.service.reads import block_key
+from gateway.stores.etags import bare, quoted
+
+
+class Share(Protocol):
+    """What of the runner's share of a batch the unpin needs."""
+
+    handle: MountHandle
+    batch: Placement  # the placement the batch was shared out under
+    actor: str  # whose share: this node's, or a departed node's
+    me: Node
+    slots: asyncio.Semaphore
+    row: WorkRow
+
+    def check(self) -> None: ...
+
+
+async def item(share: Share, pages: PageStore, store: JobStore, listed: Item) -> Tally:
+    """Unpin the object's blocks found on this node. The counts: `objects` and `bytes` by the
+    first owner of each block (the job's progress, as a load counts it), `cached_objects` and
+    `cached_bytes` the blocks found here and unpinned (their data bytes)."""
+    t = Tally()
+    handle = share.handle
+    size = handle.block_size
+    count = max(1, -(-listed.size // size))
+    for index in range(count):
+        placed = owner_key(handle.id, listed.key, listed.etag, index)
+        if share.batch.owners(placed, 1)[0].id == share.actor:
+            t.bytes += min(size, listed.size - index * size)
+            if index == 0:
+                t.objects += 1
+    if share.actor != share.me.id:
+        t.failures += 1
+        if listed.seq % BATCH == 0:  # the batch's first: one error a share, not one a key
+            await store.add_error(
+                share.row.job_id, share.me.id, listed.key,
+                f"node {share.actor} is gone: the pins on its disk stay (unpin again when it"
+                " is back)",
+            )  # fmt: skip
+        return t
+    share.check()
+    keys = [k for index in range(count) for k in _names(handle, listed, index)]
+    async with share.slots:
+        found = await asyncio.to_thread(_on_disk, pages.root, keys)
+    unpinned = [k for k in found if pages.unpin(k)]
+    trouble = None if len(unpinned) == len(found) else "this process has no journal (its disk)"
+    try:
+        # Written before the object counts as done: a node killed after the job ended must
+        # not come back with these pins.
+        await pages.flush_journal()
+    except OSError as exc:
+        unpinned, trouble = [], f"the journal could not be written: {exc}"
+    if trouble is not None:  # the pins stay
+        t.failures += 1
+        await store.add_error(share.row.job_id, share.me.id, listed.key, trouble)
+    for k in unpinned:
+        t.cached_objects += 1
+        t.cached_bytes += min(size, listed.size - k.index * size)
+    return t
+
+
+def _names(handle: MountHandle, listed: Item, index: int) -> list[BlockKey]:
+    """The names a block of the listed version may be cached under: its ETag as listed, and
+    quoted and bare, since loads before ETags were compared by value named blocks by the
+    listing's form (unquoted on some origins), reads by the store's."""
+    forms = dict.fromkeys((listed.etag, quoted(listed.etag), bare(listed.etag)))
+    return [block_key(handle.id, listed.key, e, handle.block_size, index) for e in forms]
+
+
+def _on_disk(root: str, keys: list[BlockKey]) -> list[BlockKey]:
+    return [k for k in keys if os.path.exists(block_path(root, k.mount_id, k.name))]
