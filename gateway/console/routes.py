@@ -67,7 +67,9 @@ _HEADERS = {
     "frame-ancestors 'none'; form-action 'self'",
 }
 SIGN_INS = "console-signins"  # the failed sign-ins the node's workers share (signin.py)
-SIGNED_OUT = "console-signed-out"  # the sessions ended by logout (sessions.py)
+# Where a node kept the sessions ended by logout before migration 0009 (now a table): read
+# once into the table and removed (sessions.py).
+SIGNED_OUT = "console-signed-out"
 _RAW_HEADERS = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in _HEADERS.items()]
 MAX_JOB_ID = (1 << 63) - 1  # a job id in the database (BIGINT): past it, no such job
 _MAX_FORM = 64 << 10  # bytes of a posted form
@@ -103,7 +105,8 @@ class Console:
         # Shared by the node's workers, in its cache dir (without one: this process's own).
         folder = shared.pages.root if shared is not None else None
         self.sign_ins = SignInLimits(clock, folder and os.path.join(folder, SIGN_INS))
-        self.signed_out = SignedOut(folder and os.path.join(folder, SIGNED_OUT), clock)
+        legacy = folder and os.path.join(folder, SIGNED_OUT)
+        self.signed_out = SignedOut(meta.engine, clock, legacy)
         self._templates = Jinja2Templates(directory=_HERE / "templates")
         self._templates.env.filters.update(size=_size, percent=_percent, seconds=_seconds)
         self._app = Starlette(routes=[Mount(PREFIX, routes=self._routes())])

@@ -14,19 +14,27 @@ import asyncio
 import base64
 import binascii
 import contextlib
-import fcntl
 import hashlib
 import hmac
 import json
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.meta.store import transaction
+from gateway.meta.tables import console_signed_out
 
 COOKIE = "gateway_console"
 SESSION_TTL = 12 * 3600.0  # seconds a login lasts
 ANONYMOUS_TTL = 900.0  # seconds the login form's anonymous session lasts
+PRUNE_AFTER = 3600.0  # seconds a sign-out is kept past its session's expiry (nodes' clocks)
+MAX_REMEMBERED = 10_000  # nonces a process remembers signed out (SignedOut._known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,53 +112,86 @@ def _unb64(text: str) -> bytes:
 
 
 class SignedOut:
-    """The sessions signed out before their expiry (by nonce), in a file of the node's cache
-    dir its worker processes share: a copy of a session's cookie ends with the session, on
-    whichever worker it comes back. (Each node keeps its own: on another node of a fleet, a
-    copy lasts until it expires, SESSION_TTL.)"""
+    """The sessions signed out before their expiry, by nonce, in the database (table
+    console_signed_out) that every node and worker of the fleet reads: a copy of a session's
+    cookie ends with the session wherever it comes back, at once.
 
-    def __init__(self, path: str | None, clock: Callable[[], float] = time.time) -> None:
-        self._path = path  # None: this process's memory alone
+    `holds` costs a console request one primary-key lookup (never an S3 request: only the
+    console asks); a nonce found signed out is remembered in this process until its session
+    would have expired, so a copied cookie sent again costs nothing. A session that is not
+    signed out is looked up every time: no cache may hide a sign-out for a while on another
+    worker or node. Rows are pruned PRUNE_AFTER past their expiry as sign-outs are written.
+    `clock`: seconds since the epoch, the sessions' own."""
+
+    def __init__(
+        self, engine: AsyncEngine, clock: Callable[[], float] = time.time, legacy: str | None = None
+    ) -> None:
+        self._engine = engine
         self._clock = clock
-        self._memory: dict[str, float] = {}
+        self._postgres = engine.dialect.name == "postgresql"
+        self._known: dict[str, float] = {}  # nonces signed out, by their sessions' expiry
+        self._legacy = legacy  # the file a node kept its sign-outs in before 0009, taken in once
 
     async def add(self, session: Session) -> None:
-        if self._path is None:
-            self._add(session)
-        else:
-            await asyncio.to_thread(self._add, session)
+        await self._take_in_legacy()
+        await self._write({session.nonce: session.expires})
+        self._remember(session.nonce, session.expires)
 
     async def holds(self, session: Session) -> bool:
-        if self._path is None:
-            return self._holds(session.nonce)
-        return await asyncio.to_thread(self._holds, session.nonce)
+        if session.nonce in self._known:
+            return True
+        await self._take_in_legacy()
+        query = sa.select(console_signed_out.c.expires).where(
+            console_signed_out.c.nonce == session.nonce
+        )
+        async with transaction(self._engine) as conn:
+            expires = (await conn.execute(query)).scalar_one_or_none()
+        if expires is None:
+            return False
+        self._remember(session.nonce, expires)
+        return True
 
-    def _add(self, session: Session) -> None:
-        with self._locked(write=True) as ended:
+    async def _write(self, ended: dict[str, float]) -> None:
+        insert = (postgresql.insert if self._postgres else sqlite.insert)(console_signed_out)
+        rows = [{"nonce": n, "expires": e} for n, e in ended.items()]
+        async with transaction(self._engine) as conn:
+            # A node whose clock is behind still refuses a session for PRUNE_AFTER.
+            before = self._clock() - PRUNE_AFTER
+            await conn.execute(
+                sa.delete(console_signed_out).where(console_signed_out.c.expires <= before)
+            )
+            await conn.execute(insert.values(rows).on_conflict_do_nothing())
+
+    def _remember(self, nonce: str, expires: float) -> None:
+        if len(self._known) >= MAX_REMEMBERED:
             now = self._clock()
-            for nonce in [n for n, expires in ended.items() if expires <= now]:
-                del ended[nonce]  # expired anyway
-            ended[session.nonce] = session.expires
+            self._known = {n: e for n, e in self._known.items() if e > now}
+            if len(self._known) >= MAX_REMEMBERED:
+                self._known.clear()  # only a cache: the database has them all
+        self._known[nonce] = expires
 
-    def _holds(self, nonce: str) -> bool:
-        with self._locked(write=False) as ended:
-            return nonce in ended
-
-    @contextlib.contextmanager
-    def _locked(self, write: bool) -> Iterator[dict[str, float]]:
-        if self._path is None:
-            yield self._memory
+    async def _take_in_legacy(self) -> None:
+        """Sign-outs a node wrote to its cache dir's file before migration 0009: written into
+        the table once (by whichever worker comes first; the others find no file), so that no
+        signed-out session comes back with an upgrade. Until that has succeeded, the next
+        request tries again (two at once write the same rows: no harm)."""
+        path = self._legacy
+        if path is None:
             return
-        fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "r+", encoding="utf-8") as f:
-            fcntl.flock(fd, fcntl.LOCK_EX if write else fcntl.LOCK_SH)
-            try:
-                ended: dict[str, float] = json.loads(f.read() or "{}")
-            except ValueError:
-                ended = {}
-            yield ended
-            if write:
-                f.seek(0)
-                f.truncate()
-                f.write(json.dumps(ended, separators=(",", ":")))
-                f.flush()
+        ended = await asyncio.to_thread(_read_legacy, path)
+        now = self._clock()
+        ended = {n: e for n, e in ended.items() if isinstance(e, int | float) and e > now}
+        if ended:
+            await self._write(ended)
+        with contextlib.suppress(FileNotFoundError):
+            await asyncio.to_thread(os.unlink, path)
+        self._legacy = None
+
+
+def _read_legacy(path: str) -> dict[str, float]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            ended = json.loads(f.read() or "{}")
+    except (FileNotFoundError, ValueError, UnicodeError):
+        return {}
+    return ended if isinstance(ended, dict) else {}

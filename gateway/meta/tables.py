@@ -226,6 +226,18 @@ node_samples = sa.Table(
     sa.Index("ix_node_samples_at", "at"),
 )
 
+# The console's sessions signed out before their expiry (gateway/console/sessions.py), by
+# the nonce their cookie holds: a copy of the cookie is refused on every node and worker of
+# the fleet. `expires` is the session's own (seconds since the epoch); rows are pruned an hour
+# after it, as sign-outs are written.
+console_signed_out = sa.Table(
+    "console_signed_out",
+    metadata,
+    sa.Column("nonce", sa.Text, primary_key=True),
+    sa.Column("expires", sa.Float, nullable=False),
+    sa.Index("ix_console_signed_out_expires", "expires"),
+)
+
 # Uploads a node opened at an under-store on its own behalf (an S3 origin's multipart upload
 # that streams a large PUT), held under a lease its writer renews: one whose lease ran out
 # (its writer crashed) is aborted by a janitor. Leases run by the database's clock.
