@@ -140,6 +140,8 @@ def to_s3(exc: store.StoreError, key: str) -> errors.S3Error:
             )
         case store.IncompleteBody():
             return errors.IncompleteBody()
+        case store.WriteConflict():
+            return errors.ConditionalRequestConflict(Key=key)
         case store.PreconditionFailed():
             return errors.PreconditionFailed(Condition="If-Match or If-None-Match")
         case store.UploadNotFound():

@@ -38,6 +38,7 @@ from gateway.stores.base import (
     VersionEntry,
     VersionsPage,
     WriteAttrs,
+    WriteConflict,
 )
 
 __all__ = [
@@ -72,6 +73,7 @@ __all__ = [
     "VersionEntry",
     "VersionsPage",
     "WriteAttrs",
+    "WriteConflict",
     "create_bucket",
     "delete_bucket",
     "open_store",

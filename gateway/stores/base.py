@@ -212,6 +212,12 @@ class PreconditionFailed(StoreError):
     """A conditional write found the key in another state than the writer required."""
 
 
+class WriteConflict(PreconditionFailed):
+    """A conditional write whose condition held when it began found, when it was to land, that
+    another write of the key had landed meanwhile (S3's 409 ConditionalRequestConflict: the
+    client may send it again)."""
+
+
 class UploadNotFound(StoreError):
     """The multipart upload id is unknown to the store (completed, aborted or never made)."""
 

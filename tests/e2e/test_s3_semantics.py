@@ -166,6 +166,85 @@ def test_complete_multipart_upload_honours_if_none_match_and_if_match(
     assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == b"third"
 
 
+def _slow_put(node: GatewayNode, bucket: str, key: str, headers: dict[str, str]) -> Any:
+    """A PUT of 64 KiB whose first half is sent now and the rest when the returned function
+    is called, which answers (status, body)."""
+    import socket
+
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    from tests.support.gateway import ACCESS_KEY, SECRET_KEY
+
+    body = b"s" * (64 << 10)
+    url = f"{node.url}/{bucket}/{key}"
+    head = {**headers, "Content-Length": str(len(body))}
+    req = AWSRequest(method="PUT", url=url, headers=head, data=body)  # its hash is signed
+    S3SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "s3", "us-east-1").add_auth(req)
+    lines = [f"PUT /{bucket}/{key} HTTP/1.1", f"Host: 127.0.0.1:{node.port}"]
+    lines += [f"{k}: {v}" for k, v in req.headers.items() if k.lower() != "host"]
+    sock = socket.create_connection(("127.0.0.1", node.port), timeout=30)
+    sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body[: len(body) // 2])
+
+    def rest() -> tuple[int, bytes]:
+        sock.sendall(body[len(body) // 2 :])
+        answer = b""
+        while b"</Error>" not in answer and not answer.startswith(b"HTTP/1.1 200"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+        sock.close()
+        return int(answer.split(b" ", 2)[1]), answer
+
+    return rest
+
+
+def test_a_conditional_put_overtaken_by_another_write_is_a_conflict(
+    node: GatewayNode, module_dir: Path
+) -> None:
+    """S3 answers 409 ConditionalRequestConflict when the condition held as the upload began
+    and another write of the key landed before it ended (the client may send it again); 412
+    when it did not hold to begin with."""
+    s3 = node.client()
+    folder = module_dir / "buckets" / MADE / "race"
+
+    def streaming() -> bool:  # the first PUT's body is on its way into the store
+        return folder.is_dir() and any(p.name.startswith(".") for p in folder.iterdir())
+
+    for n, cond in enumerate(("If-None-Match", "If-Match")):
+        key = f"race/{n}"
+        s3.delete_object(Bucket=MADE, Key=key)
+        headers, again = {"If-None-Match": "*"}, {"IfNoneMatch": "*"}
+        if cond == "If-Match":
+            etag = s3.put_object(Bucket=MADE, Key=key, Body=b"before")["ETag"]
+            headers, again = {"If-Match": etag}, {"IfMatch": etag}
+        finish = _slow_put(node, MADE, key, headers)
+        eventually(streaming)
+        s3.put_object(Bucket=MADE, Key=key, Body=b"the other write")
+        status, answer = finish()
+        assert status == 409 and b"<Code>ConditionalRequestConflict</Code>" in answer, answer
+        assert s3.get_object(Bucket=MADE, Key=key)["Body"].read() == b"the other write"
+        with pytest.raises(ClientError) as exc:  # now the condition fails from the start
+            s3.put_object(Bucket=MADE, Key=key, Body=b"late", **again)
+        assert _code(exc) == ("PreconditionFailed", 412)
+
+
+def test_an_origin_s_conditional_conflict_is_answered_as_it_said(
+    node: GatewayNode, odd: OddOrigin
+) -> None:
+    s3 = node.client()
+    odd.fail_next("PutObject", 409, "ConditionalRequestConflict")
+    try:
+        with pytest.raises(ClientError) as exc:
+            s3.put_object(Bucket="s3odd", Key="race/origin", Body=b"x", IfNoneMatch="*")
+    finally:
+        odd.reset()
+    assert _code(exc) == ("ConditionalRequestConflict", 409)
+    s3.put_object(Bucket="s3odd", Key="race/origin", Body=b"x", IfNoneMatch="*")  # sent again
+
+
 # -- ACLs: bucket owner enforced ----------------------------------------------------------------
 
 

@@ -43,6 +43,7 @@ from gateway.stores.base import (
     UploadNotFound,
     VersionChanged,
     WriteAttrs,
+    WriteConflict,
 )
 from gateway.stores.bodies import StreamedBody, drain, split
 from gateway.stores.etags import check_part_number, check_part_order
@@ -123,7 +124,13 @@ class Writes:
                 raise PreconditionFailed(f"{key}: is {found.info.etag}, not {if_match}")
             cond["if-match"] = found.azure_etag
         if if_none_match:
-            cond["if-none-match"] = "*"
+            # Asked first: a refusal at the write is then a conflict (WriteConflict).
+            try:
+                await self.blobs.find(key)
+            except ObjectNotFound:
+                cond["if-none-match"] = "*"
+            else:
+                raise PreconditionFailed(f"{key}: exists")
         return cond
 
     async def put(
@@ -138,6 +145,18 @@ class Writes:
     ) -> ObjectInfo:
         path = self.blobs.path(key)
         cond = await self._conditions(key, if_match, if_none_match)
+        try:
+            return await self._put(key, path, body, size, attrs, cond)
+        except PreconditionFailed as exc:
+            if not cond:
+                raise
+            # The condition held before the body: another write landed during this one.
+            raise WriteConflict(str(exc)) from None
+
+    async def _put(
+        self, key: str, path: str, body: AsyncIterator[bytes], size: int, attrs: WriteAttrs,
+        cond: dict[str, str],
+    ) -> ObjectInfo:  # fmt: skip
         if size > PUT_THRESHOLD:
             return await self._put_blocks(key, path, body, size, attrs, cond)
         stream: StreamedBody | bytes = b""
@@ -163,14 +182,6 @@ class Writes:
         self, key: str, path: str, body: AsyncIterator[bytes], size: int, attrs: WriteAttrs,
         cond: dict[str, str],
     ) -> ObjectInfo:  # fmt: skip
-        if "if-none-match" in cond:
-            # Before the blocks, not only at the commit: a doomed body is not sent.
-            try:
-                await self.blobs.find(key)
-            except ObjectNotFound:
-                pass
-            else:
-                raise PreconditionFailed(f"{key}: exists")
         block_size = max(BLOCK_SIZE, -(-size // MAX_BLOCKS))
         upload = os.urandom(16)
         md5 = hashlib.md5()

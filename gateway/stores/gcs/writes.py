@@ -25,6 +25,7 @@ from gateway.stores.base import (
     StoreUnavailable,
     VersionChanged,
     WriteAttrs,
+    WriteConflict,
 )
 from gateway.stores.etags import bare
 from gateway.stores.gcs.client import Client
@@ -76,7 +77,13 @@ class Writes:
     ) -> ObjectInfo:
         name = self.client.writable(key)
         cond = await self.condition(key, if_match, if_none_match)
-        resource = await self.write(name, body, size, attrs, cond, key)
+        try:
+            resource = await self.write(name, body, size, attrs, cond, key)
+        except PreconditionFailed as exc:
+            if not cond:
+                raise
+            # The condition held before the body: another write landed during this one.
+            raise WriteConflict(str(exc)) from None
         info = object_info(key, resource)
         # The writer's checksums are complete only now when they came in a trailer.
         return replace(info, checksums={**attrs.checksums, **info.checksums})
@@ -85,9 +92,16 @@ class Writes:
         self, key: str, if_match: str | None, if_none_match: bool
     ) -> dict[str, str]:
         """ifGenerationMatch for the write: 0 (must not exist), or the generation whose
-        ETag the writer named; PreconditionFailed at once when that cannot hold."""
+        ETag the writer named; PreconditionFailed at once when that cannot hold (GCS would
+        refuse it only once the body is sent, and a refusal then is a conflict: WriteConflict)."""
         if if_match is None:
-            return {"ifGenerationMatch": "0"} if if_none_match else {}
+            if not if_none_match:
+                return {}
+            try:
+                await self.client.resource(key)
+            except ObjectNotFound:
+                return {"ifGenerationMatch": "0"}
+            raise PreconditionFailed(f"{key} exists")
         try:
             current = await self.client.resource(key)
         except ObjectNotFound:

@@ -26,6 +26,7 @@ from gateway.stores.base import (
     UnsupportedKey,
     VersionChanged,
     WriteAttrs,
+    WriteConflict,
 )
 from gateway.stores.etags import bare, new_md5
 from gateway.stores.file_meta import XATTR, StoredMeta, encode, is_internal
@@ -264,15 +265,14 @@ class Writes:
         await self.check(key, if_match, if_none_match)
         md5 = new_md5()
         temp = await self.temp(key, body, size, md5)
-        return await self.finish(
-            key,
-            temp,
-            dest,
-            f'"{md5.hexdigest()}"',
-            attrs,
-            if_match=if_match,
-            exclusive=if_none_match,
-        )
+        try:
+            return await self.finish(
+                key, temp, dest, f'"{md5.hexdigest()}"', attrs, if_match=if_match,
+                exclusive=if_none_match,
+            )  # fmt: skip
+        except PreconditionFailed as exc:
+            # The condition held before the body: another write landed during this one.
+            raise WriteConflict(str(exc)) from None
 
     async def finish(
         self,

@@ -21,6 +21,7 @@ from gateway.stores.base import (
     UnsupportedKey,
     VersionChanged,
     WriteAttrs,
+    WriteConflict,
 )
 from gateway.stores.etags import bare, new_md5
 from gateway.stores.file_meta import (
@@ -156,6 +157,9 @@ class Writes:
             return await anyio.to_thread.run_sync(
                 self._commit, key, temp, dest, etag, attrs, if_match, if_none_match
             )
+        except PreconditionFailed as exc:
+            # The condition held before the body: another write landed during this one.
+            raise WriteConflict(str(exc)) from None
         finally:
             await discard(temp)
 

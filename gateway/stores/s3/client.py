@@ -38,6 +38,7 @@ from gateway.stores.base import (
     UnsupportedKey,
     UploadNotFound,
     VersionChanged,
+    WriteConflict,
 )
 from gateway.stores.s3.fast_get import FastGet, body_chunks
 
@@ -63,7 +64,6 @@ OPTIONS = frozenset(
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
 _DENIED = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"}
 TRANSPORT_ERRORS = (BotoCoreError, aiohttp.ClientError, asyncio.TimeoutError, OSError)
-_PRECONDITION = {"PreconditionFailed", "ConditionalRequestConflict"}
 _BAD_PARTS = {"InvalidPart", "InvalidPartOrder", "EntityTooSmall"}
 _EXISTS = {"BucketAlreadyExists", "BucketAlreadyOwnedByYou"}
 
@@ -246,7 +246,9 @@ class S3Client:
         if isinstance(exc, ClientError):
             where = f"s3://{self.bucket}/{self.prefix}{key}"
             code, status = _code(exc), status_of(exc)
-            if code in _PRECONDITION or status == 412:
+            if code == "ConditionalRequestConflict" or (status == 409 and conditional):
+                return WriteConflict(f"{where}: {code}")
+            if code == "PreconditionFailed" or status == 412:
                 return PreconditionFailed(f"{where}: {code}")
             if conditional and code in _NOT_FOUND:
                 return PreconditionFailed(f"{where}: does not exist")
