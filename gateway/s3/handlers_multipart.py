@@ -14,6 +14,7 @@ from gateway.s3.handlers_write import (
     read_small_body,
     request_body,
     sized,
+    version_header,
     write_attrs,
     write_conditions,
 )
@@ -87,7 +88,9 @@ async def complete_multipart_upload(ctx: Context, req: S3Request) -> Reply:
     parts = xml_in.complete_multipart(await read_small_body(req))
     info = await ctx.service.complete_multipart_upload(req.bucket, req.key, upload_id, parts, cond)
     location = f"/{req.bucket}/{req.key}"
-    return _xml(xml.complete_multipart(location, req.bucket, req.key, info.etag))
+    reply = _xml(xml.complete_multipart(location, req.bucket, req.key, info.etag))
+    version_header(reply, info)
+    return reply
 
 
 async def abort_multipart_upload(ctx: Context, req: S3Request) -> Reply:

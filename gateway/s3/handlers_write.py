@@ -11,7 +11,14 @@ from gateway.s3 import limits, sse, tags, xml, xml_in
 from gateway.s3.body import RequestBody
 from gateway.s3.handlers import Context, _encoding, _xml, checksum_headers
 from gateway.s3.http import Reply, S3Request
-from gateway.service import MAX_PUT_SIZE, Conditions, CopySource, WriteAttrs, WriteConditions
+from gateway.service import (
+    MAX_PUT_SIZE,
+    Conditions,
+    CopySource,
+    ObjectInfo,
+    WriteAttrs,
+    WriteConditions,
+)
 
 _ATTR_HEADERS = (
     "content-type",
@@ -144,7 +151,15 @@ async def put_object(ctx: Context, req: S3Request) -> Reply:
     info = await ctx.service.put_object(
         req.bucket, req.key, data, size, attrs, write_conditions(req)
     )
-    return _etag_reply(info.etag, body, info.encryption or attrs.encryption)
+    reply = _etag_reply(info.etag, body, info.encryption or attrs.encryption)
+    version_header(reply, info)
+    return reply
+
+
+def version_header(reply: Reply, info: ObjectInfo) -> None:
+    """x-amz-version-id of a write to a store that keeps versions: the version it made."""
+    if info.version_id is not None:
+        reply.header("x-amz-version-id", info.version_id)
 
 
 def copy_source(req: S3Request) -> CopySource:
@@ -202,6 +217,7 @@ async def copy_object(ctx: Context, req: S3Request) -> Reply:
         attrs = replace(attrs, tags={}, encryption={})  # given apart, below
     _, new = await ctx.service.copy_object(source, req.bucket, req.key, attrs, new_tags, encryption)
     reply = _xml(xml.copy_result(new.etag, new.last_modified))
+    version_header(reply, new)
     for name, value in sse.response_headers(new.encryption or encryption).items():
         reply.header(name, value)
     return reply

@@ -266,6 +266,10 @@ class ObjectWriter:
         hears success; a failure of it is logged, not the client's (the store has the write).
         A TTL -1 mount's row with nothing to go with it is recorded in the background."""
         shared = self.shared
+        if info is not None and info.version_id is not None:
+            # The key's current version: read by its ETag, as any (a version id is for reads
+            # that name it).
+            info = replace(info, version_id=None)
         self._forget(handle, key, info, remember)
         if info is not None and remember:
             shared.metadata.put(handle.id, key, info, time.monotonic())

@@ -58,9 +58,7 @@ def _versions(origin_s3: Any, bucket: str, key: str, *bodies: bytes) -> list[str
 def _gets(origin: CountingProxy, key: str) -> int:
     """The origin's GETs of the key's bytes (any version)."""
     return sum(
-        1
-        for r in origin.requests
-        if r.method == "GET" and r.path.endswith(f"/{ORIGIN}/{key}")
+        1 for r in origin.requests if r.method == "GET" and r.path.endswith(f"/{ORIGIN}/{key}")
     )
 
 
@@ -224,6 +222,26 @@ def test_versioning_is_the_origin_bucket_s(node: GatewayNode, origin_s3: Any) ->
     assert _code(exc) == ("MalformedXML", 400)
 
 
+def test_writes_say_the_version_they_made(node: GatewayNode, origin_s3: Any) -> None:
+    s3 = node.client()
+    key = "writes/obj"
+    first = s3.put_object(Bucket="vers", Key=key, Body=b"first")["VersionId"]
+    copied = s3.copy_object(Bucket="vers", Key=key, CopySource={"Bucket": "vers", "Key": key},
+                            MetadataDirective="REPLACE")["VersionId"]  # fmt: skip
+    upload = s3.create_multipart_upload(Bucket="vers", Key=key)["UploadId"]
+    part = s3.upload_part(Bucket="vers", Key=key, UploadId=upload, PartNumber=1, Body=b"third")
+    parts = {"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]}
+    third = s3.complete_multipart_upload(
+        Bucket="vers", Key=key, UploadId=upload, MultipartUpload=parts
+    )["VersionId"]
+    listed = origin_s3.list_object_versions(Bucket=ORIGIN, Prefix=key)["Versions"]
+    assert [v["VersionId"] for v in listed] == [third, copied, first]
+    assert s3.get_object(Bucket="vers", Key=key)["Body"].read() == b"third"
+    assert s3.get_object(Bucket="vers", Key=key, VersionId=first)["Body"].read() == b"first"
+    # A bucket that keeps one version of a key says none.
+    assert "VersionId" not in s3.put_object(Bucket=MADE, Key=key, Body=b"x")
+
+
 def test_a_bucket_never_versioned_has_only_the_null_version(node: GatewayNode) -> None:
     s3 = node.client()
     s3.put_object(Bucket=MADE, Key="k", Body=b"only")
@@ -232,5 +250,5 @@ def test_a_bucket_never_versioned_has_only_the_null_version(node: GatewayNode) -
         with pytest.raises(ClientError) as exc:
             call(Bucket=MADE, Key="k", VersionId="3HL4kqtJlcpXroDTDmJ+rmSpXd3dIbrHY")
         assert _code(exc)[1] == 400
-    listed = s3.list_object_versions(Bucket=MADE)["Versions"]
+    listed = s3.list_object_versions(Bucket=MADE, Prefix="k")["Versions"]
     assert [(v["Key"], v["VersionId"], v["IsLatest"]) for v in listed] == [("k", "null", True)]

@@ -109,7 +109,10 @@ class Writes:
         if not etag or not etag.strip('"'):
             return await self._version_of(key)
         written = replace(attrs, checksums=checksums)
-        return written.info(key, size, etag, answered_at(response))
+        info = written.info(key, size, etag, answered_at(response))
+        # A versioned origin names the version it made: the writer's client is told it.
+        version = response.get("VersionId")
+        return replace(info, version_id=str(version)) if version else info
 
     async def _version_of(self, key: str) -> ObjectInfo:
         if not self._warned_no_etag:
