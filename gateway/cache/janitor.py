@@ -26,6 +26,7 @@ from gateway.cache.journal import (
     DROP,
     FILL,
     UNPIN,
+    UNPIN_MOUNT,
     JournalReader,
     JournalWriter,
     load_snapshot,
@@ -391,11 +392,11 @@ class Janitor:
         assert self._reader is not None
         policy = self._policy
         touched = self._rescan.touched if self._rescan is not None else None
-        unpins: list[tuple[int, bytes]] = []
+        unpins: list[tuple[int, bytes | None]] = []  # None: every pin of the mount
         for _, data in self._reader.read():
             for op, flags, mount, size, name in records(data):
-                if op == UNPIN:
-                    unpins.append((mount, name))
+                if op in (UNPIN, UNPIN_MOUNT):
+                    unpins.append((mount, name if op == UNPIN else None))
                     continue
                 if op == ACCESS:
                     if (mount, name) not in policy:
@@ -412,12 +413,15 @@ class Janitor:
                 if touched is not None:
                     touched.add((mount, name))
         unpinned = 0
-        for mount, name in unpins:
-            freed = policy.unpin(mount, name)
-            if freed is not None:
-                unpinned += 1
-                self._unpinned[0] += 1
-                self._unpinned[1] += freed
+        for mount, one in unpins:
+            if one is None:
+                sizes = policy.unpin_mount(mount)
+            else:
+                freed = policy.unpin(mount, one)
+                sizes = [] if freed is None else [freed]
+            unpinned += len(sizes)
+            self._unpinned[0] += len(sizes)
+            self._unpinned[1] += sum(sizes)
         if unpinned:
             self._dirty = True
             log.info("cache: %d blocks unpinned", unpinned)

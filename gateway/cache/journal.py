@@ -31,6 +31,7 @@ OPEN, FILL, ACCESS, DROP, SEAL = 1, 2, 3, 4, 5
 # that does not pin says nothing of pins, and a janitor of an earlier version skips an op it
 # does not know (the pin then stays, as it was before unpin existed).
 UNPIN = 6
+UNPIN_MOUNT = 7  # every pin of the mount (its name unused), whichever version it is of
 _MAGIC = b"S3GW journal".ljust(32, b"\0")
 _VERSION = 1
 _SUFFIX = ".log"
@@ -78,6 +79,11 @@ class JournalWriter:
         janitor applies it after every other record it reads in the same pass, so that a pin
         written earlier, in a journal it happens to read later, does not come back."""
         self._append(RECORD.pack(UNPIN, 0, 0, mount, 0, name))
+
+    def unpin_mount(self, mount: int) -> None:
+        """Every pinned block of the mount is to lose its pin, as unpin() of each: also those
+        of versions no listing names any more (overwritten at the origin since the load)."""
+        self._append(RECORD.pack(UNPIN_MOUNT, 0, 0, mount, 0, bytes(32)))
 
     def flush(self) -> None:
         """Write what gathered. Blocks. On an OSError the batch is lost (the janitor's next

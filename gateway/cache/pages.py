@@ -345,6 +345,13 @@ class PageStore:
         self._journal.unpin(bkey.digest, bkey.mount_id)
         return True
 
+    def unpin_mount(self, mount_id: int) -> bool:
+        """unpin() of every pinned block of the mount, whichever version it is of."""
+        if self._journal is None:
+            return False
+        self._journal.unpin_mount(mount_id)
+        return True
+
     async def flush_journal(self) -> None:
         """Write the journal's records now, not within the next half second: an unpin is
         reported done only once a restart would find it (the janitor replays the journals).

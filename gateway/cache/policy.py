@@ -171,6 +171,18 @@ class Policy:
         self._put(mount, m, PROBATION, name, size)
         return size
 
+    def unpin_mount(self, mount: int) -> list[int]:
+        """unpin() of every pinned block of the mount; their sizes."""
+        m = self._mounts.get(mount)
+        if m is None:
+            return []
+        sizes = []
+        for name in list(m.pinned):
+            size = self._take(m, PINNED, name)
+            self._put(mount, m, PROBATION, name, size)
+            sizes.append(size)
+        return sizes
+
     def remove(self, mount: int, name: bytes) -> bool:
         """The block is gone (dropped by a worker, or its file vanished)."""
         m = self._mounts.get(mount)

@@ -3,6 +3,11 @@ every block of the object it has on its disk, whoever owns the block now. Pins a
 load put them, which a later placement no longer says (a node joined, `--replicas`), so each
 node looks for every block rather than only for those it owns; a look is one stat.
 
+An unpin of a whole mount (no prefix, no --include or --exclude) also takes off every other
+pin of the mount on each node: those of versions no listing names any more (an object
+overwritten at the origin since its load) and of another block size. Their blocks are not in
+the job's counts (the node cannot name them); the janitor counts them.
+
 A node's share taken over after it left cannot reach that node's disk: its objects count as
 failed (the job ends partial), and the pins stay there until an unpin runs while it is up.
 """
@@ -17,6 +22,7 @@ from gateway.cache import BlockKey, PageStore
 from gateway.cache.layout import block_path
 from gateway.cluster.placement import Node, Placement, owner_key
 from gateway.jobs.db import BATCH, Item, JobStore, Tally, WorkRow
+from gateway.jobs.model import JobSpec
 from gateway.service.namespace import MountHandle
 from gateway.service.reads import block_key
 from gateway.stores.etags import bare, quoted
@@ -25,6 +31,7 @@ from gateway.stores.etags import bare, quoted
 class Share(Protocol):
     """What of the runner's share of a batch the unpin needs."""
 
+    spec: JobSpec
     handle: MountHandle
     batch: Placement  # the placement the batch was shared out under
     actor: str  # whose share: this node's, or a departed node's
@@ -64,6 +71,11 @@ async def item(share: Share, pages: PageStore, store: JobStore, listed: Item) ->
         found = await asyncio.to_thread(_on_disk, pages.root, keys)
     unpinned = [k for k in found if pages.unpin(k)]
     trouble = None if len(unpinned) == len(found) else "this process has no journal (its disk)"
+    spec = share.spec
+    whole = not (spec.prefix or spec.include or spec.exclude)
+    # Every node has a share of the first batch: each unpins the whole mount once.
+    if whole and listed.seq == 0 and not pages.unpin_mount(handle.id):
+        trouble = "this process has no journal (its disk)"
     try:
         # Written before the object counts as done: a node killed after the job ended must
         # not come back with these pins.

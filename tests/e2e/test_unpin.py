@@ -205,3 +205,48 @@ def test_unpin_takes_every_pin_off_on_every_node_durably_and_the_blocks_become_e
     origin.reset()
     read(node1, sorted(PINNED), data)
     assert set(fetched(origin, "pinned/")) == {f"/{ORIGIN}/{k}" for k in PINNED}
+
+
+ORPHANS = "origin-unpin-all"
+
+
+@pytest.fixture
+def lone(tmp_path: Path, origin: CountingProxy, origin_s3: Any) -> Iterator[GatewayNode]:
+    """One node on its own database, a bucket of two small objects mounted."""
+    origin_s3.create_bucket(Bucket=ORPHANS)
+    for i in range(2):
+        origin_s3.put_object(Bucket=ORPHANS, Key=f"a/{i}", Body=blob(100 * KiB, f"a/{i}"))
+    args = ("--cache-block-size", "256KiB", "--cache-memory", "0")
+    node = start_gateway(tmp_path / "lone", args=args)
+    try:
+        node.cli(
+            "mount", "add", "orphans", f"s3://{ORPHANS}", "-o", f"endpoint_url={origin.url}",
+            "-o", "access_key=origin-ak", "-o", "secret_key=origin-sk",
+        )  # fmt: skip
+        eventually(lambda: "orphans" in node.buckets())
+        yield node
+    finally:
+        node.stop()
+
+
+def test_an_unpin_of_a_whole_bucket_reaches_pins_of_versions_no_longer_listed(
+    lone: GatewayNode, origin_s3: Any
+) -> None:
+    """The issue's unreachable pins: an object overwritten at the origin after its load keeps
+    its old version's blocks pinned, under a name no listing gives. An unpin of its prefix
+    cannot name them; an unpin of the whole bucket takes them off too."""
+    one = file_size(100 * KiB)
+    load = lone.cli("load", "orphans/a/", "--pin", "--format", "json")
+    assert json.loads(load.stdout)["state"] == "done"
+    eventually(lambda: pinned_bytes(lone) == 2 * one)
+    origin_s3.put_object(Bucket=ORPHANS, Key="a/0", Body=blob(100 * KiB, "a/0, again"))
+
+    prefix = json.loads(lone.cli("load", "orphans/a/", "--unpin", "--format", "json").stdout)
+    assert (prefix["state"], prefix["unpinned_blocks"]) == ("done", 1), prefix  # a/1 only
+    eventually(lambda: lone.metric("gateway_cache_unpinned_blocks") == 1)
+    assert pinned_bytes(lone) == one  # a/0's old version: still pinned
+
+    whole = json.loads(lone.cli("load", "orphans", "--unpin", "--format", "json").stdout)
+    assert whole["state"] == "done", whole
+    eventually(lambda: pinned_bytes(lone) == 0)
+    assert lone.metric("gateway_cache_unpinned_blocks") == 2

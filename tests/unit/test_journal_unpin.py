@@ -154,3 +154,30 @@ def test_policy_unpin_moves_a_pinned_block_to_probation_and_leaves_others_alone(
     assert PINNED not in where.values()
     # the newest of probation: block 2, filled before the unpin, goes first
     assert [v.name for v in policy.victims(2 * SIZE)] == [name_of(2), name_of(0)]
+
+
+def test_an_unpin_of_a_mount_takes_off_every_pin_of_that_mount_only(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    janitor = Janitor(root, 100 * SIZE, 0)
+    janitor.run_once()
+    journal = JournalWriter(root)
+    for mount in (1, 2):
+        for i in PINS:
+            make_block(root, mount, i)
+            journal.fill(name_of(i), SIZE, mount, True)
+    journal.flush()
+    janitor.run_once()
+    journal.unpin_mount(1)
+    journal.close()
+    janitor.run_once()
+    stats = read_stats(root)
+    assert stats is not None
+    assert (stats.pinned_bytes, stats.unpinned_blocks) == (4 * SIZE, 4)  # mount 2's stay
+    assert {(e[0], e[3]) for e in load_snapshot_entries(root)} == {(1, PROBATION), (2, PINNED)}
+    janitor.stop()
+
+
+def load_snapshot_entries(root: str) -> list[tuple[int, bytes, int, int, int]]:
+    snapshot = load_snapshot(root)
+    assert snapshot is not None
+    return list(snapshot.entries)
