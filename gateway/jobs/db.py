@@ -105,6 +105,12 @@ def batches(total_items: int, listed: bool) -> int:
     return -(-total_items // BATCH) if listed else total_items // BATCH
 
 
+def stood_in(node_id: str, lease_owner: str | None) -> bool:
+    """Whether a share of `node_id` was held by another node: a lease holder is named
+    `<node id>:...` (JobRunner.owner), and the node's own ending or giving up clears it."""
+    return lease_owner is not None and not lease_owner.startswith(f"{node_id}:")
+
+
 class JobStore:
     """The jobs tables over the gateway's database engine."""
 
@@ -360,7 +366,11 @@ class JobStore:
     ) -> WorkRow | None:
         """A share to work on, under a lease: this node's own first (pending, or leased by a
         holder whose lease ran out: this node before a restart), else the share of a node
-        that is no longer live and whose lease ran out."""
+        that is no longer live and whose lease ran out.
+
+        A share of this node's that others stood in for (`stood_in`: done, given back or
+        dropped by a node holding it for this one) is taken to be done again from its first
+        item: what they loaded is at other nodes, not on this one's disk."""
         table = job_work
         open_ = sa.and_(
             table.c.job_id == job_id,
@@ -368,23 +378,37 @@ class JobStore:
             sa.or_(table.c.state == PENDING, table.c.lease_expires < self._clock(),
                    table.c.lease_owner == owner),
         )  # fmt: skip
+        # Only a stand-in leaves its name on a share it ended (the node's own ending clears it).
+        redo = sa.and_(
+            table.c.job_id == job_id, table.c.state == WORK_DONE, table.c.lease_owner.is_not(None)
+        )
         live = list(live)
         async with transaction(self._engine) as conn:
-            for who in (table.c.node_id == me, table.c.node_id.not_in([me, *live])):
+            for mine in (True, False):
+                who = table.c.node_id == me if mine else table.c.node_id.not_in([me, *live])
+                takeable = sa.or_(open_, redo) if mine else open_
                 rows = (
                     await conn.execute(
-                        sa.select(table).where(open_, who).order_by(table.c.batch).limit(4)
+                        sa.select(table).where(takeable, who).order_by(table.c.batch).limit(4)
                     )
                 ).mappings().all()  # fmt: skip
                 for row in rows:
+                    again = mine and stood_in(me, row["lease_owner"])
+                    values: dict[str, Any] = {
+                        "state": LEASED, "lease_owner": owner, "lease_expires": self._clock(lease),
+                    }  # fmt: skip
+                    if again:
+                        values.update(Tally().values(), cursor=0)
                     take = (
                         sa.update(table)
                         .where(table.c.job_id == job_id, table.c.batch == row["batch"],
-                               table.c.node_id == row["node_id"], open_)
-                        .values(state=LEASED, lease_owner=owner,
-                                lease_expires=self._clock(lease))
+                               table.c.node_id == row["node_id"], takeable,
+                               table.c.lease_owner.is_not_distinct_from(row["lease_owner"]))
+                        .values(values)
                     )  # fmt: skip
                     if (await conn.execute(take)).rowcount:
+                        if again:
+                            return WorkRow(job_id, row["batch"], row["node_id"], 0, Tally())
                         tally = Tally(**{name: row[name] for name in _TALLY})
                         tally.full = bool(tally.full)
                         return WorkRow(job_id, row["batch"], row["node_id"], row["cursor"], tally)
@@ -413,22 +437,25 @@ class JobStore:
         return [Item(*row) for row in rows]
 
     async def report(
-        self, row: WorkRow, owner: str, lease: float, *, done: bool = False, release: bool = False
-    ) -> bool:
+        self, row: WorkRow, owner: str, lease: float, *, done: bool = False, release: bool = False,
+        stand_in: bool = False,
+    ) -> bool:  # fmt: skip
         """Write a row's counters and cursor, and renew its lease (or end it: `done`; or give
         it up with the share unfinished: `release`, so that it is taken up again at once);
         False when the lease is no longer ours, or (a renewal) the job is no longer active:
-        one round trip for both, as the reporter asks after each object."""
+        one round trip for both, as the reporter asks after each object. A `stand_in` (the
+        holder is not the row's node) leaves its name on the row it ends or gives up: the
+        row's node, back, does the share again (`claim`)."""
         values = {**row.tally.values(), "cursor": row.cursor}
         where = [
             job_work.c.job_id == row.job_id, job_work.c.batch == row.batch,
             job_work.c.node_id == row.node_id, job_work.c.lease_owner == owner,
             job_work.c.state == LEASED,
         ]  # fmt: skip
-        if done:
-            values.update(state=WORK_DONE, lease_owner=None, lease_expires=None)
-        elif release:
-            values.update(state=PENDING, lease_owner=None, lease_expires=None)
+        if done or release:
+            values.update(state=WORK_DONE if done else PENDING, lease_expires=None)
+            if not stand_in:
+                values["lease_owner"] = None
         else:
             values["lease_expires"] = self._clock(lease)
             active = sa.select(jobs.c.id).where(jobs.c.id == row.job_id, jobs.c.state.in_(ACTIVE))
@@ -483,6 +510,23 @@ class JobStore:
             per_node = {str(node): int(n) for node, n in counted.all()}
             if any(per_node.get(node, 0) < want for node in live):
                 return None
+            # A share the others stood in for is at other nodes than the placement reads now
+            # that its node is back: that node does it again before the job is done.
+            stood = sa.and_(
+                job_work.c.job_id == job_id, job_work.c.state == WORK_DONE,
+                job_work.c.lease_owner.is_not(None),
+            )  # fmt: skip
+            back = await conn.execute(
+                sa.select(sa.func.count()).where(stood, job_work.c.node_id.in_(live))
+            )
+            if back.scalar_one():
+                return None
+            away = sorted(
+                str(n)
+                for n in (
+                    await conn.execute(sa.select(job_work.c.node_id).where(stood).distinct())
+                ).scalars()
+            )
             sums = (
                 await conn.execute(
                     sa.select(
@@ -518,6 +562,8 @@ class JobStore:
                     spec, job["total_objects"], job["total_bytes"], int(done_bytes),
                     int(failures), int(unkept), int(skipped), bool(full), int(full_nodes or 0),
                 )  # fmt: skip
+            if away:
+                message += f"; {_stood_in_for(away)}"
             ended = await conn.execute(
                 sa.update(jobs)
                 .where(jobs.c.id == job_id, jobs.c.state == RUNNING)
@@ -540,6 +586,17 @@ def _unpinned(objects: int, blocks: int, size: int, failures: int) -> tuple[str,
     if failures:
         return PARTIAL, f"{what}; {failures} objects not unpinned on every node (see the errors)"
     return DONE, what
+
+
+def _stood_in_for(away: list[str]) -> str:
+    """What the job's end says of the nodes whose shares the others did while they were away."""
+    names = ", ".join(away[:5]) + (f" and {len(away) - 5} more" if len(away) > 5 else "")
+    them = "it is" if len(away) == 1 else "they are"
+    return (
+        f"{names} away at the end: the others loaded {'its' if len(away) == 1 else 'their'}"
+        f" share for the fleet without {'it' if len(away) == 1 else 'them'} (load again once"
+        f" {them} back)"
+    )
 
 
 def _ending(

@@ -93,7 +93,9 @@ class JobRunner:
         self.poll = poll
         self.takeover_after = takeover_after
         self._sleep = sleep
-        # This process, as the holder of leases (a node restarted is another holder).
+        # This process, as the holder of leases (a node restarted is another holder). It begins
+        # with the node's id: a share held by a holder not named for its node was stood in for
+        # (gateway/jobs/db.py, stood_in).
         self.owner = f"{me.id}:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._listing: dict[int, asyncio.Task[None]] = {}
         self._working: dict[int, asyncio.Task[None]] = {}
@@ -359,17 +361,21 @@ class JobRunner:
             job.progressed.set()
             await asyncio.wait([reporter])
         reporter.result()
+        stand_in = row.node_id != self.me.id
         if job.halt is not None:
             log.info("jobs: job %d batch %d: %s", row.job_id, row.batch, job.halt)
-            if self.stopping:
+            if self.stopping or job.back:
                 # What is done is written down and the share let go: the restart (or, past
                 # the takeover delay, another node) goes on from here, not from the last
-                # report, and without waiting for the lease to run out.
+                # report, and without waiting for the lease to run out. A stand-in's name
+                # stays on it: the node, back, does its share again where reads look.
                 with contextlib.suppress(MetaUnavailable):
-                    await self.store.report(row, self.owner, self.lease, release=True)
+                    await self.store.report(
+                        row, self.owner, self.lease, release=True, stand_in=stand_in
+                    )
             return
         row.cursor = len(items)
-        await self.store.report(row, self.owner, self.lease, done=True)
+        await self.store.report(row, self.owner, self.lease, done=True, stand_in=stand_in)
 
     async def _report(self, row: WorkRow, job: _Job) -> None:
         """Write the share's progress and renew its lease until its work ends; tell the work
@@ -379,6 +385,12 @@ class JobRunner:
                 await asyncio.wait_for(job.progressed.wait(), REPORT_INTERVAL)
             job.progressed.clear()
             if job.ended:
+                return
+            if row.node_id != self.me.id and row.node_id in self._placement_ids():
+                # The node this share is stood in for is back, and reads look for its blocks
+                # there again: loading more of them elsewhere is of no use.
+                job.back = True
+                job.halt = f"{row.node_id} is back: its share is its own again"
                 return
             if not await self.store.report(row, self.owner, self.lease):
                 active = await self.store.state(row.job_id) in ACTIVE
@@ -417,6 +429,7 @@ class _Job:
         self.progressed = asyncio.Event()  # an object is done: the reporter writes it down
         self.ended = False  # the work is over: the reporter stops
         self.halt: str | None = None  # why the work must stop (the job ended, lease lost)
+        self.back = False  # the node this share was stood in for is back: give it up
         self.bucket = runner.bucket(row.job_id, spec, nodes)
         # The batch is shared out over the live nodes and the departed ones that have a share
         # of it: a departed node's share is its own (what it loaded stays on its disk, for when

@@ -3,6 +3,7 @@ or joined by a new one mid-job (test_jobs_fleet.py has the fleet that nothing ha
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from gateway.jobs.db import BATCH
 from tests.e2e.test_jobs_fleet import (
+    ORIGIN,
     JobsFleet,
     gets,
     make_origin,
@@ -22,8 +24,8 @@ from tests.e2e.test_jobs_fleet import (
     slow_objects,
 )
 from tests.support.net import eventually
-from tests.support.origin import CountingProxy
-from tests.support.postgres import rows
+from tests.support.origin import CountingProxy, MotoServer, ProxiedRequest
+from tests.support.postgres import rows, temp_database
 
 # Fleets of gateway processes on PostgreSQL, a node killed with SIGKILL.
 pytestmark = pytest.mark.slow
@@ -164,3 +166,106 @@ def test_a_node_joining_mid_job_loads_the_keys_that_moved_to_it(
     origin.reset()
     assert read_all(fresh.nodes, keys, dataset)
     assert not gets(origin, "slow/")  # every key where reads look for it
+
+
+class HeldOrigin(CountingProxy):
+    """The counting proxy, holding the GETs of some keys until they are let go: a node's load
+    of such a key is in flight for as long as the test wants."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream)
+        self._gates: dict[str, threading.Event] = {}
+        self._asked: set[str] = set()
+
+    def hold(self, *keys: str) -> None:
+        for key in keys:
+            self._gates[f"/{ORIGIN}/{key}"] = threading.Event()
+
+    def let_go(self, *keys: str) -> None:
+        for key in keys:
+            self._gates[f"/{ORIGIN}/{key}"].set()
+
+    def asked(self, key: str) -> bool:
+        """Whether a GET of the key has reached the proxy."""
+        with self._lock:
+            return f"/{ORIGIN}/{key}" in self._asked
+
+    def _record(self, request: ProxiedRequest) -> None:
+        super()._record(request)
+        if request.method != "GET":
+            return
+        with self._lock:
+            self._asked.add(request.path)
+        gate = self._gates.get(request.path)
+        if gate is not None:
+            gate.wait(120)
+
+    def stop(self) -> None:
+        for gate in self._gates.values():
+            gate.set()
+        super().stop()
+
+
+@pytest.fixture
+def held(moto_server: MotoServer) -> Iterator[HeldOrigin]:
+    proxy = HeldOrigin(moto_server.url)
+    yield proxy
+    proxy.stop()
+
+
+def stood_in(url: str, job_id: int) -> bool:
+    """Whether the others stand in for node-2: its share of batch 1 done, that of batch 0
+    under another node's lease."""
+    found = rows(
+        url,
+        "SELECT batch, state, lease_owner FROM job_work WHERE job_id = $1 AND node_id = 'node-2'",
+        job_id,
+    )
+    by_batch = {r["batch"]: r for r in found}
+    other = str(by_batch[0]["lease_owner"] or "")
+    return by_batch[1]["state"] == "done" and other != "" and not other.startswith("node-2:")
+
+
+@pytest.mark.timeout(300)
+def test_a_node_killed_and_back_mid_job_holds_its_share_when_the_job_is_done(
+    tmp_path: Path, held: HeldOrigin, dataset: dict[str, bytes]
+) -> None:
+    """Issue 23 #7: the others stand in for a node killed -9 (past the takeover delay),
+    loading its share at the blocks' owners without it; it comes back with its disk before the
+    job ends, and reads look for its keys there again. The job ends done only once they are
+    there: each object cached where the placement reads it."""
+    keys = sorted(k for k in dataset if k.startswith("slow/"))
+    mine = owned_by("node-2", keys, dataset)
+    # Two of node-2's keys, one in each of the first two batches, held at the origin: its
+    # shares of both are left unfinished when it dies.
+    first = next(k for k in keys[:BATCH] if k in mine)
+    second = next(k for k in keys[BATCH : 2 * BATCH] if k in mine)
+    held.hold(first, second)
+    with temp_database() as url:
+        fleet = JobsFleet(tmp_path, url, held, takeover=5)
+        try:
+            fleet.mount("data", "read_timeout=150")
+            ids = {f"node-{i}" for i in range(3)}
+            eventually(lambda: fleet.settled(ids), timeout=30)
+            _, job = fleet.load("data/slow/", "--detach")
+            eventually(lambda: held.asked(first), timeout=60)  # node-2, its owner, loads it
+            fleet.nodes[2].crash()
+            held.let_go(second)
+            # Past the takeover delay the others finish node-2's share of batch 1 and take up
+            # that of batch 0 (which waits on `first`); then node-2 comes back.
+            eventually(lambda: stood_in(url, job["id"]), timeout=60, interval=0.2)
+            fleet.start(2)
+            eventually(lambda: fleet.settled(ids), timeout=60)
+            held.let_go(first)
+            eventually(lambda: fleet.job(job["id"])["state"] != "running", timeout=120)
+            ended = fleet.job(job["id"])
+            assert (ended["state"], ended["objects_done"]) == ("done", len(keys)), ended
+            _, verify = fleet.load("data/slow/", "--verify")
+            counted = {n: p["cached_objects"] for n, p in verify["nodes"].items()}
+            assert counted["node-2"] == len(mine), (counted, ended)
+            assert verify["cached_objects"] == len(keys), (counted, ended)
+            held.reset()
+            assert read_all(fleet.nodes, keys, dataset)
+            assert not gets(held, "slow/")  # every read a hit where placement looks
+        finally:
+            fleet.stop()

@@ -1,0 +1,112 @@
+"""The shares of a node that the others stood in for, in the jobs tables on SQLite and
+PostgreSQL: the node back does them again from their first item before the job can end;
+a job that ends while it is away says so (issue 23 #7)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from gateway.jobs.db import Item, JobStore
+from gateway.jobs.model import JobSpec
+from gateway.meta import MetaStore, SecretBox
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def meta(database_url: str) -> AsyncIterator[MetaStore]:
+    async with MetaStore(database_url, SecretBox([SecretBox.generate_key()])) as store:
+        await store.migrate()
+        await store.add_mount("data", "s3://origin", {})
+        yield store
+
+
+async def listed(store: JobStore, count: int) -> int:
+    """A job listed with `count` objects, its one batch shared by n1 and n2."""
+    job_id = await store.submit(JobSpec("data"), "me")
+    assert await store.take_listing(job_id, "lister", 30)
+    items = [Item(i, f"k/{i:03d}", 10, f'"e{i}"') for i in range(count)]
+    assert await store.add_items(job_id, "lister", 30, items)
+    assert await store.finish_listing(job_id, "lister")
+    await store.seed(job_id, 0, 1, ["n1", "n2"])
+    return job_id
+
+
+async def test_a_node_back_does_again_the_share_the_others_did_for_it(meta: MetaStore) -> None:
+    store = JobStore(meta.engine)
+    job_id = await listed(store, 10)
+    own = await store.claim(job_id, "n1", "n1:a", 30, live=["n1", "n2"])
+    assert own is not None and await store.report(own, "n1:a", 30, done=True)
+    # n2 died with 4 objects done; n1 stands in for it and finishes its share.
+    mine = await store.claim(job_id, "n2", "n2:old", 30, live=["n1", "n2"])
+    assert mine is not None
+    mine.cursor, mine.tally.objects, mine.tally.loaded_objects = 4, 4, 4
+    assert await store.report(mine, "n2:old", -1)  # then killed: its lease runs out
+    stood = await store.claim(job_id, "n1", "n1:a", 30, live=["n1"])
+    assert stood is not None and (stood.node_id, stood.cursor) == ("n2", 4)
+    stood.cursor, stood.tally.objects = 10, 10
+    assert await store.report(stood, "n1:a", 30, done=True, stand_in=True)
+    # n2 is back: the job is not done while its share is at the others.
+    assert await store.try_finish(job_id, ["n1", "n2"]) is None
+    assert await store.claim(job_id, "n1", "n1:a", 30, live=["n1", "n2"]) is None
+    again = await store.claim(job_id, "n2", "n2:new", 30, live=["n1", "n2"])
+    assert again is not None and again.node_id == "n2"
+    assert (again.cursor, again.tally.objects, again.tally.loaded_objects) == (0, 0, 0)
+    job = await store.get(job_id)
+    assert job is not None and {n.node: n.batches_done for n in job.nodes} == {"n1": 1, "n2": 0}
+    assert await store.try_finish(job_id, ["n1", "n2"]) is None  # n2 at work
+    again.cursor, again.tally.objects, again.tally.cached_objects = 10, 10, 4
+    assert await store.report(again, "n2:new", 30, done=True)
+    assert await store.claim(job_id, "n2", "n2:new", 30, live=["n1", "n2"]) is None
+    assert await store.try_finish(job_id, ["n1", "n2"]) == "done"
+    job = await store.get(job_id)
+    assert job is not None and "away" not in job.message, job.message
+
+
+async def test_a_share_given_back_or_dropped_by_a_stand_in_is_done_again_from_the_start(
+    meta: MetaStore,
+) -> None:
+    store = JobStore(meta.engine)
+    job_id = await listed(store, 10)
+    own = await store.claim(job_id, "n1", "n1:own", 30, live=["n1"])  # n1's own first
+    stood = await store.claim(job_id, "n1", "n1:a", 30, live=["n1"])
+    assert own is not None and own.node_id == "n1"
+    assert stood is not None and stood.node_id == "n2"
+    stood.cursor, stood.tally.objects = 6, 6
+    # n1 sees n2 back and gives the share back: n2 takes it up at once, from the start.
+    assert await store.report(stood, "n1:a", 30, release=True, stand_in=True)
+    again = await store.claim(job_id, "n2", "n2:p", 30, live=["n1", "n2"])
+    assert again is not None and (again.node_id, again.cursor, again.tally.objects) == ("n2", 0, 0)
+    # A stand-in killed mid-share: n2, back, does it again from the start too, once the
+    # stand-in's lease has run out; its own lease run out is taken up from its cursor.
+    again.cursor = 3
+    assert await store.report(again, "n2:p", -1)
+    dropped = await store.claim(job_id, "n1", "n1:b", -1, live=["n1"])
+    assert dropped is not None and (dropped.node_id, dropped.cursor) == ("n2", 3)
+    dropped.cursor = 8
+    assert await store.report(dropped, "n1:b", -1)
+    back = await store.claim(job_id, "n2", "n2:q", 30, live=["n1", "n2"])
+    assert back is not None and (back.node_id, back.cursor) == ("n2", 0)
+    back.cursor = 5
+    assert await store.report(back, "n2:q", -1)  # n2 killed again: its own progress
+    resumed = await store.claim(job_id, "n2", "n2:r", 30, live=["n1", "n2"])
+    assert resumed is not None and resumed.cursor == 5
+
+
+async def test_a_job_ending_with_a_node_away_says_its_share_is_at_the_others(
+    meta: MetaStore,
+) -> None:
+    store = JobStore(meta.engine)
+    job_id = await listed(store, 10)
+    own = await store.claim(job_id, "n1", "n1:a", 30, live=["n1"])
+    assert own is not None and await store.report(own, "n1:a", 30, done=True)
+    stood = await store.claim(job_id, "n1", "n1:a", 30, live=["n1"])
+    assert stood is not None and stood.node_id == "n2"
+    stood.cursor, stood.tally.objects, stood.tally.bytes = 10, 10, 100
+    assert await store.report(stood, "n1:a", 30, done=True, stand_in=True)
+    assert await store.try_finish(job_id, ["n1"]) == "done"
+    job = await store.get(job_id)
+    assert job is not None and job.objects_done == 10
+    assert "n2 away at the end" in job.message and "load again" in job.message, job.message
