@@ -39,9 +39,11 @@ GCS_DECOYS = [d for d in DECOYS if d != MOUNT_PREFIX]
 
 class GcsServer:
     """fake-gcs-server over plain HTTP at a free port, objects on disk under `tmpdir`, so that
-    restart() (same port, same data) brings back what stop() took away."""
+    restart() (same port, same data) brings back what stop() took away. `backend` "memory"
+    keeps them in memory instead: its only backend that keeps an object's generations."""
 
-    def __init__(self, tmpdir: str | os.PathLike[str]) -> None:
+    def __init__(self, tmpdir: str | os.PathLike[str], backend: str = "filesystem") -> None:
+        self.backend = backend
         self.root = Path(tmpdir) / "gcs-data"
         self.log_path = Path(tmpdir) / "fake-gcs-server.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -54,8 +56,10 @@ class GcsServer:
 
     def start(self) -> None:
         args = [str(_get_binary_path()), "-scheme", "http", "-host", "127.0.0.1"]
-        args += ["-port", str(self.port), "-backend", "filesystem", "-log-level", "warn"]
-        args += ["-filesystem-root", str(self.root), "-public-host", f"127.0.0.1:{self.port}"]
+        args += ["-port", str(self.port), "-backend", self.backend, "-log-level", "warn"]
+        if self.backend == "filesystem":
+            args += ["-filesystem-root", str(self.root)]
+        args += ["-public-host", f"127.0.0.1:{self.port}"]
         args += ["-external-url", self.url]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator
+from dataclasses import replace
+from typing import Any
 
-from gateway.stores.base import ListPage, ObjectInfo
+from gateway.stores.base import ListPage, ObjectInfo, VersionEntry, VersionsPage
 from gateway.stores.gcs.client import Client
 from gateway.stores.gcs.resources import HIDDEN, object_info
 from gateway.stores.listing import encode_token, rollup
@@ -80,6 +82,81 @@ async def _walk(
         if not more:
             return
         query["pageToken"] = more
+
+
+async def list_versions(
+    client: Client,
+    prefix: str,
+    delimiter: str | None,
+    key_marker: str | None,
+    version_marker: str | None,
+    max_keys: int,
+) -> VersionsPage:
+    """A page of every generation under `prefix` (ListObjectVersions), in S3's order: by key,
+    each key's newest first, its live one IsLatest (GCS keeps no delete markers). The markers
+    are a key and a generation; common prefixes are rolled up here, not by the server."""
+    entries: list[VersionEntry] = []
+    prefixes: list[str] = []
+    cut = len(client.prefix)
+    query = {"prefix": client.prefix + prefix, "versions": "true", "maxResults": "1000"}
+    if key_marker:
+        common = rollup(key_marker, prefix, delimiter)
+        start = key_marker if common is None else _successor(common)
+        if start is None:
+            return VersionsPage([], [], None, None)
+        query["startOffset"] = client.prefix + start
+    name: str | None = None  # the key whose generations are gathered in `held`
+    held: list[dict[str, Any]] = []
+
+    def past_marker(key: str, generation: int) -> bool:
+        if not key_marker or key > key_marker:
+            return True
+        return key == key_marker and version_marker is not None and generation < int(version_marker)
+
+    def take(key: str, items: list[dict[str, Any]]) -> bool:
+        """Entries of one key's generations; False once the page is full."""
+        items.sort(key=lambda i: -int(i["generation"]))
+        for item in items:
+            if not past_marker(key, int(item["generation"])):
+                continue
+            common = rollup(key, prefix, delimiter)
+            if common is not None:
+                if (not prefixes or prefixes[-1] != common) and common > (key_marker or ""):
+                    if len(entries) + len(prefixes) == max_keys:
+                        return False
+                    prefixes.append(common)
+                continue
+            if len(entries) + len(prefixes) == max_keys:
+                return False
+            info = replace(object_info(key, item), version_id=str(item["generation"]))
+            entries.append(VersionEntry(info, not item.get("timeDeleted")))
+        return True
+
+    def page() -> VersionsPage:
+        last_entry = entries[-1].info if entries else None
+        if prefixes and (last_entry is None or prefixes[-1] > last_entry.key):
+            return VersionsPage(entries, prefixes, prefixes[-1], None)
+        assert last_entry is not None
+        return VersionsPage(entries, prefixes, last_entry.key, last_entry.version_id)
+
+    while True:
+        listed = await client.list_objects(query)
+        for item in listed.get("items") or []:
+            key = item["name"][cut:]
+            if key.startswith(HIDDEN):
+                continue
+            if key != name:
+                if name is not None and not take(name, held):
+                    return page()
+                name, held = key, []
+            held.append(item)
+        more = listed.get("nextPageToken")
+        if not more:
+            break
+        query["pageToken"] = more
+    if name is not None and not take(name, held):
+        return page()
+    return VersionsPage(entries, prefixes, None, None)
 
 
 async def _shows(client: Client, common: str) -> bool:

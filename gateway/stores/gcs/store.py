@@ -6,17 +6,24 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator, Mapping
+from dataclasses import replace
 from urllib.parse import SplitResult, unquote, urlsplit
 
 import aiohttp
 
 from gateway.stores import base as store_base
 from gateway.stores.base import (
+    InvalidVersionId,
     ListPage,
     ListRequest,
+    NoSuchVersion,
     ObjectInfo,
+    ObjectNotFound,
+    StoreError,
     StoreUnavailable,
     VersionChanged,
+    VersionDeleted,
+    VersionsPage,
     check_range,
     kept,
 )
@@ -24,7 +31,7 @@ from gateway.stores.delegating import DelegatingStore
 from gateway.stores.etags import bare
 from gateway.stores.gcs.auth import credentials_from
 from gateway.stores.gcs.client import TRANSPORT, Client, Settings
-from gateway.stores.gcs.listing import list_page
+from gateway.stores.gcs.listing import list_page, list_versions
 from gateway.stores.gcs.multipart import Uploads
 from gateway.stores.gcs.resources import TAGS_KEY, etag_of, object_info, tags_value
 from gateway.stores.gcs.writes import Writes
@@ -98,18 +105,30 @@ class GcsStore(DelegatingStore):
     async def read(
         self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
     ) -> AsyncGenerator[bytes, None]:
-        query = {"alt": "media"}
+        generation = None
         if if_match is not None:
             # GCS ETags are not our ETags: the version is found by one, then read by the other.
             current = await self.client.resource(key)
             if bare(etag_of(current)) != bare(if_match):
                 raise VersionChanged(f"{key}: is {etag_of(current)}, not {if_match}")
-            # fake-gcs-server honours `generation`, GCS both.
-            query["generation"] = query["ifGenerationMatch"] = str(current["generation"])
+            generation = str(current["generation"])
+        elif end is not None and end <= start:
+            await self.client.resource(key)  # no bytes, but a missing key must be reported
         if end is not None and end <= start:
-            if if_match is None:  # no bytes, but a missing key must still be reported
-                await self.client.resource(key)
             return
+        async with contextlib.aclosing(self._media(key, start, end, generation, False)) as body:
+            async for chunk in body:
+                yield chunk
+
+    async def _media(
+        self, key: str, start: int, end: int | None, generation: str | None, addressed: bool
+    ) -> AsyncGenerator[bytes, None]:
+        """Bytes [start, end) of the key (of that generation: a version named by id when
+        `addressed`, else the one an ETag was found to be), checked before any is used."""
+        query = {"alt": "media"}
+        if generation is not None:
+            # fake-gcs-server honours `generation`, GCS both.
+            query["generation"] = query["ifGenerationMatch"] = generation
         name = self.client.readable(key)
         headers = {"Accept-Encoding": "gzip"}  # never transcoded: the bytes as stored
         # No Range for the whole object: GCS answers 416 to any range of an empty one.
@@ -122,21 +141,22 @@ class GcsStore(DelegatingStore):
                 return  # the range starts at or past the end: [start, end) is empty
             if response.status not in (200, 206):
                 reply = await self.client.reply(response)
-                if reply.status == 404 and if_match is not None:
+                if reply.status == 404 and generation is not None:
                     await self.client.resource(key)  # ObjectNotFound if it is gone altogether
-                    raise VersionChanged(f"{key}: generation {query['generation']} is gone")
+                    if addressed:
+                        raise NoSuchVersion(f"{key}: no generation {generation}")
+                    raise VersionChanged(f"{key}: generation {generation} is gone")
                 if reply.status == 404:
                     raise await self.client.missing(key)
                 raise self.client.fail(reply, key)
             # The answer is of the generation asked for (a server that ignores `generation`
             # answers with the current one), and of the range (one that ignores Range sends
             # all of it): checked before a byte of it is used.
-            asked = query.get("generation")
             answered_generation = response.headers.get("x-goog-generation")
-            if asked is not None and answered_generation not in (None, asked):
+            if generation is not None and answered_generation not in (None, generation):
                 store_base.answer_report(self.scheme, 0, True)
                 raise VersionChanged(
-                    f"{key}: asked for generation {asked}, answered {answered_generation}"
+                    f"{key}: asked for generation {generation}, answered {answered_generation}"
                 )
             answered = check_range(
                 key, start, end, "Range" in headers, response.status,
@@ -151,6 +171,87 @@ class GcsStore(DelegatingStore):
         finally:
             # Pooled only when read to the end; else the connection is closed.
             response.release()
+
+    # -- versions: GCS's generations (versionId is the generation number) -------------------
+
+    versions = True
+
+    async def stat_version(self, key: str, version_id: str) -> ObjectInfo:
+        generation = _generation(key, version_id)
+        if generation is None:
+            return replace(await self.stat(key), version_id="null")
+        url = self.client.object_url(self.client.readable(key))
+        reply = await self.client.call("GET", url, {"generation": generation})
+        if reply.status == 404:
+            missing = await self.client.missing(key)
+            raise (
+                NoSuchVersion(f"{key}: no generation {generation}")
+                if isinstance(missing, ObjectNotFound)
+                else missing
+            )
+        if reply.status != 200:
+            raise self.client.fail(reply, key)
+        if str(reply.body.get("generation")) != generation:
+            raise StoreError(f"{key}: asked for generation {generation}, answered another")
+        return replace(object_info(key, reply.body), version_id=generation)
+
+    async def read_version(
+        self, key: str, version_id: str, start: int, end: int, if_match: str | None = None
+    ) -> AsyncGenerator[bytes, None]:
+        generation = _generation(key, version_id)
+        if generation is None:
+            body = self.read(key, start, end, if_match)
+        elif end <= start:
+            return
+        else:
+            body = self._media(key, start, end, generation, True)
+        async with contextlib.aclosing(body) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    async def list_versions(
+        self,
+        prefix: str,
+        delimiter: str | None,
+        key_marker: str | None,
+        version_marker: str | None,
+        max_keys: int,
+    ) -> VersionsPage:
+        if version_marker is not None and not version_marker.isdigit():
+            raise ValueError("a GCS version id is a generation number")
+        return await list_versions(
+            self.client, prefix, delimiter, key_marker, version_marker, max_keys
+        )
+
+    async def delete_version(self, key: str, version_id: str) -> VersionDeleted:
+        generation = _generation(key, version_id)
+        if generation is None:
+            await self.delete(key)
+            return VersionDeleted("null", False)
+        url = self.client.object_url(self.client.readable(key))
+        reply = await self.client.call("DELETE", url, {"generation": generation})
+        if reply.status not in (200, 204, 404):
+            raise self.client.fail(reply, key, write=True)
+        return VersionDeleted(generation, False)
+
+    async def get_versioning(self) -> str | None:
+        reply = await self.client.call("GET", self.client.bucket_url())
+        if reply.status != 200:
+            raise self.client.fail(reply, "")
+        versioning = reply.body.get("versioning")
+        if not isinstance(versioning, dict):
+            return None
+        return "Enabled" if versioning.get("enabled") else "Suspended"
+
+    def versioning_settable(self) -> bool:
+        # Versioning is its bucket's: a mount of a prefix must not change it for the rest.
+        return not self.prefix
+
+    async def put_versioning(self, status: str) -> None:
+        patch = {"versioning": {"enabled": status == "Enabled"}}
+        reply = await self.client.call("PATCH", self.client.bucket_url(), json_body=patch)
+        if reply.status != 200:
+            raise self.client.fail(reply, "", write=True)
 
     # -- tags: one custom metadata key of ours (resources.TAGS_KEY) ----------------------
 
@@ -174,6 +275,16 @@ class GcsStore(DelegatingStore):
 
     async def _list_page(self, q: ListRequest) -> ListPage:
         return await list_page(self.client, q.prefix, q.delimiter, resume_after(q), q.max_keys)
+
+
+def _generation(key: str, version_id: str) -> str | None:
+    """The generation a version id names; None for "null" (the current one: GCS keeps no
+    version apart as S3's null version)."""
+    if version_id == "null":
+        return None
+    if not version_id.isdigit() or len(version_id) > 20:
+        raise InvalidVersionId(f"{key}: {version_id!r} is not a generation")
+    return version_id
 
 
 def _positive(options: Mapping[str, str], name: str, default: float) -> float:
