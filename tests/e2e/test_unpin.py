@@ -7,6 +7,7 @@ stopped), and the blocks, still cached, are then evicted under pressure like any
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import json
 import os
@@ -130,9 +131,16 @@ def janitor_of(node: GatewayNode) -> Any:
     return stats if stats is not None and stats.pid in processes else None
 
 
+def create_bucket(origin_s3: Any, name: str) -> None:
+    """The origin's bucket; there already when the session ran this file before."""
+    made = (origin_s3.exceptions.BucketAlreadyOwnedByYou, origin_s3.exceptions.BucketAlreadyExists)
+    with contextlib.suppress(*made):
+        origin_s3.create_bucket(Bucket=name)
+
+
 @pytest.fixture
 def pair(tmp_path: Path, origin: CountingProxy, origin_s3: Any) -> Iterator[Pair]:
-    origin_s3.create_bucket(Bucket=ORIGIN)
+    create_bucket(origin_s3, ORIGIN)
     for key, body in {**PINNED, **FILLER}.items():
         origin_s3.put_object(Bucket=ORIGIN, Key=key, Body=body)
     with temp_database() as url:
@@ -213,7 +221,7 @@ ORPHANS = "origin-unpin-all"
 @pytest.fixture
 def lone(tmp_path: Path, origin: CountingProxy, origin_s3: Any) -> Iterator[GatewayNode]:
     """One node on its own database, a bucket of two small objects mounted."""
-    origin_s3.create_bucket(Bucket=ORPHANS)
+    create_bucket(origin_s3, ORPHANS)
     for i in range(2):
         origin_s3.put_object(Bucket=ORPHANS, Key=f"a/{i}", Body=blob(100 * KiB, f"a/{i}"))
     args = ("--cache-block-size", "256KiB", "--cache-memory", "0")
