@@ -14,8 +14,8 @@ import logging
 import os
 import threading
 import urllib.request
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
 
 import botocore.session
@@ -23,10 +23,17 @@ from botocore.auth import S3SigV4Auth, S3SigV4QueryAuth
 from botocore.awsrequest import AWSRequest
 from botocore.config import Config
 from botocore.credentials import Credentials
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    HTTPClientError,
+    IncompleteReadError,
+)
+from botocore.exceptions import ConnectionError as EndpointUnreachable
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 
 from gateway.cache.blockfile import Corrupt
+from gateway.client.endpoints import Endpoints
 from gateway.client.local import HELLO_PATH, Lease, ShortCircuit, ShortCircuitError
 from gateway.client.routing import Routing
 from gateway.client.stats import ClientStats
@@ -35,6 +42,10 @@ log = logging.getLogger("gateway.client")
 
 _REFUSED = {"AccessDenied", "SignatureDoesNotMatch", "InvalidAccessKeyId", "403"}
 _VERSIONS_KEPT = 1 << 18
+# A node that did not answer: refused, reset, timed out, or cut its answer short. Another
+# node may answer (a 4xx or 5xx is an answer: the node is there).
+_UNANSWERED = (EndpointUnreachable, HTTPClientError, IncompleteReadError)
+T = TypeVar("T")
 
 
 class ClientErrorRetry(Exception):
@@ -45,9 +56,11 @@ class GatewayFileSystem(AbstractFileSystem):
     """The gateway's objects as files. Options as s3fs names them: `endpoint_url`, `key`,
     `secret` (else AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), `region`;
     `endpoint_url` may name several nodes (a list, or URLs separated by commas): each process
-    uses the first that answers (`/healthz`), so a job starts with a node of the fleet down;
-    `local_socket` for short-circuit reads on the node's host, `max_descriptors` for the
-    block files' descriptors it keeps (default: half the process's limit)."""
+    uses the first that answers (`/healthz`), so a job starts with a node of the fleet down,
+    and moves to the next that answers (those listed, then the fleet's other nodes) when its
+    node stops answering; `local_socket` for short-circuit reads on the node's host,
+    `max_descriptors` for the block files' descriptors it keeps (default: half the
+    process's limit)."""
 
     protocol = ("gw",)
     root_marker = ""
@@ -73,13 +86,11 @@ class GatewayFileSystem(AbstractFileSystem):
         self.endpoints = [e.strip().rstrip("/") for e in endpoint if e.strip()]
         if not self.endpoints:
             raise ValueError("endpoint_url is needed (or AWS_ENDPOINT_URL)")
-        self.endpoint_url: str = self.endpoints[0]
         self.key = key or env.get("AWS_ACCESS_KEY_ID")
         self.secret = secret or env.get("AWS_SECRET_ACCESS_KEY")
         self.region = region
         self.local_socket = local_socket or env.get("GATEWAY_LOCAL_SOCKET") or None
         self.stats = ClientStats()
-        self._s3: Any = None
         self._pid = -1
         self._lock = threading.Lock()
         self.max_descriptors = max_descriptors
@@ -88,7 +99,11 @@ class GatewayFileSystem(AbstractFileSystem):
             self._local = self._short_circuit()
         self.route = route
         self._routing = Routing(self._placement_document) if route else None
-        self._nodes: dict[str, Any] = {}  # a botocore client per node URL, this process's
+        self._endpoints = self._endpoint_choice()
+        # This process's botocore clients by node URL: of endpoints (retries of their own), and
+        # of owners (none: an owner that does not answer is skipped for the endpoint).
+        self._clients: dict[str, Any] = {}
+        self._nodes: dict[str, Any] = {}
         # Versions and sizes learnt from listings: a routed read of a large object needs the
         # version to find the owners of its blocks (no HEAD per object).
         self._versions: dict[tuple[str, str], tuple[str, int]] = {}
@@ -96,37 +111,58 @@ class GatewayFileSystem(AbstractFileSystem):
     # -- plumbing ------------------------------------------------------------------------
 
     @property
+    def endpoint_url(self) -> str:
+        """The node this process sends its requests to (docs/client.md, "Several endpoints")."""
+        return self._endpoints.current()
+
+    @property
     def s3(self) -> Any:
-        """This process's botocore client (made again in a forked or spawned worker)."""
+        """This process's botocore client of the endpoint in use."""
+        return self._endpoint_client(self.endpoint_url)
+
+    def _endpoint_client(self, url: str) -> Any:
         with self._lock:
-            if self._s3 is None or self._pid != os.getpid():
-                if len(self.endpoints) > 1:
-                    self.endpoint_url = self._live_endpoint()
-                self._s3 = self._client(self.endpoint_url, retries=3)
-                self._nodes = {}
-                self._pid = os.getpid()
-            return self._s3
+            if self._pid != os.getpid():  # forked or spawned: the parent's clients are not ours
+                self._clients, self._nodes, self._pid = {}, {}, os.getpid()
+            client = self._clients.get(url)
+            if client is None:
+                client = self._clients[url] = self._client(url, retries=3)
+            return client
 
     def _node(self, url: str) -> Any:
         """This process's client of one node (no retries of its own: a node that does not
         answer is skipped for the endpoint)."""
-        self.s3  # noqa: B018 (after a fork: the parent's clients are dropped first)
+        self._endpoint_client(self.endpoint_url)  # after a fork: the parent's clients dropped
         with self._lock:
             client = self._nodes.get(url)
             if client is None:
                 client = self._nodes[url] = self._client(url, retries=1)
             return client
 
-    def _live_endpoint(self) -> str:
-        """The first of the endpoints whose node answers its health check (else the first:
-        the error then comes with the first request)."""
-        for url in self.endpoints:
+    def _endpoint_choice(self) -> Endpoints:
+        routing = self._routing
+        learnt = routing.urls if routing is not None else list
+        return Endpoints(self.endpoints, _answers, learnt, self._moved)
+
+    def _moved(self, old: str, new: str) -> None:
+        log.warning("gateway node %s did not answer; going on with %s", old, new)
+        self.stats.failovers += 1
+
+    def _call(self, call: Callable[[Any], T]) -> T:
+        """`call(client)` with the client of the endpoint in use; when that node does not
+        answer, again with the next that does, which is kept from then on."""
+        url = self.endpoint_url
+        tried = {url}
+        while True:
             try:
-                with urllib.request.urlopen(f"{url}/healthz", timeout=2):
-                    return url
-            except (OSError, ValueError) as exc:
-                log.info("gateway endpoint %s does not answer (%s); trying the next", url, exc)
-        return self.endpoints[0]
+                return call(self._endpoint_client(url))
+            except _UNANSWERED as exc:
+                moved = self._endpoints.failed(url)
+                if moved is None or moved in tried:
+                    raise
+                log.info("%s did not answer, trying %s: %s", url, moved, exc)
+                tried.add(moved)
+                url = moved
 
     def _client(self, url: str, retries: int) -> Any:
         return botocore.session.get_session().create_client(
@@ -146,7 +182,6 @@ class GatewayFileSystem(AbstractFileSystem):
 
     def _placement_document(self) -> bytes:
         """The fleet's placement as the endpoint node describes it (a signed GET)."""
-        self.s3  # noqa: B018 (the endpoint of this process chosen first)
         request = AWSRequest(method="GET", url=f"{self.endpoint_url}/_gateway/placement")
         credentials = Credentials(self.key or "", self.secret or "")
         S3SigV4Auth(credentials, "s3", self.region).add_auth(request)
@@ -162,7 +197,6 @@ class GatewayFileSystem(AbstractFileSystem):
     def _sign_hello(self, nonce: str) -> tuple[str, str]:
         """The short-circuit connection's hello: a presigned GET naming the node's nonce,
         which proves the key once for the connection (request target, Host)."""
-        self.s3  # noqa: B018 (the endpoint of this process chosen first)
         url = f"{self.endpoint_url}{HELLO_PATH}?nonce={quote(nonce, safe='')}"
         request = AWSRequest(method="GET", url=url)
         credentials = Credentials(self.key or "", self.secret or "")
@@ -190,13 +224,25 @@ class GatewayFileSystem(AbstractFileSystem):
         path = self._strip_protocol(path)
         bucket, prefix = self._split(path)
         if not bucket:
-            names = [b["Name"] for b in self.s3.list_buckets()["Buckets"]]
+            listed = self._call(lambda s3: s3.list_buckets())
+            names = [b["Name"] for b in listed["Buckets"]]
             entries = [{"name": n, "size": 0, "type": "directory"} for n in names]
             return entries if detail else names
         if prefix:
             prefix += "/"
-        entries = []
-        pages = self.s3.get_paginator("list_objects_v2").paginate(
+        entries = self._call(lambda s3: self._listing(s3, bucket, prefix))
+        if not entries and prefix:
+            info = self.info(path)
+            if info["type"] == "file":
+                entries = [info]
+            else:
+                raise FileNotFoundError(path)
+        return entries if detail else [e["name"] for e in entries]
+
+    def _listing(self, s3: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:
+        """The entries under `prefix`, one level down, through one node (all its pages)."""
+        entries: list[dict[str, Any]] = []
+        pages = s3.get_paginator("list_objects_v2").paginate(
             Bucket=bucket, Prefix=prefix, Delimiter="/"
         )
         for page in pages:
@@ -214,13 +260,7 @@ class GatewayFileSystem(AbstractFileSystem):
                         "LastModified": obj["LastModified"],
                     }
                 )
-        if not entries and prefix:
-            info = self.info(path)
-            if info["type"] == "file":
-                entries = [info]
-            else:
-                raise FileNotFoundError(path)
-        return entries if detail else [e["name"] for e in entries]
+        return entries
 
     def _remember(self, bucket: str, key: str, etag: str, size: int) -> None:
         if len(self._versions) >= _VERSIONS_KEPT:
@@ -232,7 +272,7 @@ class GatewayFileSystem(AbstractFileSystem):
         bucket, key = self._split(path)
         if key:
             try:
-                head = self.s3.head_object(Bucket=bucket, Key=key)
+                head = self._call(lambda s3: s3.head_object(Bucket=bucket, Key=key))
             except ClientError as exc:
                 if exc.response["Error"]["Code"] not in ("404", "NoSuchKey", "NotFound"):
                     raise
@@ -244,11 +284,13 @@ class GatewayFileSystem(AbstractFileSystem):
                     "ETag": head["ETag"],
                     "LastModified": head["LastModified"],
                 }
-            listed = self.s3.list_objects_v2(Bucket=bucket, Prefix=key + "/", MaxKeys=1)
+            listed = self._call(
+                lambda s3: s3.list_objects_v2(Bucket=bucket, Prefix=key + "/", MaxKeys=1)
+            )
             if listed.get("KeyCount", 0):
                 return {"name": path, "size": 0, "type": "directory"}
             raise FileNotFoundError(path)
-        self.s3.head_bucket(Bucket=bucket)
+        self._call(lambda s3: s3.head_bucket(Bucket=bucket))
         return {"name": path, "size": 0, "type": "directory"}
 
     # -- bytes ---------------------------------------------------------------------------
@@ -372,13 +414,13 @@ class GatewayFileSystem(AbstractFileSystem):
         routing = self._routing
         block = routing.block_size(bucket) if routing is not None else None
         if routing is None or block is None:
-            return self._get(self.s3, bucket, key, start, end, etag)
+            return self._through_endpoint(bucket, key, start, end, etag)
         lo = start or 0
         if known is None and lo >= block:
             # A range past block 0 of an object not listed: one HEAD tells the version, which
             # finds the owners of its blocks from now on.
             try:
-                head = self.s3.head_object(Bucket=bucket, Key=key)
+                head = self._call(lambda s3: s3.head_object(Bucket=bucket, Key=key))
             except ClientError as exc:
                 if exc.response["Error"]["Code"] in ("404", "NoSuchKey", "NotFound"):
                     raise FileNotFoundError(f"{bucket}/{key}") from None
@@ -414,17 +456,24 @@ class GatewayFileSystem(AbstractFileSystem):
             if index == 0 or (index > 0 and version)
             else None
         )
-        if url is not None:
+        if url is not None and not self._endpoints.is_down(url):
             try:
                 data = self._get(self._node(url), bucket, key, start, end, etag)
             except (BotoCoreError, ClientErrorRetry) as exc:
                 log.info("owner %s did not answer, through the endpoint: %s", url, exc)
+                if isinstance(exc, _UNANSWERED):
+                    self._endpoints.failed(url)  # passed over a while, as an endpoint and owner
                 self._routing.stale()
                 self.stats.fallbacks += 1
             else:
                 self.stats.routed_reads += 1
                 return data
-        return self._get(self.s3, bucket, key, start, end, etag)
+        return self._through_endpoint(bucket, key, start, end, etag)
+
+    def _through_endpoint(
+        self, bucket: str, key: str, start: int | None, end: int | None, etag: str | None
+    ) -> bytes:
+        return self._call(lambda s3: self._get(s3, bucket, key, start, end, etag))
 
     def _get(
         self, client: Any, bucket: str, key: str, start: int | None, end: int | None,
@@ -476,11 +525,11 @@ class GatewayFileSystem(AbstractFileSystem):
 
     def pipe_file(self, path: str, value: bytes, **kwargs: Any) -> None:
         bucket, key = self._split(self._strip_protocol(path))
-        self.s3.put_object(Bucket=bucket, Key=key, Body=value)
+        self._call(lambda s3: s3.put_object(Bucket=bucket, Key=key, Body=value))
 
     def rm_file(self, path: str) -> None:
         bucket, key = self._split(self._strip_protocol(path))
-        self.s3.delete_object(Bucket=bucket, Key=key)
+        self._call(lambda s3: s3.delete_object(Bucket=bucket, Key=key))
 
     def close(self) -> None:
         if self._local is not None:
@@ -489,8 +538,9 @@ class GatewayFileSystem(AbstractFileSystem):
     def __getstate__(self) -> dict[str, Any]:
         # Pickled into spawned workers: no clients, sockets or descriptors travel.
         state = self.__dict__.copy()
-        state["_s3"], state["_pid"], state["_lock"] = None, -1, None
+        state["_clients"], state["_pid"], state["_lock"] = {}, -1, None
         state["_local"], state["_nodes"], state["_routing"] = None, {}, None
+        state["_endpoints"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -501,6 +551,7 @@ class GatewayFileSystem(AbstractFileSystem):
             self._local = self._short_circuit()
         if self.route:
             self._routing = Routing(self._placement_document)
+        self._endpoints = self._endpoint_choice()
 
 
 class GatewayFile(AbstractBufferedFile):
@@ -515,3 +566,13 @@ def _resolve(start: int | None, end: int | None, size: int) -> tuple[int, int]:
     lo = 0 if start is None else (start if start >= 0 else max(0, size + start))
     hi = size if end is None else (end if end >= 0 else max(0, size + end))
     return min(lo, size), min(max(hi, 0), size)
+
+
+def _answers(url: str) -> bool:
+    """Whether the node at `url` serves: its /healthz answers within 2 s."""
+    try:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=2):
+            return True
+    except (OSError, ValueError) as exc:
+        log.info("gateway node %s does not answer (%s)", url, exc)
+        return False

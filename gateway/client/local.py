@@ -9,14 +9,18 @@ name a bucket and keys, unsigned.
 
 A descriptor stays readable after the node evicts or replaces its file (an unlinked file
 lives while it is open), and names one version: a lease never outlives its TTL, so an
-overwrite is read after at most that long, as through HTTP.
+overwrite is read after at most that long, as through HTTP. A lease is also never kept past
+its node: when the node stops answering (its socket refuses, or it hung up the connection),
+every lease is dropped and the socket left alone for RETRY_AFTER seconds (reads go over HTTP).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import resource
+import select
 import socket
 import threading
 import time
@@ -34,7 +38,13 @@ MAX_KEYS = 1024  # keys asked in one request (as many as the node takes)
 RENEW_AHEAD_MIN_TTL = 60.0  # leases of a shorter TTL are renewed as they are read, not ahead
 MAX_FDS = 253  # descriptors in one message (the kernel's SCM_MAX_FD)
 REFUSED_FOR = 60.0  # seconds a client whose uid the node refused reads over HTTP only
+RETRY_AFTER = 10.0  # seconds after the node stopped answering before its socket is tried again
+NODE_CHECK = 1.0  # seconds between looks whether the node hung up (a process reading leases)
 _RECV = 1 << 18
+# The node hung up: it ended (a crash, a restart) or closed the connection on its side.
+_GONE = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
+
+log = logging.getLogger("gateway.client")
 
 
 class ShortCircuitError(Exception):
@@ -101,6 +111,8 @@ class ShortCircuit:
         self._fd_queue: list[int] = []
         self._pid = os.getpid()
         self._refused_until = -float("inf")  # the node refused this process's uid
+        self._down_until = -float("inf")  # the node stopped answering: HTTP until then
+        self._check_at = -float("inf")  # when to look again whether the node hung up
 
     def room(self) -> int:
         """Descriptors that more leases may take before older ones are let go."""
@@ -113,9 +125,12 @@ class ShortCircuit:
 
     def held(self, bucket: str, key: str) -> Lease | None:
         """The object's lease if one is held and still valid: no round trip."""
+        now = self._clock()
+        if now >= self._check_at:
+            self._check_node(now)
         with self._lock:
             lease = self._leases.get((bucket, key))
-            if lease is None or self._clock() >= lease.until:
+            if lease is None or now >= lease.until:
                 return None
             self._leases.move_to_end((bucket, key))
             self.stats.leases_reused += 1
@@ -135,6 +150,8 @@ class ShortCircuit:
         """Leases of many keys: those held, and the others asked of the node in as few
         requests as it takes (MAX_KEYS keys each). A key's error is its answer."""
         now = self._clock()
+        if now >= self._check_at:
+            self._check_node(now)
         found: dict[str, Lease | ShortCircuitError] = {}
         missing: list[str] = []
         stale: list[str] = []
@@ -201,6 +218,38 @@ class ShortCircuit:
             self._hang_up()
 
     # -- the node ------------------------------------------------------------------------
+
+    def _check_node(self, now: float) -> None:
+        """Every NODE_CHECK seconds, whether the node hung up this process's connection (it
+        ended): its leases are dropped then. No request: one poll of the connection."""
+        self._check_at = now + NODE_CHECK
+        if not self._talking.acquire(blocking=False):
+            return  # a request is under way: it finds out for itself
+        try:
+            conn = self._conn
+            if conn is not None and self._pid == os.getpid() and _hung_up(conn):
+                self._node_lost("it hung up")
+        finally:
+            self._talking.release()
+
+    def _node_lost(self, why: str) -> None:
+        """The node does not answer: every lease is dropped (a lease is a live node's word
+        that its version is current) and its socket is not asked again for RETRY_AFTER
+        seconds: reads go over HTTP, to another node when the client's endpoint is down too.
+        Called holding _talking."""
+        self._hang_up()
+        self._down_until = self._clock() + RETRY_AFTER
+        with self._lock:
+            dropped = len(self._leases)
+            for lease in self._leases.values():
+                lease.close()
+            self._leases.clear()
+            self._open_fds = 0
+        self.stats.leases_lost += dropped
+        log.warning(
+            "the gateway node on this host (%s) does not answer: %s; %d leases dropped, "
+            "reading over HTTP for %.0f s", self.path, why, dropped, RETRY_AFTER,
+        )  # fmt: skip
 
     def _keep(self, bucket: str, asked: dict[str, Lease | ShortCircuitError]) -> None:
         with self._lock:
@@ -347,6 +396,8 @@ class ShortCircuit:
         order); a connection lost before the answer is made again once."""
         body = json.dumps(message).encode()
         with self._talking:
+            if self._clock() < self._down_until:
+                raise ShortCircuitError("ServiceUnavailable", "the node did not answer lately")
             for attempt in range(2):
                 conn = self._connection()
                 objects: list[dict[str, Any]] = []
@@ -371,6 +422,8 @@ class ShortCircuit:
                     _close(fds)
                     self._hang_up()
                     if attempt:
+                        if isinstance(exc, OSError):  # lost twice, the second time a new one
+                            self._node_lost(f"{type(exc).__name__}: {exc}")
                         raise ShortCircuitError("ServiceUnavailable", str(exc)) from None
                 except BaseException:
                     _close(fds)
@@ -410,6 +463,7 @@ class ShortCircuit:
             conn.connect(self.path)
         except OSError as exc:
             conn.close()
+            self._node_lost(f"{type(exc).__name__}: {exc}")
             raise ShortCircuitError("ServiceUnavailable", f"{self.path}: {exc}") from None
         self._conn = conn
         self.stats.connections += 1
@@ -449,6 +503,21 @@ def _refusal(answer: dict[str, Any]) -> ShortCircuitError:
         int(answer.get("status", 0)),
         str(answer.get("scope", "")),
     )
+
+
+def _hung_up(conn: socket.socket) -> bool:
+    """Whether the other end of `conn` has closed it (nothing of it is read)."""
+    poller = select.poll()
+    poller.register(conn, select.POLLIN | _GONE)
+    for _, events in poller.poll(0):
+        if events & _GONE:
+            return True
+        if events & select.POLLIN:  # readable while no answer is due: the end, or an error
+            try:
+                return conn.recv(1, socket.MSG_PEEK) == b""
+            except OSError:
+                return True
+    return False
 
 
 def _close(fds: list[int]) -> None:

@@ -60,6 +60,12 @@ class Routing:
         owners = placement.owners(owner_key(mount.id, key, etag, index), 1)
         return self._urls.get(owners[0].id) if owners else None
 
+    def urls(self) -> list[str]:
+        """The S3 URLs of the fleet's nodes as last learnt (no request): where a client whose
+        endpoints do not answer may go."""
+        with self._lock:
+            return list(self._urls.values())
+
     def stale(self) -> None:
         """A node did not answer: look at the placement again before the next read."""
         with self._lock:
