@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from gateway.jobs.db import BATCH
+from tests.e2e.test_fleet import heard
 from tests.e2e.test_jobs_fleet import (
     ORIGIN,
     JobsFleet,
@@ -226,6 +227,10 @@ def stood_in(url: str, job_id: int) -> bool:
     return by_batch[1]["state"] == "done" and other != "" and not other.startswith("node-2:")
 
 
+def job_state(url: str, job_id: int) -> str:
+    return str(rows(url, "SELECT state FROM jobs WHERE id = $1", job_id)[0]["state"])
+
+
 @pytest.mark.timeout(300)
 def test_a_node_killed_and_back_mid_job_holds_its_share_when_the_job_is_done(
     tmp_path: Path, held: HeldOrigin, dataset: dict[str, bytes]
@@ -246,7 +251,7 @@ def test_a_node_killed_and_back_mid_job_holds_its_share_when_the_job_is_done(
         try:
             fleet.mount("data", "read_timeout=150")
             ids = {f"node-{i}" for i in range(3)}
-            eventually(lambda: fleet.settled(ids), timeout=30)
+            eventually(lambda: all(heard(node) == ids for node in fleet.nodes), timeout=30)
             _, job = fleet.load("data/slow/", "--detach")
             eventually(lambda: held.asked(first), timeout=60)  # node-2, its owner, loads it
             fleet.nodes[2].crash()
@@ -254,10 +259,10 @@ def test_a_node_killed_and_back_mid_job_holds_its_share_when_the_job_is_done(
             # Past the takeover delay the others finish node-2's share of batch 1 and take up
             # that of batch 0 (which waits on `first`); then node-2 comes back.
             eventually(lambda: stood_in(url, job["id"]), timeout=60, interval=0.2)
-            fleet.start(2)
-            eventually(lambda: fleet.settled(ids), timeout=60)
+            fleet.start(2)  # once it answers, it is live in the database
+            eventually(lambda: all(heard(node) == ids for node in fleet.nodes), timeout=60)
             held.let_go(first)
-            eventually(lambda: fleet.job(job["id"])["state"] != "running", timeout=120)
+            eventually(lambda: job_state(url, job["id"]) != "running", timeout=120, interval=0.2)
             ended = fleet.job(job["id"])
             assert (ended["state"], ended["objects_done"]) == ("done", len(keys)), ended
             _, verify = fleet.load("data/slow/", "--verify")
