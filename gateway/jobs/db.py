@@ -562,7 +562,7 @@ class JobStore:
                     spec, job["total_objects"], job["total_bytes"], int(done_bytes),
                     int(failures), int(unkept), int(skipped), bool(full), int(full_nodes or 0),
                 )  # fmt: skip
-            if away:
+            if away and spec.kind == "load":  # an unpin says so in its errors
                 message += f"; {_stood_in_for(away)}"
             ended = await conn.execute(
                 sa.update(jobs)
