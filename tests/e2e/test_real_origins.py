@@ -119,6 +119,37 @@ def test_a_dataset_on_seaweedfs_loads_and_reads_back_through_the_gateway(
     assert sorted(o["Key"] for o in listed) == sorted(data)
 
 
+def test_versions_on_seaweedfs_are_read_listed_and_deleted_by_id(
+    node: GatewayNode, seaweed: SeaweedS3
+) -> None:
+    """A second S3 server that keeps versions (SeaweedFS; moto is the first, in
+    test_s3_versions.py): versions read by id through the cache, listed, deleted."""
+    name = f"o{uuid.uuid4().hex[:10]}"
+    origin = seaweed.s3
+    origin.create_bucket(Bucket=name)
+    origin.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
+    old, new = blob(3 * MiB + 5, "sw-old"), blob(MiB, "sw-new")
+    v1 = origin.put_object(Bucket=name, Key="ckpt", Body=old)["VersionId"]
+    v2 = origin.put_object(Bucket=name, Key="ckpt", Body=new)["VersionId"]
+    bucket = mount(node, f"s3://{name}", seaweed.mount_options())
+    s3 = node.client()
+    assert s3.get_bucket_versioning(Bucket=bucket)["Status"] == "Enabled"
+    got = s3.get_object(Bucket=bucket, Key="ckpt", VersionId=v1)
+    assert got["Body"].read() == old and got["VersionId"] == v1
+    before = node.metric("gateway_store_bytes")
+    part = s3.get_object(Bucket=bucket, Key="ckpt", VersionId=v1, Range="bytes=1048570-2097160")
+    assert part["Body"].read() == old[1048570:2097161]
+    assert node.metric("gateway_store_bytes") == before  # from the cache
+    assert s3.get_object(Bucket=bucket, Key="ckpt")["Body"].read() == new
+    listed = s3.list_object_versions(Bucket=bucket)["Versions"]
+    assert [(v["VersionId"], v["IsLatest"]) for v in listed] == [(v2, True), (v1, False)]
+    s3.delete_object(Bucket=bucket, Key="ckpt", VersionId=v2)
+    assert s3.get_object(Bucket=bucket, Key="ckpt")["Body"].read() == old  # v1 current again
+    with pytest.raises(ClientError) as exc:
+        s3.get_object(Bucket=bucket, Key="ckpt", VersionId=v2)
+    assert exc.value.response["Error"]["Code"] == "NoSuchVersion"
+
+
 def test_an_origin_that_ignores_if_match_never_gets_two_versions_mixed(
     node: GatewayNode, rclone: RcloneS3, rclone_bucket: str
 ) -> None:
