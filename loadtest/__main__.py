@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from loadtest import epochs, fleet, hits, inprocess, listing, ranges, rebuild, sequential
 from loadtest.common import Options
+from loadtest.origins import DEFAULT_ORIGIN, ORIGINS
 from loadtest.report import RESULTS
 from loadtest.servers import nginx_missing
 from loadtest.wan import WanSettings, rate_bps
@@ -43,9 +44,15 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rtt-ms", type=float, default=20.0, help="WAN round trip (20)")
     g.add_argument("--rate", default="1gbit", help="WAN bandwidth, tc notation; 0: none (1gbit)")
     g.add_argument(
+        "--origin",
+        choices=ORIGINS,
+        help=f"the origin's S3 server ({DEFAULT_ORIGIN}; see loadtest/README.md, 'The origin')",
+    )
+    g.add_argument(
         "--stock-moto",
         action="store_true",
-        help="moto as shipped: every ranged GET reads the whole object (see moto_origin.py)",
+        help="--origin moto as shipped: every ranged GET reads the whole object "
+        "(see moto_origin.py)",
     )
     g.add_argument("--processes", type=int, default=2, help="load client processes (2)")
     g.add_argument(
@@ -93,10 +100,18 @@ def _gateway_args(args: argparse.Namespace) -> tuple[str, ...]:
     return ("--workers", str(args.nginx_workers), *extra)
 
 
+def _origin(args: argparse.Namespace) -> str:
+    if args.stock_moto:
+        if args.origin not in (None, "moto"):
+            raise SystemExit(f"--stock-moto is moto's; it does not go with --origin {args.origin}")
+        return "moto"
+    return str(args.origin or DEFAULT_ORIGIN)
+
+
 def _options(args: argparse.Namespace) -> Options:
     rate_bps(args.rate)  # fail on a bad rate before anything starts
     return Options(
-        wan=WanSettings(args.wan, args.rtt_ms, args.rate, args.stock_moto),
+        wan=WanSettings(args.wan, args.rtt_ms, args.rate, args.stock_moto, _origin(args)),
         processes=args.processes,
         gateway_args=_gateway_args(args),
         metadata_ttl=args.metadata_ttl,

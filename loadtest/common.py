@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -19,6 +19,10 @@ from loadtest.sizes import fmt_size
 from loadtest.wan import Origin, WanSettings, start_origin
 
 MiB = 1024 * 1024
+# CPU microseconds per request (per object in epochs, per page in list) of the row's gateway
+# processes, of the origin's and of the WAN proxy, each from /proc/<pid>/stat over the row:
+# what bounds a row is the one near a core's worth at the row's rate.
+CPU_COLUMNS = ["gateway us/req", "origin us/req", "WAN proxy us/req"]
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,7 @@ class Run:
 
     def origin(self) -> tuple[Origin, Callable[[], None]]:
         origin, shape = start_origin(self.cleanup, self.workdir, self.options.wan)
-        self.log(f"origin (moto) at {origin.url}, seeding through {origin.seed_url}")
+        self.log(f"origin ({origin.kind}) at {origin.url}, seeding through {origin.seed_url}")
         return origin, shape
 
     def origin_with_large(
@@ -100,10 +104,13 @@ def measure(
     readers: int,
     timeout: float,
     server_pid: int | None,
+    watch: Mapping[str, int | None] | None = None,
 ) -> tuple[Tally, CpuUse]:
+    """One phase of the load client, with the CPU of the server and of the processes in
+    `watch` (Origin.watch: the gateway, the origin, the WAN proxy) over it."""
     meters: list[CpuMeter] = []
     tally = client.run(
-        base_url, jobs, readers, timeout, lambda: meters.append(CpuMeter(server_pid))
+        base_url, jobs, readers, timeout, lambda: meters.append(CpuMeter(server_pid, watch))
     )
     return tally, meters[0].stop()
 
@@ -120,7 +127,8 @@ def prime(client: LoadClient, base_url: str, target: str, readers: int = 8) -> f
 
 
 def row_of(tally: Tally, cpu: CpuUse, **labels: object) -> Row:
-    """The figures every phase reports, next to the server's CPU meanwhile."""
+    """The figures every phase reports, next to the server's CPU meanwhile and the CPU per
+    request of each watched process (the gateway, the origin, the WAN proxy)."""
     hits = ",".join(f"{k}:{v}" for k, v in sorted(tally.x_cache.items()) if k != "-")
     return {
         **labels,
@@ -131,6 +139,7 @@ def row_of(tally: Tally, cpu: CpuUse, **labels: object) -> Row:
         "p99 ms": tally.percentile_ms(99),
         "server CPU": cpu.server_cores,
         "machine CPU %": cpu.machine_pct,
+        **cpu.per_request(tally.requests),
         "errors": tally.errors + tally.unfinished,
         "x-cache": hits or "-",
     }

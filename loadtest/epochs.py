@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from loadtest.common import Options, Run, finish, measure, row_of
+from loadtest.common import CPU_COLUMNS, Options, Run, finish, measure, row_of
 from loadtest.data import gateway_targets, origin_targets, seed_objects
 from loadtest.httpclient import CLIENT, Job
 from loadtest.report import Report, Row
@@ -45,7 +45,7 @@ SUMMARY = (
 )
 COLUMNS = [
     "path", "epoch", "seconds", "objects/s", "MB/s", "p50 ms", "p99 ms",
-    "server CPU", "machine CPU %", "origin reqs", "errors", "x-cache",
+    "server CPU", "machine CPU %", *CPU_COLUMNS, "origin reqs", "errors", "x-cache",
 ]  # fmt: skip
 
 
@@ -182,27 +182,33 @@ def run(options: Options, args: argparse.Namespace) -> None:
                 order = list(range(len(keys)))
                 random.Random(epoch).shuffle(order)  # the same order for every path
                 jobs = [Job(targets[i]) for i in order]
-                conns = origin.connections()
+                conns = origin.requests()
+                through_gateway = name.startswith(("gateway", "client"))
+                watch = origin.watch(pid if through_gateway else None)
                 tally, cpu = measure(
-                    client, base_url, jobs, args.readers, options.phase_timeout, pid
+                    client, base_url, jobs, args.readers, options.phase_timeout, pid, watch
                 )
                 row = report.add(**_epoch_row(name, epoch, row_of(tally, cpu)))
                 if name == "gateway+preload" and epoch == 1:
                     loader.join()
                     _load_row(report, load, origin.description, options.wan.rate)
                 if conns is not None:
-                    row["origin reqs"] = (origin.connections() or 0) - conns
+                    row["origin reqs"] = (origin.requests() or 0) - conns
                 r.log(
                     f"{name} epoch {epoch}: {row['seconds']:.1f} s, {row['objects/s']:.0f} obj/s, "
                     f"{row['MB/s']:.0f} MB/s, server CPU {cpu.server_cores}"
                 )
         report.ratios = {**_ratios(report.rows), **report.ratios}
         report.notes.append(
-            "server CPU: cores used by the server process (gateway, moto for direct, nginx); "
+            "server CPU: cores used by the server process (gateway, the origin for direct, nginx); "
             "local has no server (the client reads files; see machine CPU)"
         )
         report.notes.append(
-            "origin reqs: connections the origin accepted (moto closes each after one answer)"
+            "gateway/origin/WAN proxy us/req: CPU microseconds per object of the row's gateway "
+            "processes, of the origin's S3 server and of loadtest.wan_proxy, over the row"
+        )
+        report.notes.append(
+            "origin reqs: requests sent to the origin (their heads, counted by the WAN proxy)"
         )
         finish(r, report)
 

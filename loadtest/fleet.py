@@ -31,7 +31,7 @@ from typing import Any
 from loadtest.common import Options, Run, prime
 from loadtest.data import gateway_targets, seed_objects
 from loadtest.httpclient import CLIENT, Job, LoadClient, Tally
-from loadtest.procs import cpu_seconds, free_port, machine_busy_seconds, wait_http
+from loadtest.procs import CpuMeter, cpu_seconds, free_port, machine_busy_seconds, wait_http
 from loadtest.procs import run as run_cmd
 from loadtest.report import Report, Row, format_table
 from loadtest.servers import (
@@ -56,8 +56,8 @@ _LAT = ["p50 ms", "p99 ms"]
 COLUMNS = {
     "throughput": ["size", "nodes", "conns", "req/s", "MB/s", *_LAT, *_CPU, "errors", "vs 1 node"],
     "hop": ["size", "path", "conns", "req/s", "MB/s", *_LAT, *_CPU, "errors"],
-    "epochs": ["nodes", "epoch", "objects/s", "MB/s", *_LAT, *_CPU, "busy us/req", "origin reqs",
-               "errors", "x-cache"],
+    "epochs": ["nodes", "epoch", "objects/s", "MB/s", *_LAT, *_CPU, "busy us/req",
+               "origin us/req", "WAN proxy us/req", "origin reqs", "errors", "x-cache"],
 }  # fmt: skip
 
 
@@ -520,9 +520,12 @@ def _epoch(
 ) -> None:
     """One epoch: client process i reads share i of the jobs from base URL i with its readers
     (plan: base URLs, shares, readers), all at once; a row of the epochs table."""
-    conns = origin.connections()
+    conns = origin.requests()
+    # The nodes are metered by _spread; the origin and the WAN proxy here, per object.
+    behind = CpuMeter(None, {k: v for k, v in origin.watch().items() if k != "gateway"})
     tally, meter = _spread(clients, nodes, *plan, timeout)
     cores, machine = meter.stop()
+    behind_cells = behind.stop().per_request(tally.requests)
     rps = tally.requests / tally.seconds
     row = report.add(
         part="epochs",
@@ -532,11 +535,12 @@ def _epoch(
         **{"objects/s": rps, "MB/s": tally.bytes / tally.seconds / 1e6},
         **{"p50 ms": tally.percentile_ms(50), "p99 ms": tally.percentile_ms(99)},
         **_cpu_cells(cores, machine, rps),
+        **behind_cells,
         errors=tally.errors + tally.unfinished,
         **{"x-cache": ",".join(f"{k}:{v}" for k, v in sorted(tally.x_cache.items()))},
     )
     if conns is not None:
-        row["origin reqs"] = (origin.connections() or 0) - conns
+        row["origin reqs"] = (origin.requests() or 0) - conns
     if idle_cores is not None:
         row["busy us/req"] = (sum(cores) - idle_cores) / rps * 1e6
     r.log(f"epochs x {len(nodes)} node(s), {label}: {rps:.0f} obj/s, CPU {row['CPU per node']}, "

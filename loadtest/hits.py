@@ -27,7 +27,7 @@ from loadtest.wrk import WrkResult, run_wrk
 SUMMARY = "cache-hit req/s and p50/p99 by object size and for ranges, against nginx (wrk)"
 COLUMNS = [
     "size", "conns", "server", "req/s", "MB/s", "p50 ms", "p99 ms",
-    "server CPU", "CPU us/req", "machine CPU %", "errors",
+    "server CPU", "CPU us/req", "machine CPU %", "origin us/req", "WAN proxy us/req", "errors",
 ]  # fmt: skip
 LARGE = 16 << 20  # objects this big are read by --large-connections
 SERVERS = ("gateway", "nginx static", "nginx proxy_cache")
@@ -183,6 +183,8 @@ def run(options: Options, args: argparse.Namespace) -> None:
                 {g.label: origin_targets(origin.url, g.keys) for g in groups},
             ),
         ]
+        # Every row is of hits: the origin's and the WAN proxy's CPU shows they did no work.
+        watch = {k: v for k, v in origin.watch().items() if k != "gateway"}
         client = r.client()
         for group in groups:
             r.log(_warm(client, servers[0], group, "hit"))
@@ -196,7 +198,9 @@ def run(options: Options, args: argparse.Namespace) -> None:
                     # Interleaved, so that drift over the run hits every server alike.
                     for s in servers:
                         lines = group.wrk_lines(s.targets[group.label])
-                        res = run_wrk(s.base_url, lines, targets_file, c, args.duration, s.pid)
+                        res = run_wrk(
+                            s.base_url, lines, targets_file, c, args.duration, s.pid, watch
+                        )
                         runs[s.name].append(res)
                 for s in servers:
                     row = report.add(**_row(group.label, c, s.name, runs[s.name]))
@@ -232,6 +236,7 @@ def _row(label: str, conns: int, server: str, runs: list[WrkResult]) -> dict[str
         "server CPU": mid.cpu.server_cores,
         "CPU us/req": mid.cpu.server_cores / mid.rps * 1e6 if mid.rps else float("nan"),
         "machine CPU %": mid.cpu.machine_pct,
+        **mid.cpu.per_request(mid.requests),
         "errors": sum(x.errors for x in runs),
         "all req/s": [round(x.rps) for x in runs],
         # wrk's mean latency against Little's law (connections / throughput): a check on its

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from loadtest.common import Options, Run, finish
+from loadtest.common import CPU_COLUMNS, Options, Run, finish
 from loadtest.data import gateway_client, origin_client, seed_objects
 from loadtest.procs import CpuMeter
 from loadtest.report import Report, Row
@@ -49,7 +49,7 @@ BIG = "loadtest-big"  # a catalog filled in the database, --catalog-keys keys
 SUMMARY = "ListObjectsV2 over a prefix of many keys, through the gateway and directly"
 COLUMNS = [
     "path", "listing", "seconds", "keys/s", "pages", "p50 ms/page", "p99 ms/page",
-    "server CPU", "machine CPU %", "errors",
+    "server CPU", "machine CPU %", *CPU_COLUMNS, "errors",
 ]  # fmt: skip
 _TOKEN = re.compile(rb"<NextContinuationToken>([^<]*)</NextContinuationToken>")
 _KEY = re.compile(rb"<Key>")
@@ -139,7 +139,7 @@ def run(options: Options, args: argparse.Namespace) -> None:
             paths.append(("catalog-big", gateway.url, gclient, BIG, "big/", gateway.pid))
         for i in range(1, args.repeats + 1):
             for name, base, client, bucket, prefix, pid in paths:
-                meter = CpuMeter(pid)
+                meter = CpuMeter(pid, origin.watch(pid if name != "direct" else None))
                 t0 = time.monotonic()
                 deadline = t0 + options.phase_timeout
                 keys, pages, errors = list_all(
@@ -162,6 +162,7 @@ def run(options: Options, args: argparse.Namespace) -> None:
                         "p99 ms/page": ms[min(len(ms) - 1, int(0.99 * len(ms)))],
                         "server CPU": cpu.server_cores,
                         "machine CPU %": cpu.machine_pct,
+                        **cpu.per_request(len(pages)),
                         "keys": keys,
                     },
                 )

@@ -15,8 +15,8 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
@@ -135,7 +135,8 @@ def _children() -> dict[int, list[int]]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of `pid` and its live descendants (nginx workers, say)."""
+    """User + system CPU seconds of `pid` and its live descendants (nginx workers, say), and
+    of the children they have reaped (a worker that died and was forked again)."""
     tree = _children()
     total, todo = 0, [pid]
     while todo:
@@ -143,7 +144,8 @@ def cpu_seconds(pid: int) -> float:
         todo.extend(tree.get(p, []))
         with contextlib.suppress(OSError):
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+            # utime, stime, cutime, cstime: fields 14-17 of proc(5)
+            total += int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
     return total / _TICKS
 
 
@@ -156,24 +158,41 @@ def machine_busy_seconds() -> tuple[float, float]:
 
 @dataclass(frozen=True, slots=True)
 class CpuUse:
-    """CPU over one measurement: the server's in cores (1.0 = one core), the machine's in %."""
+    """CPU over one measurement: the server's in cores (1.0 = one core), the machine's in %,
+    and the CPU seconds of each watched group of processes (`CpuMeter`'s `watch`)."""
 
     server_cores: float
     machine_pct: float
+    seconds: Mapping[str, float | None] = field(default_factory=dict)
+
+    def per_request(self, requests: int) -> dict[str, float | str]:
+        """`<group> us/req`: each watched group's CPU microseconds per request ("-" for a
+        group with no process in this measurement)."""
+        out: dict[str, float | str] = {}
+        for name, secs in self.seconds.items():
+            out[f"{name} us/req"] = secs / requests * 1e6 if requests and secs is not None else "-"
+        return out
 
 
 class CpuMeter:
-    """Reads the server's and the machine's CPU counters around a measurement."""
+    """Reads the server's and the machine's CPU counters around a measurement, and those of
+    the processes in `watch` (name -> PID, and its descendants; None: no such process in
+    this measurement), such as the gateway, the origin and the WAN proxy."""
 
-    def __init__(self, pid: int | None) -> None:
+    def __init__(self, pid: int | None, watch: Mapping[str, int | None] | None = None) -> None:
         self._pid = pid
+        self._watch = dict(watch or {})
         self._t0 = time.monotonic()
         self._cpu0 = cpu_seconds(pid) if pid else 0.0
+        self._watch0 = {n: cpu_seconds(p) for n, p in self._watch.items() if p}
         self._busy0, _ = machine_busy_seconds()
 
     def stop(self) -> CpuUse:
         wall = max(time.monotonic() - self._t0, 1e-9)
         cpu = cpu_seconds(self._pid) - self._cpu0 if self._pid else 0.0
         busy, _ = machine_busy_seconds()
+        seconds = {
+            n: cpu_seconds(p) - self._watch0[n] if p else None for n, p in self._watch.items()
+        }
         pct = 100.0 * (busy - self._busy0) / (wall * (os.cpu_count() or 1))
-        return CpuUse(round(cpu / wall, 2), round(min(pct, 100.0), 1))
+        return CpuUse(round(cpu / wall, 2), round(min(pct, 100.0), 1), seconds)

@@ -15,14 +15,13 @@ from __future__ import annotations
 import argparse
 import shutil
 
-from loadtest.common import Options, Run, finish, measure, prime, row_of
+from loadtest.common import CPU_COLUMNS, Options, Run, finish, measure, prime, row_of
 from loadtest.data import (
     gateway_targets,
     origin_targets,
     random_ranges,
 )
 from loadtest.httpclient import Job
-from loadtest.procs import CpuMeter
 from loadtest.report import Report, Row
 from loadtest.servers import BUCKET, Gateway, start_gateway, start_nginx
 from loadtest.sizes import fmt_size, parse_size
@@ -30,7 +29,7 @@ from loadtest.sizes import fmt_size, parse_size
 SUMMARY = "random 1 MiB ranges of a large object, cold and warm, and origin bytes per byte served"
 COLUMNS = [
     "path", "pass", "seconds", "ranges/s", "MB/s", "p50 ms", "p99 ms", "server CPU",
-    "origin CPU", "origin reqs", "origin MB", "origin B / served B", "fills", "prefetches",
+    *CPU_COLUMNS, "origin reqs", "origin MB", "origin B / served B", "fills", "prefetches",
     "errors", "x-cache",
 ]  # fmt: skip
 PRIMER = "ranges/primer.bin"  # read before the cold pass: a fresh gateway's first miss
@@ -84,18 +83,20 @@ def run(options: Options, args: argparse.Namespace) -> None:
         ) -> Row:
             ranges = random_ranges(size, span, args.ranges, PASSES[label])
             jobs = [Job(target, rng) for rng in ranges]
-            before, conns = origin.bytes_sent(), origin.connections()
+            before, conns = origin.bytes_sent(), origin.requests()
             counters = _metrics(gw) if gw else {}
-            moto = CpuMeter(origin.pid)
-            tally, cpu = measure(client, base, jobs, args.readers, options.phase_timeout, pid)
-            row = row_of(tally, cpu, path=path, **{"origin CPU": moto.stop().server_cores})
+            watch = origin.watch(pid if gw is not None else None)
+            tally, cpu = measure(
+                client, base, jobs, args.readers, options.phase_timeout, pid, watch
+            )
+            row = row_of(tally, cpu, path=path)
             row["pass"] = label
             row["ranges/s"] = row.pop("req/s")
             row["served MB"] = tally.bytes / 1e6
             row["origin MB"] = (origin.bytes_sent() - before) / 1e6
             row["origin B / served B"] = row["origin MB"] / max(row["served MB"], 1e-9)
             if conns is not None:
-                row["origin reqs"] = (origin.connections() or 0) - conns
+                row["origin reqs"] = (origin.requests() or 0) - conns
             if gw is not None:
                 row.update({m: v - counters[m] for m, v in _metrics(gw).items()})
             r.log(
@@ -132,8 +133,9 @@ def run(options: Options, args: argparse.Namespace) -> None:
         )
         report.notes.append(
             "origin bytes: HTTP bytes (headers + bodies) the origin sent, counted where it "
-            "leaves the WAN; origin reqs: connections it accepted (one request each); fills, "
-            "prefetches: the gateway's block fills kept and read-ahead fills started"
+            "leaves the WAN; origin reqs: requests sent to it (their heads, counted by the WAN "
+            "proxy); fills, prefetches: the gateway's block fills kept and read-ahead fills "
+            "started"
         )
         finish(r, report)
 

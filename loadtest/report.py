@@ -1,4 +1,5 @@
-"""Results of one scenario run: the printed table, the JSON file and the PNG chart.
+"""Results of one scenario run: the printed table, the JSON file, the same in markdown (to
+paste into docs/performance.md) and the PNG chart.
 
 A scenario fills a `Report` (rows are plain column -> value records, because they go to
 JSON as they are); the chart is drawn from the JSON, so `python -m loadtest chart` can
@@ -82,6 +83,30 @@ def format_table(columns: list[str], rows: list[Row]) -> str:
     return "\n".join(out)
 
 
+def format_markdown(report: Report) -> str:
+    """The report as markdown: what ran, the table, the ratios and the notes."""
+    head = [
+        f"`{report.scenario}`, run {report.started}, commit `{report.commit}`, "
+        f"{report.cores} cores, load average {report.loadavg_at_start} at the start.",
+        "",
+        f"WAN: {report.wan}",
+        "",
+        f"Load generator: {report.load_generator}",
+        "",
+        "| " + " | ".join(report.columns) + " |",
+        "|" + "|".join("---" if i == 0 else "---:" for i in range(len(report.columns))) + "|",
+    ]
+    for row in report.rows:
+        head.append("| " + " | ".join(_cell(row.get(c, "")) for c in report.columns) + " |")
+    if report.ratios:
+        head.append("")
+        head += [f"- {name}: **{value:.2f}x**" for name, value in report.ratios.items()]
+    if report.notes:
+        head.append("")
+        head += [f"- {note}" for note in report.notes]
+    return "\n".join(head) + "\n"
+
+
 def print_report(report: Report) -> None:
     print()
     print(
@@ -101,11 +126,13 @@ def print_report(report: Report) -> None:
 
 
 def save(report: Report, results_dir: Path = RESULTS) -> tuple[Path, Path | None]:
-    """Write results/<scenario>-<timestamp>.json and .png; returns both paths."""
+    """Write results/<scenario>-<timestamp>.json, .md and .png; returns the JSON's and the
+    PNG's paths (the markdown is beside the JSON)."""
     results_dir.mkdir(parents=True, exist_ok=True)
     stem = results_dir / f"{report.scenario}-{report.started}"
     json_path = stem.with_suffix(".json")
     json_path.write_text(json.dumps(asdict(report), indent=2) + "\n")
+    stem.with_suffix(".md").write_text(format_markdown(report))
     png_path = stem.with_suffix(".png")
     try:
         from loadtest.charts import draw_one

@@ -1,5 +1,5 @@
-"""The origin (moto's S3 server, see moto_origin.py) behind an emulated WAN: latency and a
-bandwidth cap.
+"""The origin (an S3 server: SeaweedFS by default, rclone or moto; see origins.py) behind an
+emulated WAN: latency and a bandwidth cap.
 
 Preferred: the origin in a network namespace of its own, reached over a veth pair whose both
 ends carry `tc netem` delay and rate. Kernels without netem (this machine's) still get the
@@ -21,13 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from loadtest.origins import DEFAULT_ORIGIN, start_rclone, start_seaweedfs
 from loadtest.procs import Cleanup, free_port, run, wait_http
 
 _REPO = Path(__file__).resolve().parent.parent
 _NS_PREFIX = "ltwan"
 # RFC 2544's benchmarking range: never routed anywhere, and it lives only on our veth.
 _BENCH_NET = ipaddress.IPv4Network("198.18.0.0/15")
-_MOTO_PORT, _WAN_PORT, _STATS_PORT = 9000, 9001, 9002
+_ORIGIN_PORT, _WAN_PORT, _STATS_PORT = 9000, 9001, 9002
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,7 @@ class WanSettings:
     rtt_ms: float
     rate: str  # tc notation: 1gbit, 200mbit; "0" for no cap
     stock_moto: bool = False  # True: moto as shipped, whose ranged GETs read the whole object
+    origin: str = DEFAULT_ORIGIN  # the S3 server: seaweedfs | rclone | moto (origins.py)
 
 
 def rate_bps(rate: str) -> float:
@@ -52,10 +54,17 @@ class Origin:
 
     url: str
     seed_url: str
-    pid: int  # moto's, for its CPU use
+    pid: int  # the S3 server's, for its CPU use
     description: str
     _stats_url: str | None = None
     _rx_counter: Path | None = None
+    proxy_pid: int | None = None  # loadtest.wan_proxy's, where it adds the delay
+    kind: str = DEFAULT_ORIGIN  # seaweedfs | rclone | moto
+
+    def watch(self, gateway_pid: int | None = None) -> dict[str, int | None]:
+        """The processes whose CPU each row reports per request (procs.CpuMeter's `watch`):
+        the row's gateway (None where the row reads no gateway), the origin, the WAN proxy."""
+        return {"gateway": gateway_pid, "origin": self.pid, "WAN proxy": self.proxy_pid}
 
     def _stats(self) -> dict[str, int]:
         assert self._stats_url is not None
@@ -69,9 +78,14 @@ class Origin:
         assert self._rx_counter is not None
         return int(self._rx_counter.read_text())
 
+    def requests(self) -> int | None:
+        """Requests sent to the origin so far, where the delay proxy sees them (their heads)."""
+        return self._stats()["requests"] if self._stats_url else None
+
     def connections(self) -> int | None:
         """TCP connections made to the origin so far, where the delay proxy sees them; moto
-        closes every connection after one response, so this counts its requests too."""
+        closes every connection after one response, so for moto this counts its requests
+        too (SeaweedFS and rclone keep connections open)."""
         return self._stats()["connections"] if self._stats_url else None
 
 
@@ -128,7 +142,7 @@ def _start_proxy(
     stats: str,
     settings: WanSettings,
     rate: float | None,
-) -> None:
+) -> int:
     cmd = [
         *prefix, sys.executable, "-m", "loadtest.wan_proxy", "--listen", listen,
         "--upstream", upstream, "--rtt-ms", str(settings.rtt_ms),
@@ -136,6 +150,7 @@ def _start_proxy(
     ]  # fmt: skip
     proc = cleanup.spawn("wan proxy", cmd, workdir / "wan_proxy.log", _module_env())
     wait_http(f"http://{stats}/", proc, timeout=30)
+    return proc.pid
 
 
 def _tc_shape(ns: str | None, dev: str, settings: WanSettings, netem: bool) -> str:
@@ -207,6 +222,29 @@ def _moto_kind(settings: WanSettings) -> str:
     )
 
 
+def _start_server(
+    cleanup: Cleanup,
+    workdir: Path,
+    prefix: list[str],
+    host: str,
+    port: int,
+    settings: WanSettings,
+    own_netns: bool,
+) -> tuple[int, str]:
+    """The chosen S3 server listening on host:port: its PID and what it is."""
+    if settings.origin == "seaweedfs":
+        server = start_seaweedfs(cleanup, workdir, prefix, host, port, own_netns)
+    elif settings.origin == "rclone":
+        server = start_rclone(cleanup, workdir, prefix, host, port)
+    elif settings.origin == "moto":
+        return _start_moto(cleanup, workdir, prefix, host, port, settings.stock_moto), (
+            _moto_kind(settings)
+        )
+    else:
+        raise ValueError(f"unknown origin {settings.origin!r}")
+    return server.pid, f"{server.description}, seeded by PUTs over HTTP"
+
+
 def can_make_namespaces() -> bool:
     return os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
 
@@ -214,7 +252,7 @@ def can_make_namespaces() -> bool:
 def start_origin(
     cleanup: Cleanup, workdir: Path, settings: WanSettings
 ) -> tuple[Origin, Callable[[], None]]:
-    """Start moto behind the WAN; returns the origin and a `shape` callable for after seeding.
+    """Start the origin behind the WAN; returns it and a `shape` callable for after seeding.
 
     Shaping waits until the data is in: seeding thousands of objects through a 20 ms RTT
     would only make the harness slow, not the measurement truer.
@@ -225,26 +263,29 @@ def start_origin(
     rate = rate_bps(settings.rate) or None
     if mode == "netns":
         wan = NetnsWan(cleanup, workdir, settings)
-        moto_pid = _start_moto(
-            cleanup, workdir, wan.exec, wan.ns_ip, _MOTO_PORT, settings.stock_moto
+        pid, kind = _start_server(
+            cleanup, workdir, wan.exec, wan.ns_ip, _ORIGIN_PORT, settings, own_netns=True
         )
-        seed = f"http://{wan.ns_ip}:{_MOTO_PORT}"
+        seed = f"http://{wan.ns_ip}:{_ORIGIN_PORT}"
         if wan.netem:
-            origin = Origin(seed, seed, moto_pid, "", None, None)
+            origin = Origin(seed, seed, pid, "", None, None, kind=settings.origin)
             origin._rx_counter = Path(f"/sys/class/net/{wan.host_dev}/statistics/rx_bytes")
         else:
             listen, stats = f"{wan.ns_ip}:{_WAN_PORT}", f"{wan.ns_ip}:{_STATS_PORT}"
-            _start_proxy(
+            proxy_pid = _start_proxy(
                 cleanup,
                 workdir,
                 wan.exec,
                 listen,
-                f"{wan.ns_ip}:{_MOTO_PORT}",
+                f"{wan.ns_ip}:{_ORIGIN_PORT}",
                 stats,
                 settings,
                 None,
             )
-            origin = Origin(f"http://{listen}", seed, moto_pid, "", f"http://{stats}/")
+            origin = Origin(
+                f"http://{listen}", seed, pid, "", f"http://{stats}/", None, proxy_pid,
+                settings.origin,
+            )  # fmt: skip
 
         def shape() -> None:
             spec = wan.shape()
@@ -256,20 +297,27 @@ def start_origin(
             )
             origin.description = (
                 f"netns {wan.ns}, veth {wan.host_dev} {wan.host_ip} <-> {wan.ns_ip}; {how}; "
-                f"{_moto_kind(settings)}"
+                f"origin: {kind}"
             )
 
         return origin, shape
-    moto_port, wan_port, stats_port = free_port(), free_port(), free_port()
-    moto_pid = _start_moto(cleanup, workdir, [], "127.0.0.1", moto_port, settings.stock_moto)
+    origin_port, wan_port, stats_port = free_port(), free_port(), free_port()
+    pid, kind = _start_server(
+        cleanup, workdir, [], "127.0.0.1", origin_port, settings, own_netns=False
+    )
     listen, stats = f"127.0.0.1:{wan_port}", f"127.0.0.1:{stats_port}"
-    _start_proxy(cleanup, workdir, [], listen, f"127.0.0.1:{moto_port}", stats, settings, rate)
+    proxy_pid = _start_proxy(
+        cleanup, workdir, [], listen, f"127.0.0.1:{origin_port}", stats, settings, rate
+    )
     origin = Origin(
         f"http://{listen}",
-        f"http://127.0.0.1:{moto_port}",
-        moto_pid,
+        f"http://127.0.0.1:{origin_port}",
+        pid,
         f"loopback delay proxy (loadtest.wan_proxy): {settings.rtt_ms:g} ms RTT, "
-        f"rate {settings.rate} paced in user space; {_moto_kind(settings)}",
+        f"rate {settings.rate} paced in user space; origin: {kind}",
         f"http://{stats}/",
+        None,
+        proxy_pid,
+        settings.origin,
     )
     return origin, lambda: None

@@ -2,7 +2,9 @@
 
 Used where `tc netem` is missing from the kernel: inside the origin's network namespace (the
 veth then carries a kernel `tbf` rate limit), or on loopback when no namespace can be made.
-It also counts the bytes the origin sends, which is what "bytes fetched from the origin" means.
+It also counts the bytes the origin sends, which is what "bytes fetched from the origin" means,
+the connections it accepts, and the requests sent to the origin (request heads: the measured
+loads send GET, HEAD and list requests, which have no body; data is seeded around the proxy).
 
     python -m loadtest.wan_proxy --listen HOST:PORT --upstream HOST:PORT --rtt-ms 20 \
         [--rate-bps N] [--stats HOST:PORT]
@@ -28,8 +30,22 @@ _WINDOW = 6 * 1024 * 1024
 @dataclass
 class Stats:
     connections: int = 0
+    requests: int = 0  # request heads sent towards the origin
     bytes_from_origin: int = 0
     bytes_to_origin: int = 0
+
+
+class HeadCounter:
+    """Counts the blank lines that end HTTP heads in one direction of a connection, across
+    chunk boundaries. Right for requests without a body (a body could hold one too)."""
+
+    def __init__(self) -> None:
+        self._tail = b""
+
+    def feed(self, data: bytes) -> int:
+        joined = self._tail + data
+        self._tail = joined[-3:]
+        return joined.count(b"\r\n\r\n")
 
 
 @dataclass
@@ -62,7 +78,7 @@ async def _read_side(
     link: Link,
     one_way: float,
     not_before: float,
-    count: Callable[[int], None],
+    count: Callable[[int, bytes], None],
 ) -> None:
     loop = asyncio.get_running_loop()
     while True:
@@ -72,7 +88,7 @@ async def _read_side(
         pipe.ready.set()
         if not data:
             return
-        count(len(data))
+        count(len(data), data)
         pipe.queued += len(data)
         while pipe.queued > _WINDOW:
             pipe.room.clear()
@@ -107,10 +123,7 @@ class WanProxy:
         self.down = Link(rate_bps)  # from the origin
         self.stats = Stats()
 
-    def _up(self, n: int) -> None:
-        self.stats.bytes_to_origin += n
-
-    def _down(self, n: int) -> None:
+    def _down(self, n: int, data: bytes) -> None:
         self.stats.bytes_from_origin += n
 
     async def handle(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
@@ -118,6 +131,12 @@ class WanProxy:
         accepted = loop.time()
         self.stats.connections += 1
         one_way = self.rtt / 2
+        heads = HeadCounter()
+
+        def up(n: int, data: bytes) -> None:
+            self.stats.bytes_to_origin += n
+            self.stats.requests += heads.feed(data)
+
         try:
             o_reader, o_writer = await asyncio.open_connection(*self.upstream)
         except OSError:
@@ -125,12 +144,12 @@ class WanProxy:
             return
         # The client's connect() returned at once on loopback; over a WAN its first byte could
         # leave only after the SYN/SYN-ACK round trip, so it reaches the origin 1.5 RTT in.
-        up, down = _Pipe(), _Pipe()
+        up_pipe, down = _Pipe(), _Pipe()
         tasks = [
             asyncio.create_task(
-                _read_side(c_reader, up, self.up, one_way, accepted + 1.5 * self.rtt, self._up)
+                _read_side(c_reader, up_pipe, self.up, one_way, accepted + 1.5 * self.rtt, up)
             ),
-            asyncio.create_task(_write_side(o_writer, up)),
+            asyncio.create_task(_write_side(o_writer, up_pipe)),
             asyncio.create_task(_read_side(o_reader, down, self.down, one_way, 0.0, self._down)),
             asyncio.create_task(_write_side(c_writer, down)),
         ]

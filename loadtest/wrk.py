@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -109,12 +109,14 @@ def run_wrk(
     connections: int,
     seconds: float,
     server_pid: int | None,
+    watch: Mapping[str, int | None] | None = None,
     timeout: float = 30.0,
 ) -> WrkResult:
     """One bounded wrk run (`seconds` long) over `targets` (each a request target, or a target,
-    a tab and a Range header value) on one server, with the server's CPU meanwhile."""
+    a tab and a Range header value) on one server, with the server's CPU meanwhile (and that
+    of the processes in `watch`, procs.CpuMeter's)."""
     write_targets(targets_file, targets)
-    meter = CpuMeter(server_pid)
+    meter = CpuMeter(server_pid, watch)
     w = wrk(base_url, [targets_file], connections, seconds, timeout=timeout)
     cpu = meter.stop()
     return WrkResult(**asdict(w), cpu=cpu)
