@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -67,6 +68,7 @@ _SERVE_OPTIONS: list[tuple[str, str]] = [
     ("fill_concurrency", "Read-ahead fills in flight per worker process."),
     ("verify_sample", "Share of cache reads that re-check a block's checksum (0..1)."),
     ("workers", "Worker processes; they share the node's cache. Default: one per core."),
+    ("server", "HTTP server: gateway (the node's own, default) or uvicorn (plain ASGI)."),
     ("database_connections", "PostgreSQL connections the workers pool together (2+ each)."),
     ("fleet_secret", "Shared secret of the fleet; set, the node joins it (docs/fleet.md)."),
     ("node_id", "This node's id in the fleet; default: kept in <data-dir>/node-id."),
@@ -267,12 +269,12 @@ def serve(**kwargs: Any) -> None:
         # they are forked from this process, so prometheus_client, imported below, must find
         # the folder named in the environment when it is.
         prepare_metrics_dir(Path(settings.data_dir))
-    import uvicorn
-
-    from gateway.edge import EdgeConfig, EdgeLimits, run_workers
-    from gateway.node import SETTINGS_ENV, Node, settings_to_json
+    from gateway.edge import EdgeLimits
+    from gateway.node import SETTINGS_ENV, Node, node_from_environment, settings_to_json
     from gateway.service import learnt
 
+    if settings.server not in ("gateway", "uvicorn"):
+        raise click.UsageError(f"--server must be gateway or uvicorn: {settings.server}")
     try:
         limits = EdgeLimits.from_settings(settings)
     except ValueError as exc:
@@ -281,9 +283,6 @@ def serve(**kwargs: Any) -> None:
     banner, mounts = _run(_with_meta(settings, lambda meta: _bootstrap(meta, settings)))
     click.echo(banner)
     sys.stdout.flush()
-    # uvicorn says "running" when it binds, seconds before the workers answer: the node says
-    # "serving" itself once it does (_announce).
-    logging.getLogger("uvicorn.error").addFilter(_NotRunningYet())
     announce = threading.Thread(
         target=_announce, args=(settings, mounts), name="announce", daemon=True
     )
@@ -291,10 +290,57 @@ def serve(**kwargs: Any) -> None:
         # Each worker process builds its own Node from the settings resolved here, and
         # shares its metrics with the others (gateway/admin/metrics.py).
         os.environ[SETTINGS_ENV] = settings_to_json(settings)
-        app: Any = "gateway.node:node_from_environment"
-    else:
-        app = Node(settings)
-    # The same config, limits and TLS for both listening sockets: the S3 port and the fleet's.
+    # Both listening sockets, the S3 port and the fleet's, have the same limits and TLS.
+    sockets = [_bind(settings.host, settings.port)]
+    if settings.fleet_secret:
+        # The fleet's internal API listens on a port of its own (gateway/cluster/peer_api.py).
+        sockets.append(_bind(settings.host, settings.effective_internal_port))
+    try:
+        if settings.server == "uvicorn":
+            _serve_uvicorn(settings, limits, sockets, announce)
+            return
+        from gateway.server import ServerConfig, run_workers, serve_process
+
+        config = ServerConfig(limits, ssl=_tls(settings), graceful_timeout=10.0)
+        if settings.workers > 1:
+            # The announcing thread starts once the workers are forked: they are forked from
+            # a process with no other thread (gateway/server.py).
+            code = run_workers(
+                node_from_environment, config, sockets, settings.workers, announce.start
+            )
+            if code:
+                sys.exit(code)
+        else:
+            announce.start()
+            if not serve_process(Node(settings), config, sockets):
+                sys.exit(3)
+    finally:
+        _serving_file(settings).unlink(missing_ok=True)
+
+
+def _tls(settings: Settings) -> ssl.SSLContext | None:
+    """The server's TLS context, when the node has a certificate."""
+    if settings.tls_cert is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    key = str(settings.tls_key) if settings.tls_key else None
+    context.load_cert_chain(str(settings.tls_cert), key)
+    return context
+
+
+def _serve_uvicorn(
+    settings: Settings, limits: Any, sockets: list[socket.socket], announce: threading.Thread
+) -> None:
+    """`--server uvicorn`: the plain-ASGI fallback (gateway/edge_uvicorn.py)."""
+    import uvicorn
+
+    from gateway.edge_uvicorn import EdgeConfig, run_workers
+    from gateway.node import Node
+
+    # uvicorn says "running" when it binds, seconds before the workers answer: the node says
+    # "serving" itself once it does (_announce).
+    logging.getLogger("uvicorn.error").addFilter(_NotRunningYet())
+    app: Any = "gateway.node:node_from_environment" if settings.workers > 1 else Node(settings)
     config = EdgeConfig(
         app,
         limits,
@@ -314,24 +360,15 @@ def serve(**kwargs: Any) -> None:
         ssl_certfile=settings.tls_cert,
         ssl_keyfile=settings.tls_key,
     )
-    sockets = [config.bind_socket()]
-    if settings.fleet_secret:
-        # The fleet's internal API listens on a port of its own (gateway/cluster/peer_api.py).
-        sockets.append(_bind(settings.host, settings.effective_internal_port))
-    try:
-        if settings.workers > 1:
-            # The announcing thread starts once the workers are forked: they are forked from
-            # a process with no other thread (gateway/edge.py).
-            run_workers(config, sockets, started=announce.start)
-        else:
-            announce.start()
-            config.load_app()
-            server = uvicorn.Server(config)
-            server.run(sockets=sockets)
-            if not server.started:
-                sys.exit(3)
-    finally:
-        _serving_file(settings).unlink(missing_ok=True)
+    if settings.workers > 1:
+        run_workers(config, sockets, started=announce.start)
+    else:
+        announce.start()
+        config.load_app()
+        server = uvicorn.Server(config)
+        server.run(sockets=sockets)
+        if not server.started:
+            sys.exit(3)
 
 
 def _serving_file(settings: Settings) -> Path:

@@ -1,8 +1,10 @@
-"""The node's HTTP edge: uvicorn's httptools protocol with a bounded request head, a time
-limit for reading one, and a cap on open connections per listening port.
+"""The node's HTTP edge: a bounded request head, a time limit for reading one, and a cap on
+open connections per listening port, held by both HTTP servers a node can run: its own
+(gateway/server.py, the default) and uvicorn's httptools protocol (gateway/edge_uvicorn.py,
+`--server uvicorn`).
 
 httptools (llhttp) sets no limit of its own: it hands over the request target and each header
-field whole, however long, and uvicorn keeps them all. Here every piece is counted as it is
+field whole, however long. Here every piece is counted as it is
 parsed, and a head past a limit is answered (431, 414), a head not finished in time is
 answered (408), a connection past the cap is answered (503 SlowDown) at once, and each is
 then closed. The limits hold for both listening sockets, the S3 port and the fleet's port.
@@ -10,22 +12,14 @@ then closed. The limits hold for both listening sockets, the S3 port and the fle
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
-import multiprocessing
-import socket
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from http import HTTPStatus
 
-import httptools
-import uvicorn
 from prometheus_client import Counter as MetricCounter
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
-from uvicorn.server import ServerState
 
 from gateway import errors
 from gateway.config import Settings
@@ -33,6 +27,10 @@ from gateway.counters import REGISTRY
 from gateway.s3.http import new_request_id
 
 log = logging.getLogger("gateway.edge")
+
+STATUS_LINES = {
+    int(s): b"HTTP/1.1 %d %s\r\n" % (int(s), s.phrase.encode()) for s in HTTPStatus
+}  # the status lines of the codes Python knows
 
 # After an answer to a request that is refused, the client may still be sending; closing a
 # socket with unread input makes the kernel send a reset, which can destroy the answer
@@ -90,277 +88,6 @@ class EdgeLimits:
         )
 
 
-class EdgeConfig(uvicorn.Config):
-    """uvicorn's configuration with the edge's limits; it travels to worker processes whole
-    (pickled), so each worker's protocol finds the limits where it finds the rest."""
-
-    def __init__(self, app: Any, limits: EdgeLimits, **kwargs: Any) -> None:
-        super().__init__(
-            app,
-            http=EdgeProtocol,
-            ws="none",
-            timeout_keep_alive=limits.keepalive_timeout,
-            **kwargs,
-        )
-        self.limits = limits
-        # Connections open in this process, per listening port (the fleet's port has its
-        # own count, so a flood of clients cannot crowd out the peers).
-        self.open_connections: Counter[int] = Counter()
-
-
-def run_workers(
-    config: EdgeConfig, sockets: list[socket.socket], started: Callable[[], None]
-) -> None:
-    """Serve with `config.workers` worker processes under uvicorn's supervisor, each forked
-    from this process, which has imported the gateway already (gunicorn's "preload"): a
-    worker is ready in a fraction of a second where a spawned one imports it all again
-    (~2.5 s of CPU each on a small machine, for every worker of every node started). This
-    process must have no other thread when it forks: `started` runs once the first workers
-    are, and the supervisor itself runs none. The supervisor forks again to replace a worker
-    that dies, from the same quiet state."""
-    from uvicorn import _subprocess
-    from uvicorn.supervisors.multiprocess import Multiprocess
-
-    class Supervisor(Multiprocess):
-        def init_processes(self) -> None:
-            super().init_processes()
-            started()
-
-    if "fork" in multiprocessing.get_all_start_methods() and hasattr(_subprocess, "spawn"):
-        # uvicorn spawns its workers through this context (uvicorn/_subprocess.py).
-        setattr(_subprocess, "spawn", multiprocessing.get_context("fork"))  # noqa: B010
-    Supervisor(config, sockets=sockets).run()
-
-
-class _Refused(Exception):
-    """Raised inside a parser callback to stop parsing and answer with `error`."""
-
-    def __init__(self, error: errors.S3Error, reason: str) -> None:
-        super().__init__(reason)
-        self.error = error
-        self.reason = reason
-
-
-class EdgeProtocol(HttpToolsProtocol):
-    """One HTTP/1.1 connection, as uvicorn serves it, with the edge's limits."""
-
-    def __init__(
-        self,
-        config: uvicorn.Config,
-        server_state: ServerState,
-        app_state: dict[str, Any],
-        _loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        super().__init__(config, server_state, app_state, _loop)
-        if not isinstance(config, EdgeConfig):
-            raise TypeError("EdgeProtocol needs an EdgeConfig")
-        limits = self._limits = config.limits
-        # Read on every request: kept as plain attributes (a hit costs microseconds).
-        self._max_request_line = limits.max_request_line
-        self._max_header_bytes = limits.max_header_bytes
-        self._max_headers = limits.max_headers
-        self._open = config.open_connections
-        self._port: int | None = None  # the listening port this connection is counted on
-        self._answered = False  # a refusal is written: what the client still sends is dropped
-        # One timer per connection, re-armed as it fires, checks the head in progress (arming
-        # and cancelling one per request would cost more than the rest of the edge).
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._head_since: float | None = None  # loop time the head in progress began
-        self._asked = False  # a request has begun on this connection
-        self._linger: asyncio.TimerHandle | None = None
-        self._field_bytes = 0  # of the current message's header fields (trailers included)
-        # Bytes parsed without any callback: a header field still being received (httptools
-        # keeps a field's pieces until the field ends), or chunk extensions.
-        self._silent = 0
-        self._progress = False
-        self._fast: FastAnswer | None = None  # this port's answer to plain hits, if any
-        self._fast_answer: list[bytes | memoryview] | None = None  # to the request parsed
-        self._fast_keep_alive = True
-
-    # -- connection ------------------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        port = _local_port(transport)
-        if self._open[port] >= self._limits.max_connections:
-            self.transport = transport
-            self._refuse(
-                errors.SlowDown("The node has reached its limit of open connections."),
-                "connection_limit",
-            )
-            return
-        self._open[port] += 1
-        self._port = port
-        self._fast = _FAST.get(port)
-        super().connection_made(transport)
-        self._head_since = self.loop.time()
-        self._head_timer = self.loop.call_later(self._limits.head_timeout, self._check_head)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._port is not None:
-            self._open[self._port] -= 1
-            self._port = None
-        for timer in (self._head_timer, self._linger):
-            if timer is not None:
-                timer.cancel()
-        self._head_timer = self._linger = None
-        super().connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        if self._answered:
-            return
-        self._unset_keepalive_if_required()
-        self._progress = False
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            # No protocol to upgrade to (websockets are off): the request is served as a
-            # plain one, as uvicorn does.
-            return
-        except httptools.HttpParserError as exc:
-            refused = exc.__context__  # what a callback raised
-            if isinstance(refused, _Refused):
-                self._refuse(refused.error, refused.reason)
-            else:
-                self._refuse(
-                    errors.InvalidRequest("The request is not valid HTTP/1.1."), "not_http"
-                )
-            return
-        if self._progress:
-            self._silent = 0
-            return
-        self._silent += len(data)
-        if self._silent > self._max_header_bytes:
-            self._refuse(_header_too_large(self._limits), "header_section_too_large")
-
-    # -- parser callbacks ----------------------------------------------------------------
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._progress = self._asked = True
-        self._field_bytes = 0
-        self._head_since = self.loop.time()
-
-    def on_url(self, url: bytes) -> None:
-        self._progress = True
-        self.url += url
-        if len(self.url) > self._max_request_line:
-            raise _Refused(
-                errors.RequestURITooLong(MaxSizeAllowed=str(self._max_request_line)),
-                "request_line_too_long",
-            )
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        # uvicorn's own on_header, inlined with the counting: called ~10 times a request.
-        self._progress = True
-        self._field_bytes += len(name) + len(value)
-        if self._field_bytes > self._max_header_bytes or len(self.headers) >= self._max_headers:
-            raise _Refused(_header_too_large(self._limits), "header_section_too_large")
-        name = name.lower()
-        if name == b"expect" and value.lower() == b"100-continue":
-            self.expect_100_continue = True
-        self.headers.append((name, value))
-
-    def on_headers_complete(self) -> None:
-        self._progress = True
-        self._head_since = None
-        fast = self._fast
-        if (
-            fast is not None
-            and (self.cycle is None or self.cycle.response_complete)
-            and not self.pipeline
-            and not self.flow.write_paused  # a client that does not read gets no more
-        ):
-            parser = self.parser
-            keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
-            answer = fast(
-                parser.get_method(), self.url, self.headers, keep_alive,
-                self.server_state.default_headers,
-            )  # fmt: skip
-            if answer is not None:
-                self._fast_answer = answer
-                self._fast_keep_alive = keep_alive
-                return
-        super().on_headers_complete()
-
-    def on_body(self, body: bytes) -> None:
-        self._progress = True
-        super().on_body(body)
-
-    def on_chunk_header(self) -> None:
-        self._progress = True
-
-    def on_chunk_complete(self) -> None:
-        self._progress = True
-
-    def on_message_complete(self) -> None:
-        self._progress = True
-        answer = self._fast_answer
-        if answer is None:
-            super().on_message_complete()
-            return
-        # Answered at the edge: written in order (no request of this connection is under
-        # way), then on as uvicorn goes on after a response.
-        self._fast_answer = None
-        transport = self.transport
-        if transport.is_closing():
-            return
-        if len(answer) == 1:
-            transport.write(answer[0])
-        else:
-            transport.writelines(answer)
-        FAST_ANSWERS.inc()
-        if not self._fast_keep_alive:
-            transport.close()
-            return
-        self._unset_keepalive_if_required()
-        self.on_response_complete()
-
-    # -- refusals ------------------------------------------------------------------------
-
-    def _check_head(self) -> None:
-        self._head_timer = None
-        if self._answered or self.transport.is_closing():
-            return
-        timeout = self._limits.head_timeout
-        since = self._head_since
-        waited = 0.0 if since is None else self.loop.time() - since
-        if waited < timeout:
-            self._head_timer = self.loop.call_later(timeout - waited, self._check_head)
-            return
-        if not self._asked:
-            # Nothing was asked: an idle connection is closed without an answer.
-            CLOSED.labels("idle").inc()
-            self.transport.close()
-            return
-        self._refuse(
-            errors.RequestTimeout(
-                f"The request head was not received within {self._limits.head_timeout:g} seconds."
-            ),
-            "head_timeout",
-        )
-
-    def _refuse(self, error: errors.S3Error, reason: str) -> None:
-        """Answer `error` and close. A request whose response is under way (a pipelined
-        request, trailers of a body being read) has no room for another answer: its
-        connection is closed."""
-        self._answered = True
-        _report(reason)
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-        transport = self.transport
-        if self.cycle is not None and not self.cycle.response_complete:
-            transport.close()
-            return
-        transport.write(_render(error, self.server_state.default_headers))
-        if not transport.can_write_eof():  # TLS: close_notify follows the answer
-            transport.close()
-            return
-        transport.write_eof()
-        transport.resume_reading()
-        self._linger = self.loop.call_later(LINGER, transport.close)
-
-
 # The answers to plain cache hits, by listening port (the S3 port; never the fleet's): set by
 # the node of this process once it has started (gateway/s3/fast.py).
 FastAnswer = Callable[
@@ -368,6 +95,11 @@ FastAnswer = Callable[
     list[bytes | memoryview] | None,
 ]
 _FAST: dict[int, FastAnswer] = {}
+
+
+def fast_path(port: int) -> FastAnswer | None:
+    """The answer to plain hits on `port` in this process, if any."""
+    return _FAST.get(port)
 
 
 def install_fast_path(port: int, answer: FastAnswer | None) -> None:
@@ -378,12 +110,7 @@ def install_fast_path(port: int, answer: FastAnswer | None) -> None:
         _FAST[port] = answer
 
 
-def _local_port(transport: asyncio.BaseTransport) -> int:
-    name = transport.get_extra_info("sockname")
-    return int(name[1]) if isinstance(name, tuple) else 0
-
-
-def _header_too_large(limits: EdgeLimits) -> errors.S3Error:
+def header_too_large(limits: EdgeLimits) -> errors.S3Error:
     return errors.RequestHeaderSectionTooLarge(
         f"The request's header fields exceed {limits.max_header_bytes} bytes or"
         f" {limits.max_headers} fields.",
@@ -391,10 +118,10 @@ def _header_too_large(limits: EdgeLimits) -> errors.S3Error:
     )
 
 
-def _render(error: errors.S3Error, default_headers: list[tuple[bytes, bytes]]) -> bytes:
+def render_refusal(error: errors.S3Error, default_headers: list[tuple[bytes, bytes]]) -> bytes:
     request_id = new_request_id()
     body = error.to_xml(request_id)
-    head = [STATUS_LINE[error.status]]
+    head = [STATUS_LINES[error.status]]
     for name, value in default_headers:
         head += [name, b": ", value, b"\r\n"]
     head += [
@@ -409,10 +136,12 @@ def _render(error: errors.S3Error, default_headers: list[tuple[bytes, bytes]]) -
 _reported: dict[str, tuple[float, int]] = {}
 
 
-def _report(reason: str) -> None:
+def report_refusal(reason: str, log_it: bool = True) -> None:
     """Count a refusal; log it, but not more than once per REPORT_EVERY seconds a reason, so
     that an attack cannot flood the log."""
     CLOSED.labels(reason).inc()
+    if not log_it:
+        return
     now = time.monotonic()
     last, count = _reported.get(reason, (-REPORT_EVERY, 0))
     if now - last < REPORT_EVERY:

@@ -118,6 +118,7 @@ InvalidAccessKeyId = _error(
     "The AWS Access Key Id you provided does not exist in our records.",
 )
 InvalidArgument = _error("InvalidArgument", 400, "Invalid Argument")
+InvalidURI = _error("InvalidURI", 400, "Couldn't parse the specified URI.")
 InvalidBucketName = _error("InvalidBucketName", 400, "The specified bucket is not valid.")
 # S3 answers 403 for this one (observed; a 400 would be more natural).
 InvalidChunkSizeError = _error(

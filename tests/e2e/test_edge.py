@@ -30,13 +30,18 @@ HEADERS = 32 * KiB
 FIELDS = 128
 
 
-@pytest.fixture(scope="module")
-def node(module_dir: Path) -> Iterator[GatewayNode]:
-    files = module_dir / "files"
-    files.mkdir()
-    data = module_dir / "data"
+# Each attack is tried on both HTTP servers a node can run: its own (the default) and
+# uvicorn's, the plain-ASGI fallback (`--server uvicorn`).
+SERVERS = ["gateway", "uvicorn"]
+
+
+@pytest.fixture(scope="module", params=SERVERS)
+def node(module_dir: Path, request: pytest.FixtureRequest) -> Iterator[GatewayNode]:
+    files = module_dir / request.param / "files"
+    files.mkdir(parents=True)
+    data = module_dir / request.param / "data"
     run_cli(data, None, "mount", "add", "files", files.as_uri())
-    node = start_gateway(data, args=("--no-access-log",))
+    node = start_gateway(data, args=("--no-access-log", "--server", request.param))
     try:
         yield node
     finally:
@@ -232,10 +237,15 @@ def test_real_clients_with_long_presigned_urls_and_many_headers_are_served(
 # -- time limits ------------------------------------------------------------------------------
 
 
-def test_heads_that_never_finish_and_silent_connections_are_closed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("server", SERVERS)
+def test_heads_that_never_finish_and_silent_connections_are_closed(
+    tmp_path: Path, server: str
+) -> None:
     """500 connections that send half a request head, or nothing, are closed after the head
     timeout; the half heads are told 408 RequestTimeout, the silent ones get no answer."""
-    node = start_gateway(tmp_path / "n", args=("--head-timeout", "2", "--no-access-log"))
+    node = start_gateway(
+        tmp_path / "n", args=("--head-timeout", "2", "--no-access-log", "--server", server)
+    )
     try:
         half = [socket.create_connection(("127.0.0.1", node.port)) for _ in range(250)]
         silent = [socket.create_connection(("127.0.0.1", node.port)) for _ in range(250)]
@@ -254,8 +264,11 @@ def test_heads_that_never_finish_and_silent_connections_are_closed(tmp_path: Pat
         node.stop()
 
 
-def test_an_idle_keep_alive_connection_is_closed(tmp_path: Path) -> None:
-    node = start_gateway(tmp_path / "n", args=("--keepalive-timeout", "1", "--no-access-log"))
+@pytest.mark.parametrize("server", SERVERS)
+def test_an_idle_keep_alive_connection_is_closed(tmp_path: Path, server: str) -> None:
+    node = start_gateway(
+        tmp_path / "n", args=("--keepalive-timeout", "1", "--no-access-log", "--server", server)
+    )
     try:
         with socket.create_connection(("127.0.0.1", node.port), timeout=10) as sock:
             sock.sendall(_get(b"/healthz"))
@@ -273,10 +286,14 @@ def test_an_idle_keep_alive_connection_is_closed(tmp_path: Path) -> None:
 # -- the connection cap ----------------------------------------------------------------------
 
 
-def test_connections_past_the_cap_are_answered_503_slowdown_at_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("server", SERVERS)
+def test_connections_past_the_cap_are_answered_503_slowdown_at_once(
+    tmp_path: Path, server: str
+) -> None:
     # One worker: the cap is each worker process's (docs/configuration.md).
     node = start_gateway(
-        tmp_path / "n", args=("--max-connections", "40", "--no-access-log", "--workers", "1")
+        tmp_path / "n",
+        args=("--max-connections", "40", "--no-access-log", "--workers", "1", "--server", server),
     )
     try:
         held = [socket.create_connection(("127.0.0.1", node.port)) for _ in range(40)]
@@ -304,12 +321,15 @@ def test_connections_past_the_cap_are_answered_503_slowdown_at_once(tmp_path: Pa
 # -- memory under attack ---------------------------------------------------------------------
 
 
-def test_memory_stays_flat_while_connections_stream_header_lines(tmp_path: Path) -> None:
+@pytest.mark.parametrize("server", SERVERS)
+def test_memory_stays_flat_while_connections_stream_header_lines(
+    tmp_path: Path, server: str
+) -> None:
     """Four connections stream header lines (reconnecting when cut off), one a request line,
     one a single header value, for a bounded time; the node's RSS is sampled before, during
     and after. Unbounded, the same load grew a node by gigabytes: the attack stops early
     when the node has grown past the bound, so that a failing run does not eat the machine."""
-    node = start_gateway(tmp_path / "n", args=("--no-access-log",))
+    node = start_gateway(tmp_path / "n", args=("--no-access-log", "--server", server))
     pid = node.proc.pid
     try:
         for _ in range(20):  # warm: the first requests allocate what every request needs

@@ -4,6 +4,7 @@ keep the cache, secrets that never show, PostgreSQL as the metadata store, and a
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -211,7 +212,7 @@ def test_first_start_creates_and_prints_a_key(tmp_path: Path) -> None:
         cores = len(os.sched_getaffinity(0))
 
         def workers_started() -> bool:
-            return log.read_text().count("Application startup complete") == cores
+            return len(re.findall(r"worker \d+ started", log.read_text())) == cores
 
         eventually(workers_started, timeout=60)
     finally:

@@ -207,7 +207,7 @@ def test_worker_processes_of_a_node_share_fills_and_blocks(
             results = list(pool.map(read, range(16)))
         assert all(r == BIG_BODY for r in results)
         assert origin.bytes_sent("GET") == BIG
-        assert len(node.workers()) >= 2  # uvicorn's worker processes
+        assert len(node.workers()) >= 2  # the node's worker processes
     finally:
         node.stop()
 

@@ -47,6 +47,9 @@ ALLOWED: dict[str, set[str]] = {
     | BELOW_THE_SERVICE
     | BASE,
     "gateway.edge": {"gateway.s3"} | BASE,  # the HTTP server's limits, answered as S3 errors
+    # The node's own HTTP server, and uvicorn's protocol as the fallback: the edge's limits.
+    "gateway.server": {"gateway.edge"} | BASE,
+    "gateway.edge_uvicorn": {"gateway.edge"} | BASE,
     # Runs in training jobs, apart from any node: reads block files as the page store wrote
     # them, and finds owners with the nodes' own placement function.
     "gateway.client": {"gateway.cache", "gateway.cluster"},

@@ -1,0 +1,976 @@
+"""The node's own HTTP/1.1 server: an `asyncio.Protocol` over httptools' parser (llhttp) on
+uvloop, built on public APIs only, with the edge's limits (gateway/edge.py) and its answers to
+plain hits made in the parser's callback, before any request cycle exists.
+
+Everything that is not such a hit is handed, in this process and without a second parse, to
+the node's ASGI application (starlette and the S3 front end) as an ASGI 3 `http` exchange:
+keep-alive, pipelining (one exchange at a time per connection, the next one parsed and held),
+backpressure both ways (reading paused while an exchange's unread body is large or a
+pipelined request waits; the application's `send` waits while the socket's buffer is full),
+`Expect: 100-continue` answered on the first `receive`, and timeouts: the head (408, or closed
+when nothing was asked), the idle connection between requests, the TLS handshake.
+
+`Serving` runs the application's lifespan around one process's listening sockets;
+`run_workers` forks the node's worker processes from this one (which has imported the gateway
+already), replaces a worker that dies, and stops them all on SIGINT or SIGTERM. uvicorn stays
+available as the plain-ASGI fallback (`gateway serve --server uvicorn`, gateway/edge.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import selectors
+import signal
+import socket
+import ssl
+import sys
+import time
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from email.utils import formatdate
+from typing import Any, cast
+from urllib.parse import unquote
+
+import httptools
+
+from gateway import errors
+from gateway.edge import (
+    FAST_ANSWERS,
+    LINGER,
+    STATUS_LINES,
+    EdgeLimits,
+    FastAnswer,
+    fast_path,
+    header_too_large,
+    render_refusal,
+    report_refusal,
+)
+
+log = logging.getLogger("gateway.server")
+
+App = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]], Any], Awaitable[None]]
+
+# Bytes of request body buffered for an exchange before the connection stops reading.
+BODY_HIGH_WATER = 256 << 10
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_ASGI = {"version": "3.0", "spec_version": "2.3"}
+_NO_BODY_STATUS = frozenset({204, 304})
+
+
+@dataclass
+class ServerConfig:
+    """What each worker's server needs; built before the workers are forked."""
+
+    limits: EdgeLimits
+    ssl: ssl.SSLContext | None = None
+    graceful_timeout: float = 10.0  # seconds running exchanges are given at a shutdown
+
+
+class _Refused(Exception):
+    """Raised inside a parser callback to stop parsing and answer with `error`."""
+
+    def __init__(self, error: errors.S3Error, reason: str) -> None:
+        super().__init__(reason)
+        self.error = error
+        self.reason = reason
+
+
+class _Clock:
+    """The `date` header, formatted once a second rather than once a response."""
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._headers: list[tuple[bytes, bytes]] = []
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        now = int(time.time())
+        if now != self._second:
+            self._second = now
+            self._headers = [(b"date", formatdate(now, usegmt=True).encode())]
+        return self._headers
+
+
+class Server:
+    """One process's connections: their count per listening port, the application, and a
+    graceful stop."""
+
+    def __init__(self, app: App, config: ServerConfig) -> None:
+        self.app = app
+        self.config = config
+        self.limits = config.limits
+        self.clock = _Clock()
+        self.open: Counter[int] = Counter()  # connections per listening port
+        self.connections: set[Connection] = set()
+        self.state: dict[str, Any] = {}  # the lifespan's state, copied into each scope
+        self.stopping = False
+        self._none_open = asyncio.Event()  # set when stopping and the last connection closed
+
+    def closed(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+        if self.stopping and not self.connections:
+            self._none_open.set()
+
+    def protocol(self) -> Connection:
+        return Connection(self)
+
+    async def drain(self) -> None:
+        """Close idle connections, let running exchanges finish (their connections close
+        after the answer), and close the rest once the graceful timeout is over."""
+        self.stopping = True
+        for conn in list(self.connections):
+            conn.stop()
+        if self.connections:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._none_open.wait(), self.config.graceful_timeout)
+        for conn in list(self.connections):
+            conn.abort()
+
+
+class Connection(asyncio.Protocol):
+    """One client connection (see the module's docstring)."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        limits = self._limits = server.limits
+        # Read on every request: plain attributes.
+        self._max_request_line = limits.max_request_line
+        self._max_header_bytes = limits.max_header_bytes
+        self._max_headers = limits.max_headers
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self.parser = httptools.HttpRequestParser(self)
+        with contextlib.suppress(AttributeError):  # httptools < 0.6.3
+            # A request pipelined after one with `Connection: close` is not an error.
+            self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        self._port: int | None = None  # the listening port this connection is counted on
+        self._sockname: tuple[str, int] | None = None
+        self._peername: tuple[str, int] | None = None
+        self._scheme = "http"
+        self._fast: FastAnswer | None = None
+        # The request being parsed.
+        self._url = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._field_bytes = 0
+        self._expect_continue = False
+        self._parsing: Exchange | None = None  # the exchange the parser feeds a body to
+        self._fast_answer: list[bytes | memoryview] | None = None
+        self._fast_keep_alive = True
+        # Exchanges: the one answering, and those parsed behind it.
+        self.running: Exchange | None = None
+        self._pipeline: deque[Exchange] = deque()
+        # Flow: reading is paused for a body not yet read by the application or for a
+        # pipelined request; writing waits while the transport's buffer is full.
+        self._paused_for_body = False
+        self._paused_for_pipeline = False
+        self.writable = asyncio.Event()
+        self.writable.set()
+        # Timers and state of the edge's limits.
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_since: float | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._asked = False
+        self._answered = False  # a refusal was written: what still comes is dropped
+        self._linger: asyncio.TimerHandle | None = None
+        self._silent = 0
+        self._progress = False
+        self.lost = False
+        self._eof = False  # the client has closed its sending side
+
+    # -- connection ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are asyncio.Transport in all but class.
+        self.transport = transport = cast(asyncio.Transport, transport)
+        sockname = transport.get_extra_info("sockname")
+        port = int(sockname[1]) if isinstance(sockname, tuple) else 0
+        server = self.server
+        if server.open[port] >= self._limits.max_connections or server.stopping:
+            self._refuse(
+                errors.SlowDown("The node has reached its limit of open connections."),
+                "connection_limit",
+            )
+            return
+        server.open[port] += 1
+        server.connections.add(self)
+        self._port = port
+        self._sockname = (str(sockname[0]), port) if isinstance(sockname, tuple) else None
+        peer = transport.get_extra_info("peername")
+        self._peername = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else None
+        if transport.get_extra_info("sslcontext") is not None:
+            self._scheme = "https"
+        self._fast = fast_path(port)
+        self._head_since = self.loop.time()
+        self._head_timer = self.loop.call_later(self._limits.head_timeout, self._check_head)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        if self._port is not None:
+            self.server.open[self._port] -= 1
+            self._port = None
+        self.server.closed(self)
+        for timer in (self._head_timer, self._linger, self._idle_timer):
+            if timer is not None:
+                timer.cancel()
+        self._head_timer = self._linger = self._idle_timer = None
+        self.writable.set()  # a sender waiting for room finds the connection gone
+        for exchange in (self.running, *self._pipeline):
+            if exchange is not None:
+                exchange.disconnect()
+        self._pipeline.clear()
+
+    def eof_received(self) -> bool | None:
+        # The client will send no more; what it asked is still answered (a half-closed
+        # client reads on). A connection that is idle has nothing left to do.
+        self._eof = True
+        if self.running is None and not self._pipeline:
+            return None
+        return True
+
+    def pause_writing(self) -> None:
+        self.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+
+    def data_received(self, data: bytes) -> None:
+        if self._answered:
+            return
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        self._progress = False
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # Nothing to upgrade to: the request is served as a plain one.
+            return
+        except httptools.HttpParserError as exc:
+            refused = exc.__context__  # what a callback raised
+            if isinstance(refused, _Refused):
+                self._refuse(refused.error, refused.reason)
+            else:
+                self._refuse(
+                    errors.InvalidRequest("The request is not valid HTTP/1.1."), "not_http"
+                )
+            return
+        if self._progress:
+            self._silent = 0
+            return
+        # Bytes with no callback: a header field still coming (llhttp holds a field's pieces
+        # until it ends), or chunk extensions. They count against the head's limit.
+        self._silent += len(data)
+        if self._silent > self._max_header_bytes:
+            self._refuse(header_too_large(self._limits), "header_section_too_large")
+
+    # -- parser callbacks ----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._progress = self._asked = True
+        self._url = b""
+        self._headers = []
+        self._field_bytes = 0
+        self._expect_continue = False
+        self._head_since = self.loop.time()
+
+    def on_url(self, url: bytes) -> None:
+        self._progress = True
+        self._url += url
+        if len(self._url) > self._max_request_line:
+            raise _Refused(
+                errors.RequestURITooLong(MaxSizeAllowed=str(self._max_request_line)),
+                "request_line_too_long",
+            )
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._progress = True
+        self._field_bytes += len(name) + len(value)
+        if self._field_bytes > self._max_header_bytes or len(self._headers) >= self._max_headers:
+            raise _Refused(header_too_large(self._limits), "header_section_too_large")
+        name = name.lower()
+        value = value.rstrip(b" \t")  # llhttp keeps trailing whitespace; RFC 9110 drops it
+        if name == b"expect" and value.lower() == b"100-continue":
+            self._expect_continue = True
+        self._headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self._progress = True
+        self._head_since = None
+        parser = self.parser
+        version = parser.get_http_version()
+        keep_alive = version != "1.0" and parser.should_keep_alive() and not self.server.stopping
+        fast = self._fast
+        if (
+            fast is not None
+            and self.running is None
+            and not self._pipeline
+            and self.writable.is_set()  # a client that does not read gets no more
+        ):
+            method = parser.get_method()
+            answer = fast(method, self._url, self._headers, keep_alive, self.server.clock.headers())
+            if answer is not None:
+                self._fast_answer = answer
+                self._fast_keep_alive = keep_alive
+                self._parsing = None
+                return
+        verb = parser.get_method().decode("ascii")
+        parsed = httptools.parse_url(self._url)
+        raw_path = parsed.path
+        try:
+            path = raw_path.decode("ascii")
+        except UnicodeDecodeError:
+            raise _Refused(errors.InvalidURI(), "not_http") from None
+        if "%" in path:
+            path = unquote(path)
+        scope: dict[str, Any] = {
+            "type": "http",
+            "asgi": _ASGI,
+            "http_version": version,
+            "server": self._sockname,
+            "client": self._peername,
+            "scheme": self._scheme,
+            "root_path": "",
+            "method": verb,
+            "path": path,
+            "raw_path": raw_path,
+            "query_string": parsed.query or b"",
+            "headers": self._headers,
+            "state": self.server.state.copy(),
+        }
+        exchange = Exchange(self, scope, keep_alive, self._expect_continue, verb == "HEAD")
+        self._parsing = exchange
+        if self.running is None:
+            self._start(exchange)
+        else:
+            self._pipeline.append(exchange)
+            self._paused_for_pipeline = True
+            self.transport.pause_reading()
+
+    def on_body(self, body: bytes) -> None:
+        self._progress = True
+        exchange = self._parsing
+        if exchange is None or exchange.complete:
+            return
+        exchange.body += body
+        exchange.arrived.set()
+        if len(exchange.body) > BODY_HIGH_WATER and not self._paused_for_body:
+            self._paused_for_body = True
+            self.transport.pause_reading()
+
+    def on_chunk_header(self) -> None:
+        self._progress = True
+
+    def on_chunk_complete(self) -> None:
+        self._progress = True
+
+    def on_message_complete(self) -> None:
+        self._progress = True
+        answer = self._fast_answer
+        if answer is None:
+            exchange = self._parsing
+            if exchange is not None:
+                exchange.more_body = False
+                exchange.arrived.set()
+            self._parsing = None
+            return
+        # Answered here: written in order (no exchange of this connection is under way).
+        self._fast_answer = None
+        transport = self.transport
+        if transport.is_closing():
+            return
+        if len(answer) == 1:
+            transport.write(answer[0])
+        else:
+            transport.writelines(answer)
+        FAST_ANSWERS.inc()
+        if not self._fast_keep_alive:
+            transport.close()
+            return
+        self._idle()
+
+    # -- exchanges -----------------------------------------------------------------------
+
+    def _start(self, exchange: Exchange) -> None:
+        self.running = exchange
+        exchange.task = self.loop.create_task(exchange.run(self.server.app))
+
+    def body_read(self) -> None:
+        """The application took the buffered body: reading goes on."""
+        if self._paused_for_body:
+            self._paused_for_body = False
+            if not self._paused_for_pipeline and not self.lost:
+                self.transport.resume_reading()
+
+    def finished(self, exchange: Exchange) -> None:
+        """`exchange` has sent its whole answer (or failed)."""
+        if self.running is not exchange:
+            return
+        self.running = None
+        transport = self.transport
+        if not exchange.keep_alive or transport.is_closing():
+            if not transport.is_closing():
+                transport.close()
+            return
+        if self._pipeline:
+            self._start(self._pipeline.popleft())
+            if not self._pipeline and self._paused_for_pipeline:
+                self._paused_for_pipeline = False
+                if not self._paused_for_body:
+                    transport.resume_reading()
+            return
+        if self.server.stopping:
+            transport.close()
+            return
+        self._idle()
+
+    def _idle(self) -> None:
+        """Between requests: closed after the keep-alive timeout unless asked again."""
+        if self._eof:
+            self.transport.close()
+            return
+        if self._paused_for_pipeline:
+            self._paused_for_pipeline = False
+            if not self._paused_for_body:
+                self.transport.resume_reading()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        self._idle_timer = self.loop.call_later(self._limits.keepalive_timeout, self._close_idle)
+
+    def _close_idle(self) -> None:
+        self._idle_timer = None
+        if self.running is None and not self.transport.is_closing():
+            self.transport.close()
+
+    def stop(self) -> None:
+        """A graceful shutdown: an idle connection closes now, a busy one after its answer."""
+        if self.running is None and not self._pipeline:
+            self.transport.close()
+            return
+        for exchange in (self.running, *self._pipeline):
+            if exchange is not None:
+                exchange.keep_alive = False
+
+    def abort(self) -> None:
+        if self.running is not None and self.running.task is not None:
+            self.running.task.cancel()
+        self.transport.abort()
+
+    # -- the edge's refusals -------------------------------------------------------------
+
+    def _check_head(self) -> None:
+        self._head_timer = None
+        if self._answered or self.transport.is_closing():
+            return
+        timeout = self._limits.head_timeout
+        since = self._head_since
+        waited = 0.0 if since is None else self.loop.time() - since
+        if waited < timeout:
+            self._head_timer = self.loop.call_later(timeout - waited, self._check_head)
+            return
+        if not self._asked:
+            # Nothing was asked: an idle connection is closed without an answer.
+            report_refusal("idle", log_it=False)
+            self.transport.close()
+            return
+        self._refuse(
+            errors.RequestTimeout(f"The request head was not received within {timeout:g} seconds."),
+            "head_timeout",
+        )
+
+    def _refuse(self, error: errors.S3Error, reason: str) -> None:
+        """Answer `error` and close. While an exchange runs there is no room for another
+        answer: its connection is closed."""
+        self._answered = True
+        report_refusal(reason)
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        transport = self.transport
+        if self.running is not None:  # its answer may be under way: no room for another
+            self.running.keep_alive = False
+            transport.close()
+            return
+        transport.write(render_refusal(error, self.server.clock.headers()))
+        if not transport.can_write_eof():  # TLS: close_notify follows the answer
+            transport.close()
+            return
+        transport.write_eof()
+        transport.resume_reading()
+        self._linger = self.loop.call_later(LINGER, transport.close)
+
+
+class Exchange:
+    """One request and its answer, as the ASGI application sees them."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        scope: dict[str, Any],
+        keep_alive: bool,
+        expect_continue: bool,
+        head: bool,
+    ) -> None:
+        self.conn = conn
+        self.scope = scope
+        self.keep_alive = keep_alive
+        self.head = head
+        self.task: asyncio.Task[None] | None = None
+        # The request's body.
+        self.body = bytearray()
+        self.more_body = True
+        self._body_given = False  # receive() has returned the body's last piece
+        self.arrived = asyncio.Event()  # more body, its end, or the connection's loss
+        self._continue = expect_continue
+        # The answer.
+        self.started = False  # its head is written (or held to go with the first body)
+        self.complete = False
+        self.disconnected = False
+        self._status = 200
+        self._bodyless = head  # nothing of a body is sent: HEAD, 204, 304
+        self._head: list[bytes] | None = None  # the answer's head, until the first body
+        self._chunked = False
+        self._length: int | None = None  # bytes of body still to come, when declared
+
+    def disconnect(self) -> None:
+        self.disconnected = True
+        self.arrived.set()
+
+    async def run(self, app: App) -> None:
+        try:
+            await app(self.scope, self.receive, self.send)
+        except asyncio.CancelledError:
+            self.keep_alive = False
+            raise
+        except BaseException:
+            log.exception(
+                "the application failed on %s %s", self.scope["method"], self.scope["path"]
+            )
+            if not self.started and not self.disconnected:
+                await self._internal_error()
+            else:
+                self.keep_alive = False
+        else:
+            if not self.complete and not self.disconnected:
+                if not self.started:
+                    log.error("the application returned without an answer")
+                    await self._internal_error()
+                else:
+                    log.error("the application returned before its answer's end")
+                    self.keep_alive = False
+        finally:
+            if not self.complete:
+                self.keep_alive = False
+            self.conn.finished(self)
+
+    async def _internal_error(self) -> None:
+        body = b"Internal Server Error"
+        self.keep_alive = False
+        await self.send(
+            {
+                "type": "http.response.start",
+                "status": 500,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8")],
+            }
+        )
+        await self.send({"type": "http.response.body", "body": body})
+
+    # -- ASGI receive --------------------------------------------------------------------
+
+    async def receive(self) -> dict[str, Any]:
+        if self._continue:
+            self._continue = False
+            if not self.started and not self.conn.transport.is_closing():
+                self.conn.transport.write(_CONTINUE)
+        if not self._body_given:
+            while not self.body and self.more_body and not self.disconnected:
+                self.arrived.clear()
+                await self.arrived.wait()
+            if not self.disconnected:
+                data = bytes(self.body)
+                self.body.clear()
+                self.conn.body_read()
+                self._body_given = not self.more_body
+                return {"type": "http.request", "body": data, "more_body": self.more_body}
+        # The whole body was given: what is left to tell is the end of the connection, or of
+        # the answer (after which nobody listens for it).
+        while not self.disconnected and not self.complete:
+            self.arrived.clear()
+            await self.arrived.wait()
+        return {"type": "http.disconnect"}
+
+    # -- ASGI send -----------------------------------------------------------------------
+
+    async def send(self, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            if self.started:
+                raise RuntimeError("the answer has started already")
+            self.started = True
+            self._continue = False
+            self._status = status = int(message["status"])
+            self._bodyless = self.head or status in _NO_BODY_STATUS
+            self._head = self._render_head(status, message.get("headers", ()))
+            return
+        if kind != "http.response.body":
+            raise RuntimeError(f"unexpected ASGI message {kind!r}")
+        if not self.started:
+            raise RuntimeError("a body before the answer's start")
+        if self.complete:
+            raise RuntimeError("the answer is complete already")
+        body: bytes = message.get("body", b"")
+        more = bool(message.get("more_body", False))
+        if self.disconnected:
+            if not more:
+                self.complete = True
+            return
+        conn = self.conn
+        if not conn.writable.is_set():
+            await conn.writable.wait()
+            if self.disconnected:
+                return
+        transport = conn.transport
+        out: list[bytes] = []
+        head = self._head
+        if head is not None:
+            self._head = None
+            if self._length is None and not self._chunked and not self._bodyless:
+                if not more:
+                    head.append(b"content-length: %d\r\n" % len(body))
+                    self._length = len(body)
+                else:
+                    head.append(b"transfer-encoding: chunked\r\n")
+                    self._chunked = True
+            if not self.keep_alive:
+                head.append(b"connection: close\r\n")
+            head.append(b"\r\n")
+            out.append(b"".join(head))
+        if body and not self._bodyless:
+            if self._chunked:
+                out += [b"%x\r\n" % len(body), body, b"\r\n"]
+            else:
+                if self._length is not None:
+                    if len(body) > self._length:
+                        raise RuntimeError("the body is longer than its content-length")
+                    self._length -= len(body)
+                out.append(body)
+        if not more:
+            if self._chunked:
+                out.append(b"0\r\n\r\n")
+            elif self._length and not self._bodyless:
+                # Shorter than declared: the client can only tell by the connection's end.
+                self.keep_alive = False
+        if out:
+            if len(out) == 1:
+                transport.write(out[0])
+            else:
+                transport.writelines(out)
+        if not more:
+            self.complete = True
+            self.arrived.set()
+
+    def _render_head(self, status: int, headers: Any) -> list[bytes]:
+        line = STATUS_LINES.get(status)
+        if line is None:
+            line = b"HTTP/1.1 %d \r\n" % status
+        head = [line]
+        for name, value in self.conn.server.clock.headers():
+            head.append(b"%s: %s\r\n" % (name, value))
+        for name, value in headers:
+            if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name:
+                raise RuntimeError("a header field of the answer holds a line break")
+            lower = name.lower()
+            if lower == b"content-length":
+                self._length = int(value)
+            elif lower == b"transfer-encoding" and value.lower() == b"chunked":
+                self._chunked = True
+            elif lower == b"connection" and value.lower() == b"close":
+                self.keep_alive = False
+                continue  # written below with the rest of the connection's fate
+            head.append(b"%s: %s\r\n" % (name, value))
+        return head
+
+
+# -- one process ---------------------------------------------------------------------------
+
+
+class Serving:
+    """One process's server: the lifespan around its listening sockets."""
+
+    def __init__(self, app: App, config: ServerConfig, sockets: list[socket.socket]) -> None:
+        self.server = Server(app, config)
+        self.sockets = sockets
+        self.started = False
+        self._stop = asyncio.Event()
+        self._lifespan: _Lifespan | None = None
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, self.stop)
+        lifespan = self._lifespan = _Lifespan(self.server.app, self.server.state)
+        if not await lifespan.startup():
+            return
+        config = self.server.config
+        listeners = []
+        for sock in self.sockets:
+            listeners.append(
+                await loop.create_server(
+                    self.server.protocol,
+                    sock=sock,
+                    ssl=config.ssl,
+                    ssl_handshake_timeout=config.limits.head_timeout if config.ssl else None,
+                    backlog=2048,
+                )
+            )
+        self.started = True
+        log.info("worker %d started", os.getpid())
+        await self._stop.wait()
+        for listener in listeners:
+            listener.close()
+        await self.server.drain()
+        for listener in listeners:
+            with contextlib.suppress(Exception):
+                await listener.wait_closed()
+        await lifespan.shutdown()
+
+
+class _Lifespan:
+    """The ASGI lifespan protocol, as the server's side of it."""
+
+    def __init__(self, app: App, state: dict[str, Any]) -> None:
+        self._app = app
+        self._state = state
+        self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._answers: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        scope = {"type": "lifespan", "asgi": _ASGI, "state": self._state}
+        try:
+            await self._app(scope, self._inbox.get, self._answers.put)
+        except BaseException as exc:
+            await self._answers.put({"type": "failed", "message": repr(exc)})
+            if not isinstance(exc, Exception):
+                raise
+
+    async def startup(self) -> bool:
+        self._task = asyncio.create_task(self._run())
+        await self._inbox.put({"type": "lifespan.startup"})
+        answer = await self._answers.get()
+        if answer["type"] != "lifespan.startup.complete":
+            log.error("the node did not start: %s", answer.get("message", answer["type"]))
+            return False
+        return True
+
+    async def shutdown(self) -> None:
+        await self._inbox.put({"type": "lifespan.shutdown"})
+        answer = await self._answers.get()
+        if answer["type"] != "lifespan.shutdown.complete":
+            log.error("the node did not stop cleanly: %s", answer.get("message", answer["type"]))
+        if self._task is not None:
+            with contextlib.suppress(BaseException):
+                await self._task
+
+
+def serve_process(app: App, config: ServerConfig, sockets: list[socket.socket]) -> bool:
+    """Serve in this process until SIGINT or SIGTERM; False when the node did not start."""
+    serving = Serving(app, config, sockets)
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(serving.serve())
+    return serving.started
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
+        return None
+    return uvloop.new_event_loop
+
+
+# -- the node's workers --------------------------------------------------------------------
+
+# Exit status of a worker whose node did not start (its lifespan failed).
+NOT_STARTED = 3
+
+
+def run_workers(
+    make_app: Callable[[], App],
+    config: ServerConfig,
+    sockets: list[socket.socket],
+    workers: int,
+    started: Callable[[], None],
+) -> int:
+    """Fork `workers` processes serving `sockets`, each building its app with `make_app`;
+    replace a worker that dies; on SIGINT or SIGTERM stop them (each drains gracefully) and
+    return. This process must have no other thread when it forks: `started` runs after the
+    first forks. The exit status: 0, or NOT_STARTED when no worker's node ever started."""
+    supervisor = _Supervisor(make_app, config, sockets, workers)
+    return supervisor.run(started)
+
+
+class _Supervisor:
+    def __init__(
+        self,
+        make_app: Callable[[], App],
+        config: ServerConfig,
+        sockets: list[socket.socket],
+        workers: int,
+    ) -> None:
+        self._make_app = make_app
+        self._config = config
+        self._sockets = sockets
+        self._workers = workers
+        self._children: dict[int, int] = {}  # pid -> the read end of its "started" pipe
+        self._ever_started = False
+        self._stopping: int | None = None  # the signal that stops the node
+
+    def _fork(self) -> None:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the worker
+            code = 1
+            try:
+                os.close(read)
+                for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+                    signal.signal(signum, signal.SIG_DFL)
+                signal.set_wakeup_fd(-1)
+                code = _worker(self._make_app, self._config, self._sockets, write)
+            except BaseException:
+                log.exception("worker %d failed", os.getpid())
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        os.close(write)
+        os.set_blocking(read, False)
+        self._children[pid] = read
+
+    def run(self, started: Callable[[], None]) -> int:
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        old_wakeup = signal.set_wakeup_fd(wake_w)
+        handlers = {}
+
+        def stop(signum: int, _frame: Any) -> None:
+            if self._stopping is None:
+                self._stopping = signum
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            handlers[signum] = signal.signal(signum, stop)
+        handlers[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda *_: None)
+        try:
+            for _ in range(self._workers):
+                self._fork()
+            started()
+            return self._supervise(wake_r)
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+            os.close(wake_r)
+            os.close(wake_w)
+
+    def _supervise(self, wake: int) -> int:
+        selector = selectors.DefaultSelector()
+        selector.register(wake, selectors.EVENT_READ)
+        try:
+            while True:
+                self._note_started()
+                if self._stopping is not None:
+                    return self._stop_all()
+                failed_start = self._reap()
+                if failed_start and not self._ever_started:
+                    log.error("the node's workers could not start")
+                    self._stopping = signal.SIGTERM
+                    self._stop_all()
+                    return NOT_STARTED
+                for _ in range(self._workers - len(self._children)):
+                    if self._stopping is None:
+                        log.warning("a worker died; starting another")
+                        self._fork()
+                selector.select(timeout=1.0)
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake, 512)
+        finally:
+            selector.close()
+
+    def _note_started(self) -> None:
+        for read in self._children.values():
+            with contextlib.suppress(BlockingIOError, OSError):
+                if os.read(read, 1):
+                    self._ever_started = True
+
+    def _reap(self) -> bool:
+        """Collect dead workers; True when one of them exited without having started."""
+        failed = False
+        while self._children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            read = self._children.pop(pid, None)
+            if read is None:
+                continue
+            with contextlib.suppress(BlockingIOError, OSError):
+                if os.read(read, 1):
+                    self._ever_started = True
+            os.close(read)
+            if os.waitstatus_to_exitcode(status) == NOT_STARTED:
+                failed = True
+        return failed
+
+    def _stop_all(self) -> int:
+        for pid in self._children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + self._config.graceful_timeout + 10.0
+        while self._children and time.monotonic() < deadline:
+            try:
+                pid, _status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                time.sleep(0.05)
+                continue
+            read = self._children.pop(pid, None)
+            if read is not None:
+                os.close(read)
+        for pid in self._children:  # past the deadline
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        self._children.clear()
+        return 0 if self._ever_started else NOT_STARTED
+
+
+def _worker(
+    make_app: Callable[[], App], config: ServerConfig, sockets: list[socket.socket], tell: int
+) -> int:
+    app = make_app()
+
+    async def told_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            await app(scope, receive, send)
+            return
+
+        async def send_and_tell(message: dict[str, Any]) -> None:
+            if message["type"] == "lifespan.startup.complete":
+                with contextlib.suppress(OSError):
+                    os.write(tell, b"1")
+            await send(message)
+
+        await app(scope, receive, send_and_tell)
+
+    ok = serve_process(told_app, config, sockets)
+    return 0 if ok else NOT_STARTED
