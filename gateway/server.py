@@ -178,7 +178,6 @@ class Connection(asyncio.Protocol):
         self._silent = 0
         self._progress = False
         self.lost = False
-        self._eof = False  # the client has closed its sending side
 
     # -- connection ----------------------------------------------------------------------
 
@@ -223,12 +222,9 @@ class Connection(asyncio.Protocol):
         self._pipeline.clear()
 
     def eof_received(self) -> bool | None:
-        # The client will send no more; what it asked is still answered (a half-closed
-        # client reads on). A connection that is idle has nothing left to do.
-        self._eof = True
-        if self.running is None and not self._pipeline:
-            return None
-        return True
+        # The client sends no more: the connection closes (an answer under way is told its
+        # client went away), as HTTP/1.1 servers commonly treat a half-close.
+        return None
 
     def pause_writing(self) -> None:
         self.writable.clear()
@@ -428,9 +424,6 @@ class Connection(asyncio.Protocol):
 
     def _idle(self) -> None:
         """Between requests: closed after the keep-alive timeout unless asked again."""
-        if self._eof:
-            self.transport.close()
-            return
         if self._paused_for_pipeline:
             self._paused_for_pipeline = False
             if not self._paused_for_body:

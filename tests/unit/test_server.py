@@ -1,0 +1,312 @@
+"""The node's own HTTP/1.1 server (gateway/server.py), over real loopback sockets: the
+exchange between a raw client and a small ASGI application, byte for byte where the bytes
+are the point (keep-alive, pipelining, chunked answers, 100-continue, HEAD, errors, a client
+that goes away, a graceful stop). The attacks on the edge's limits are tried against whole
+nodes in tests/e2e/test_edge.py, on this server and on uvicorn's."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from gateway.edge import EdgeLimits
+from gateway.server import BODY_HIGH_WATER, Server, ServerConfig
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+async def _answer(send: Send, status: int, body: bytes, headers: list[Any] | None = None) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers or []})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _body(receive: Receive) -> bytes:
+    out = b""
+    while True:
+        message = await receive()
+        assert message["type"] == "http.request"
+        out += message["body"]
+        if not message.get("more_body"):
+            return out
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Any, **limits: Any) -> AsyncIterator[tuple[Server, int]]:
+    server = Server(app, ServerConfig(EdgeLimits(**limits), graceful_timeout=2.0))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    listener = await asyncio.get_running_loop().create_server(server.protocol, sock=sock)
+    try:
+        yield server, sock.getsockname()[1]
+    finally:
+        listener.close()
+        await server.drain()
+
+
+async def _read_answer(reader: asyncio.StreamReader) -> tuple[bytes, dict[bytes, bytes], bytes]:
+    """One answer off the connection: its status line, header fields and (de-chunked) body."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    fields = {}
+    for line in lines[1:]:
+        if line:
+            name, _, value = line.partition(b": ")
+            fields[name.lower()] = value
+    if fields.get(b"transfer-encoding") == b"chunked":
+        body = b""
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+            chunk = await reader.readexactly(size + 2)
+            if size == 0:
+                return lines[0], fields, body
+            body += chunk[:-2]
+    length = int(fields.get(b"content-length", b"0"))
+    return lines[0], fields, await reader.readexactly(length)
+
+
+def test_keep_alive_answers_each_request_on_one_connection() -> None:
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        await _answer(send, 200, scope["path"].encode() + b"?" + scope["query_string"])
+
+    async def main() -> None:
+        async with serving(app) as (_, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            for path in (b"/a", b"/b%20c"):
+                writer.write(b"GET " + path + b"?x=1 HTTP/1.1\r\nHost: h\r\n\r\n")
+                status, fields, body = await _read_answer(reader)
+                assert status == b"HTTP/1.1 200 OK"
+                assert b"date" in fields and b"connection" not in fields
+                assert body == path.replace(b"%20", b" ") + b"?x=1"
+            writer.close()
+
+    asyncio.run(main())
+
+
+def test_pipelined_requests_are_answered_in_order_one_at_a_time() -> None:
+    order: list[str] = []
+    release = asyncio.Event()
+    running = 0
+
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        nonlocal running
+        running += 1
+        assert running == 1  # never two exchanges of one connection at once
+        order.append(scope["path"])
+        if scope["path"] == "/slow":
+            await release.wait()
+        body = await _body(receive)
+        running -= 1
+        await _answer(send, 200, scope["path"].encode() + b":" + body)
+
+    async def main() -> None:
+        async with serving(app) as (_, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                b"GET /slow HTTP/1.1\r\nHost: h\r\n\r\n"
+                b"PUT /put HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nabc"
+                b"GET /last HTTP/1.1\r\nHost: h\r\n\r\n"
+            )
+            await asyncio.sleep(0)  # the requests are parsed; only the first runs
+            release.set()
+            answers = [(await _read_answer(reader))[2] for _ in range(3)]
+            assert answers == [b"/slow:", b"/put:abc", b"/last:"]
+            assert order == ["/slow", "/put", "/last"]
+            writer.close()
+
+    asyncio.run(main())
+
+
+def test_a_streamed_answer_without_a_length_is_chunked_and_head_sends_no_body() -> None:
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["method"] == "HEAD":
+            await _answer(send, 200, b"", [(b"content-length", b"11")])
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for piece in (b"hello", b" ", b"world"):
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def main() -> None:
+        async with serving(app) as (_, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+            _, fields, body = await _read_answer(reader)
+            assert fields[b"transfer-encoding"] == b"chunked" and body == b"hello world"
+            writer.write(b"HEAD / HTTP/1.1\r\nHost: h\r\n\r\nGET / HTTP/1.1\r\nHost: h\r\n\r\n")
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert b"content-length: 11\r\n" in head
+            # No body after the HEAD's head: the next bytes are the next answer's.
+            assert (await reader.readexactly(9)) == b"HTTP/1.1 "
+            writer.close()
+
+    asyncio.run(main())
+
+
+def test_100_continue_is_sent_when_the_body_is_read_and_not_when_refused() -> None:
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["path"] == "/refuse":
+            await _answer(send, 403, b"no")
+            return
+        await _answer(send, 200, await _body(receive))
+
+    async def main() -> None:
+        async with serving(app) as (_, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                b"PUT /ok HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n"
+            )
+            assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+            writer.write(b"data")
+            assert (await _read_answer(reader))[2] == b"data"
+            writer.write(
+                b"PUT /refuse HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n"
+                b"Expect: 100-continue\r\n\r\n"
+            )
+            status, _, body = await _read_answer(reader)
+            assert status.startswith(b"HTTP/1.1 403") and body == b"no"
+            writer.close()
+
+    asyncio.run(main())
+
+
+def test_a_large_body_is_read_whole_while_the_application_reads_slowly() -> None:
+    seen: list[int] = []
+
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        total = 0
+        while True:
+            message = await receive()
+            seen.append(len(message["body"]))
+            total += len(message["body"])
+            await asyncio.sleep(0.001)  # a slow consumer: the server must hold back
+            if not message.get("more_body"):
+                break
+        await _answer(send, 200, str(total).encode())
+
+    async def main() -> None:
+        async with serving(app) as (_, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            size = 8 << 20
+            writer.write(b"PUT / HTTP/1.1\r\nHost: h\r\nContent-Length: %d\r\n\r\n" % size)
+            writer.write(b"x" * size)
+            assert (await _read_answer(reader))[2] == str(size).encode()
+            # Reading pauses past the high-water mark: no piece handed over is much larger
+            # (one socket read may land on top of it).
+            assert max(seen) < BODY_HIGH_WATER + (1 << 20)
+            writer.close()
+
+    asyncio.run(main())
+
+
+def test_an_application_error_is_a_500_and_the_connection_closes() -> None:
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        raise RuntimeError("boom")
+
+    async def main() -> None:
+        async with serving(app) as (_, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+            status, fields, _ = await _read_answer(reader)
+            assert status.startswith(b"HTTP/1.1 500") and fields[b"connection"] == b"close"
+            assert await reader.read() == b""
+            writer.close()
+
+    asyncio.run(main())
+
+
+def test_a_client_that_goes_away_is_told_to_the_application() -> None:
+    told = asyncio.Event()
+
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        await _body(receive)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"x", "more_body": True})
+        if (await receive())["type"] == "http.disconnect":
+            told.set()
+
+    async def main() -> None:
+        async with serving(app) as (server, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+            await reader.readuntil(b"\r\n\r\n")
+            writer.close()
+            await asyncio.wait_for(told.wait(), 5)
+            assert not server.connections  # told from the connection's loss, once counted out
+
+    asyncio.run(main())
+
+
+def test_http_1_0_is_answered_and_closed() -> None:
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        assert scope["http_version"] == "1.0"
+        await _answer(send, 200, b"ok")
+
+    async def main() -> None:
+        async with serving(app) as (_, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET / HTTP/1.0\r\n\r\n")
+            answer = await reader.read()  # to the close
+            assert answer.startswith(b"HTTP/1.1 200 OK") and answer.endswith(b"\r\n\r\nok")
+            assert b"connection: close\r\n" in answer
+            writer.close()
+
+    asyncio.run(main())
+
+
+def test_a_graceful_stop_closes_idle_connections_and_finishes_running_answers() -> None:
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        started.set()
+        await release.wait()
+        await _answer(send, 200, b"done")
+
+    async def main() -> None:
+        server = Server(app, ServerConfig(EdgeLimits(), graceful_timeout=5.0))
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        listener = await asyncio.get_running_loop().create_server(server.protocol, sock=sock)
+        port = sock.getsockname()[1]
+        idle_r, idle_w = await asyncio.open_connection("127.0.0.1", port)
+        busy_r, busy_w = await asyncio.open_connection("127.0.0.1", port)
+        busy_w.write(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        await started.wait()
+        listener.close()
+        drained = asyncio.create_task(server.drain())
+        assert await idle_r.read() == b""  # the idle one is closed at once
+        release.set()
+        _, fields, body = await _read_answer(busy_r)
+        assert body == b"done" and fields[b"connection"] == b"close"
+        await asyncio.wait_for(drained, 5)
+        assert not server.connections
+        idle_w.close()
+        busy_w.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [b"GET /\xff HTTP/1.1\r\nHost: h\r\n\r\n", b"NOT HTTP AT ALL\r\n\r\n"],
+)
+def test_bytes_that_are_not_a_request_are_answered_400_as_s3_does(request_bytes: bytes) -> None:
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        raise AssertionError("never reached")
+
+    async def main() -> None:
+        async with serving(app) as (_, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request_bytes)
+            answer = await reader.read()
+            assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+            assert b"<Code>Invalid" in answer and b"x-amz-request-id: " in answer
+            writer.close()
+
+    asyncio.run(main())
