@@ -11,12 +11,13 @@ the answer the HTTP edge gives a plain hit (gateway/s3/fast.py). Each with the a
 and off. Prints CPU µs per request (process time: other work on the machine does not count);
 `--profile` adds cProfile's top functions of the ASGI path.
 
-`--miss`: the CPU of a cold miss. moto (loadtest.moto_origin) on loopback, no WAN, holds
-`--objects` objects; a node in this process mounts them as the `epochs` scenario does (S3,
-static credentials, metadata_ttl=-1) and reads each once through its ASGI app, `--readers` at
-a time, every body read to its end. Process time over the run, until the fills are on disk
-and the metadata recorder has written to the database (cache-io and SQLite threads count),
-divided by the objects: µs per miss. Then the same objects again, warm, for scale.
+`--miss`: the CPU of a cold miss. The origin (`--origin`: SeaweedFS by default, rclone or
+moto, loadtest/origins.py) on loopback, no WAN, holds `--objects` objects; a node in this
+process mounts them as the `epochs` scenario does (S3, static credentials, metadata_ttl=-1)
+and reads each once through its ASGI app, `--readers` at a time, every body read to its end.
+Process time over the run, until the fills are on disk and the metadata recorder has
+written to the database (cache-io and SQLite threads count), divided by the objects: µs per
+miss. Then the same objects again, warm, for scale.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", default="4KiB,64KiB,1MiB", help="object sizes (4KiB,64KiB,1MiB)")
     p.add_argument("--requests", type=int, default=20000, help="requests per figure (20000)")
     p.add_argument("--profile", action="store_true", help="print the ASGI path's profile")
-    p.add_argument("--miss", action="store_true", help="CPU per cold miss from a moto origin")
+    p.add_argument("--miss", action="store_true", help="CPU per cold miss from the origin")
     p.add_argument("--objects", type=int, default=2000, help="objects for --miss (2000)")
     p.add_argument("--object-size", default="100KiB", help="their size for --miss (100KiB)")
     p.add_argument("--readers", type=int, default=16, help="concurrent reads for --miss (16)")
@@ -63,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(options: Options, args: argparse.Namespace) -> None:
     if args.miss:
-        print(format_table(MISS_COLUMNS, _misses(args)))
+        print(format_table(MISS_COLUMNS, _misses(args, options)))
         return
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     rows = []
@@ -209,7 +210,7 @@ def _row(size: int, log: str, path: str, cpu: str) -> Row:
 MISS_COLUMNS = ["objects", "size", "readers", "pass", "seconds", "objects/s", "CPU us/object"]
 
 
-def _misses(args: argparse.Namespace) -> list[Row]:
+def _misses(args: argparse.Namespace, options: Options) -> list[Row]:
     from gateway.config import build_settings
     from gateway.node import Node
     from loadtest.data import seed_objects
@@ -221,7 +222,7 @@ def _misses(args: argparse.Namespace) -> list[Row]:
         ORIGIN_SECRET,
         base_env,
     )
-    from loadtest.wan import _start_moto
+    from loadtest.wan import start_server
 
     size = parse_size(args.object_size)
     cleanup = Cleanup()
@@ -229,7 +230,7 @@ def _misses(args: argparse.Namespace) -> list[Row]:
         root = Path(tempfile.mkdtemp(prefix="loadtest-inprocess-miss-"))
         cleanup.push(f"remove {root}", lambda: subprocess.run(["rm", "-rf", str(root)]))
         port = free_port()
-        _start_moto(cleanup, root, [], "127.0.0.1", port, False)
+        start_server(cleanup, root, [], "127.0.0.1", port, options.wan, own_netns=False)
         origin = f"http://127.0.0.1:{port}"
         keys = [f"miss/{i:07d}.bin" for i in range(args.objects)]
         seed_objects(origin, keys, size, None, lambda _: None)

@@ -222,7 +222,7 @@ def _moto_kind(settings: WanSettings) -> str:
     )
 
 
-def _start_server(
+def start_server(
     cleanup: Cleanup,
     workdir: Path,
     prefix: list[str],
@@ -263,7 +263,7 @@ def start_origin(
     rate = rate_bps(settings.rate) or None
     if mode == "netns":
         wan = NetnsWan(cleanup, workdir, settings)
-        pid, kind = _start_server(
+        pid, kind = start_server(
             cleanup, workdir, wan.exec, wan.ns_ip, _ORIGIN_PORT, settings, own_netns=True
         )
         seed = f"http://{wan.ns_ip}:{_ORIGIN_PORT}"
@@ -302,7 +302,7 @@ def start_origin(
 
         return origin, shape
     origin_port, wan_port, stats_port = free_port(), free_port(), free_port()
-    pid, kind = _start_server(
+    pid, kind = start_server(
         cleanup, workdir, [], "127.0.0.1", origin_port, settings, own_netns=False
     )
     listen, stats = f"127.0.0.1:{wan_port}", f"127.0.0.1:{stats_port}"
