@@ -625,6 +625,10 @@ class Exchange:
             if self.disconnected:
                 return
         transport = conn.transport
+        if transport.is_closing():  # the client is going; its loss is told next
+            if not more:
+                self.complete = True
+            return
         out: list[bytes] = []
         head = self._head
         if head is not None:

@@ -1,0 +1,213 @@
+"""Where a warm hit's CPU goes, layer by layer: `python -m loadtest.hitprofile`.
+
+One node (`gateway serve --workers 1`, SQLite, a file mount, the access log on: the defaults
+but one worker) holds N objects of each size in its cache; wrk (rotate.lua) GETs them over
+presigned SigV4 URLs at C connections for D seconds, once per HTTP server (`--server gateway`,
+the node's own, and `--server uvicorn`), while py-spy samples the worker. Each sample is put
+in the layer of the innermost frame that names one (the rules below, by file and function):
+
+- parse: the HTTP protocol's own code and the request head's parsing (gateway/server.py,
+  gateway/edge*.py, uvicorn's protocol, httptools, the request target in s3/fast.py);
+- auth: SigV4/SigV2 verification and the authorization decision (s3/sigv4*.py, s3/sigv2.py,
+  iam, service/authz.py);
+- lookup: the version and the block (service/reads.py, service/metadata.py, cache/);
+- render: the answer's head and body (s3/fast.py rendering, s3/handlers.py, s3/http.py,
+  s3/app.py);
+- log: the access log line and the request counters (logs.py, counters.py, prometheus);
+- send: `transport.write` and what the loop does for it (the sample's leaf in a write);
+- asgi: the ASGI cycle, starlette and the task machinery (asyncio, starlette, the server's
+  `Exchange`) — what a hit answered in the parser's callback does not pay;
+- other: the rest.
+
+CPU per request of a layer = its share of the samples x the worker's CPU seconds (from
+/proc, over the run) / requests answered. py-spy's own sampling costs the worker a little
+(it reads memory from outside, at 250 Hz here): the totals are a few per cent above an
+unprofiled run's. Needs wrk and py-spy (`pip install py-spy`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import boto3
+from botocore.config import Config
+
+from loadtest.procs import Cleanup, cpu_seconds, free_port, wait_http
+from loadtest.wrk import write_targets, wrk
+
+_BIN = Path(sys.executable).parent
+_KEY, _SECRET = "GKHITPROFILE00000001", "hitprofile-secret-key-0000000000000000000"
+
+# (layer, path fragment, function name or "" for any): the first rule a frame matches names its
+# layer; a sample goes to the innermost frame that matches any rule.
+_RULES: list[tuple[str, str, str]] = [
+    ("send", "", "write"),
+    ("send", "", "writelines"),
+    ("log", "gateway/logs.py", ""),
+    ("log", "gateway/counters.py", ""),
+    ("log", "prometheus_client", ""),
+    ("auth", "gateway/s3/sigv4", ""),
+    ("auth", "gateway/s3/sigv2", ""),
+    ("auth", "gateway/iam/", ""),
+    ("auth", "gateway/service/authz.py", ""),
+    ("lookup", "gateway/service/reads.py", ""),
+    ("lookup", "gateway/service/metadata.py", ""),
+    ("lookup", "gateway/cache/", ""),
+    ("parse", "gateway/s3/fast.py", "object_target"),
+    ("parse", "gateway/s3/routing.py", ""),
+    ("render", "gateway/s3/fast.py", ""),
+    ("render", "gateway/s3/handlers", ""),
+    ("render", "gateway/s3/http.py", ""),
+    ("render", "gateway/s3/app.py", ""),
+    ("render", "gateway/s3/xml", ""),
+    ("asgi", "gateway/server.py", "run"),
+    ("asgi", "gateway/server.py", "receive"),
+    ("asgi", "gateway/server.py", "send"),
+    ("asgi", "gateway/server.py", "_render_head"),
+    ("asgi", "gateway/node.py", ""),
+    ("asgi", "starlette", ""),
+    ("asgi", "asyncio", ""),
+    ("asgi", "uvicorn/protocols/http/httptools_impl.py", "run_asgi"),
+    ("asgi", "uvicorn/protocols/http/httptools_impl.py", "send"),
+    ("asgi", "uvicorn/protocols/http/httptools_impl.py", "receive"),
+    ("parse", "gateway/server.py", ""),
+    ("parse", "gateway/edge", ""),
+    ("parse", "uvicorn/", ""),
+    ("parse", "httptools", ""),
+]
+LAYERS = ["parse", "auth", "lookup", "render", "log", "send", "asgi", "other"]
+
+
+def layer_of(stack: list[str]) -> str:
+    """The layer of one sample: `stack` is py-spy's frames, outermost first, each
+    "function (file:line)"."""
+    for frame in reversed(stack):
+        function, _, where = frame.partition(" (")
+        for layer, fragment, name in _RULES:
+            if fragment in where and (not name or function == name):
+                return layer
+    return "other"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m loadtest.hitprofile", description=__doc__)
+    p.add_argument("--sizes", default="4096,65536,1048576", help="object sizes in bytes")
+    p.add_argument("--objects", type=int, default=200, help="objects of each size")
+    p.add_argument("--connections", type=int, default=64)
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--servers", default="gateway,uvicorn")
+    p.add_argument("--rate", type=int, default=250, help="py-spy samples a second")
+    args = p.parse_args(argv)
+    for tool in ("wrk", "py-spy"):
+        if shutil.which(tool) is None and not (_BIN / tool).exists():
+            sys.exit(f"{tool} is not installed")
+    cleanup = Cleanup()
+    try:
+        work = Path(tempfile.mkdtemp(prefix="hitprofile-"))
+        cleanup.push("work folder", lambda: shutil.rmtree(work, ignore_errors=True))
+        files = work / "files"
+        sizes = [int(s) for s in args.sizes.split(",")]
+        for size in sizes:
+            (files / str(size)).mkdir(parents=True)
+            for i in range(args.objects):
+                (files / str(size) / f"o{i}").write_bytes(os.urandom(size))
+        rows = []
+        for server in args.servers.split(","):
+            rows += _profile(cleanup, work, files, server, sizes, args)
+        _print(rows)
+    finally:
+        cleanup.run()
+
+
+def _profile(
+    cleanup: Cleanup,
+    work: Path,
+    files: Path,
+    server: str,
+    sizes: list[int],
+    args: argparse.Namespace,
+) -> list[dict[str, object]]:
+    data = work / f"data-{server}"
+    env = dict(os.environ, GATEWAY_ENCRYPTION_KEY="1wDQwpdCma37OnLa2U7kZwPGbp7KgCGXbcz5nb-BPIA=")
+    gateway = str(_BIN / "gateway")
+    subprocess.run(
+        [gateway, "mount", "add", "files", files.as_uri(), "--data-dir", str(data),
+         "-o", "metadata_ttl=-1"],
+        check=True, env=env, capture_output=True,
+    )  # fmt: skip
+    port = free_port()
+    log = (work / f"{server}.log").open("wb")
+    proc = subprocess.Popen(
+        [gateway, "serve", "--port", str(port), "--data-dir", str(data), "--workers", "1",
+         "--server", server, "--admin-access-key", _KEY, "--admin-secret-key", _SECRET],
+        stdout=log, stderr=subprocess.STDOUT, env=env,
+    )  # fmt: skip
+    cleanup.push(f"gateway ({server})", lambda: (proc.terminate(), proc.wait(20)))
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/healthz", proc)
+    s3 = boto3.client(
+        "s3", endpoint_url=url, aws_access_key_id=_KEY, aws_secret_access_key=_SECRET,
+        region_name="us-east-1", config=Config(signature_version="s3v4"),
+    )  # fmt: skip
+    rows = []
+    for size in sizes:
+        targets = []
+        for i in range(args.objects):
+            key = f"{size}/o{i}"
+            s3.get_object(Bucket="files", Key=key)["Body"].read()  # warm: read twice
+            s3.get_object(Bucket="files", Key=key)["Body"].read()
+            signed = s3.generate_presigned_url(
+                "get_object", Params={"Bucket": "files", "Key": key}, ExpiresIn=3600
+            )
+            targets.append(signed.removeprefix(url))
+        targets_file = work / f"targets-{server}-{size}"
+        write_targets(targets_file, targets)
+        raw = work / f"spy-{server}-{size}.txt"
+        spy = subprocess.Popen(
+            [shutil.which("py-spy") or str(_BIN / "py-spy"), "record", "--pid", str(proc.pid),
+             "--format", "raw", "--output", str(raw), "--rate", str(args.rate),
+             "--duration", str(int(args.seconds) + 2), "--nonblocking"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        cpu0 = cpu_seconds(proc.pid)
+        counts = wrk(url, [targets_file], args.connections, args.seconds)
+        cpu = cpu_seconds(proc.pid) - cpu0
+        spy.wait(60)
+        layers: Counter[str] = Counter()
+        for line in raw.read_text().splitlines():
+            stack, _, n = line.rpartition(" ")
+            if stack:
+                layers[layer_of(stack.split(";"))] += int(n)
+        total = sum(layers.values()) or 1
+        per_request_us = cpu / max(counts.requests, 1) * 1e6
+        row: dict[str, object] = {
+            "server": server,
+            "size": size,
+            "req/s": round(counts.rps),
+            "errors": counts.errors,
+            "p99 ms": counts.p99_ms,
+            "CPU µs/req": round(per_request_us, 1),
+        }
+        for layer in LAYERS:
+            row[layer] = round(per_request_us * layers[layer] / total, 1)
+        rows.append(row)
+    return rows
+
+
+def _print(rows: list[dict[str, object]]) -> None:
+    columns = list(rows[0])
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in rows:
+        print("| " + " | ".join(str(row[c]) for c in columns) + " |")
+
+
+if __name__ == "__main__":
+    main()
