@@ -102,8 +102,8 @@ def seed_objects(
 
     Object i holds `payload(i, size, random_block(size))`. By default, when the origin has
     loadtest.moto_origin's seeding endpoint, moto creates them in its own process (~100,000
-    a minute, against ~300 a second over HTTP); with `--stock-moto` (or `over_http=True`)
-    every object is a PUT."""
+    a minute, against ~300 a second over HTTP); with SeaweedFS, rclone, `--stock-moto` (or
+    `over_http=True`) every object is a PUT, 16 at once."""
     client = origin_client(seed_url)
     ensure_bucket(client)
     if over_http is None:
