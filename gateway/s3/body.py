@@ -59,7 +59,7 @@ class RequestBody:
     of a signed chunk flows before the chunk's signature is checked: a chunk may be GiBs.)
 
     Header problems raise from `size` (and from iterating) before anything is received:
-    with `Expect: 100-continue`, uvicorn sends the 100 on the first receive(), so such an
+    with `Expect: 100-continue`, the server sends the 100 on the first receive(), so such an
     error (or an auth failure) is answered before the client sends its body.
 
     Errors are S3's, as recorded by OpenStack Swift's s3api input-error tests (run against
