@@ -273,9 +273,10 @@ def _ratios(rows: list[Row]) -> dict[str, float]:
         ratios["client short-circuit warm / local (objects/s)"] = (
             _median(rows, "client short-circuit", range(2, 10**6)) / local
         )
-        ratios["client http warm / local (objects/s)"] = (
-            _median(rows, "client http", range(2, 10**6)) / local
-        )
+        if any(row["path"] == "client http" for row in rows):  # not with --no-client-http
+            ratios["client http warm / local (objects/s)"] = (
+                _median(rows, "client http", range(2, 10**6)) / local
+            )
     if any(row["path"] == "client short-circuit ttl -1" for row in rows):
         ratios["client short-circuit ttl -1 warm / local (objects/s)"] = _median(
             rows, "client short-circuit ttl -1", range(2, 10**6)
