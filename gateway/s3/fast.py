@@ -26,12 +26,11 @@ from gateway.s3.http import Reply, new_request_id
 from gateway.s3.routing import AUTH_PARAMS
 from gateway.s3.sigv2 import SigV2Verifier, is_sigv2
 from gateway.s3.sigv4 import AuthResult, SigV4Verifier
-from gateway.service import ObjectInfo, S3Service
+from gateway.service import ByteRange, Conditions, ObjectInfo, S3Service, check_conditions
 
-# Headers that ask for more than the plain whole object, or carry a body: the full path.
+# Headers that ask for more than the object or a range of it, or carry a body: the full path.
 _NOT_PLAIN = frozenset(
     {
-        b"range", b"if-match", b"if-none-match", b"if-modified-since", b"if-unmodified-since",
         b"content-length", b"transfer-encoding", b"expect",
         b"upgrade", b"content-type", b"x-amz-expected-bucket-owner", b"x-amz-request-payer",
         b"x-amz-server-side-encryption-customer-algorithm",
@@ -40,7 +39,12 @@ _NOT_PLAIN = frozenset(
 )  # fmt: skip
 # The query parameters a plain GET may carry: SigV4's and SigV2's (a presigned URL of either).
 _FAST_PARAMS = AUTH_PARAMS
+# Headers that ask for a range, or on a condition: answered here when satisfied.
+_ASKS = frozenset(
+    {b"range", b"if-match", b"if-none-match", b"if-modified-since", b"if-unmodified-since"}
+)
 _STATUS = b"HTTP/1.1 200 OK\r\n"
+_STATUS_PARTIAL = b"HTTP/1.1 206 Partial Content\r\n"
 _TARGET_MAX = 2048  # longer request targets are looked at every time, never kept
 _KEPT = 4096  # request targets, and objects' header lines, remembered each
 _JOINED_MAX = 64 << 10  # a body up to this size is joined to the head; a larger one is not
@@ -83,9 +87,12 @@ class FastHits:
         if (method != b"GET" and method != b"HEAD") or self._service.state_stale():
             return None  # the full path answers (after a re-read of what changed)
         headers: dict[str, str] = {}
+        asks = False
         for name, value in fields:
             if name in _NOT_PLAIN:
                 return None
+            if name in _ASKS:
+                asks = True
             n = name.decode("latin-1")
             v = value.decode("latin-1")
             headers[n] = f"{headers[n]},{v}" if n in headers else v
@@ -118,17 +125,39 @@ class FastHits:
         if hit is None:
             return None
         info, data = hit
+        start, end = 0, info.size
+        partial = False
+        if asks:
+            # A condition that holds and a range that is satisfied are answered here too;
+            # any other outcome (304, 412, 416) is the full path's.
+            cond = Conditions(
+                headers.get("if-match"), headers.get("if-none-match"),
+                headers.get("if-modified-since"), headers.get("if-unmodified-since"),
+            )  # fmt: skip
+            rng = ByteRange.parse(headers.get("range"))
+            try:
+                check_conditions(cond, info)
+                if rng is not None:
+                    start, end = rng.resolve(info.size)
+                    partial = True
+            except errors.S3Error:
+                return None
         request_id = new_request_id()
-        checksums = bool(info.checksums) and (
-            headers.get("x-amz-checksum-mode", "").upper() == "ENABLED"
+        checksums = (
+            not partial
+            and bool(info.checksums)
+            and headers.get("x-amz-checksum-mode", "").upper() == "ENABLED"
         )
-        head: list[bytes | memoryview] = [_STATUS]
+        head: list[bytes | memoryview] = [_STATUS_PARTIAL if partial else _STATUS]
         for name, value in default_headers:
             head += [name, b": ", value, b"\r\n"]
         head += [self._object_head(bucket, key, info, checksums)]
+        if partial:
+            data = memoryview(data)[start:end]
+            head.append(b"content-range: bytes %d-%d/%d\r\n" % (start, end - 1, info.size))
         head += [
             b"x-amz-request-id: ", request_id.encode(), b"\r\n",
-            b"content-length: %d\r\n" % len(data),
+            b"content-length: %d\r\n" % (end - start),
         ]  # fmt: skip
         if not keep_alive:
             head.append(b"connection: close\r\n")
@@ -143,7 +172,8 @@ class FastHits:
             else:
                 answer.append(data)  # not copied again: written after the head
         elapsed = time.perf_counter() - started
-        counters.observe(op, 200, "hit", sent, elapsed, bucket)
+        status = 206 if partial else 200
+        counters.observe(op, status, "hit", sent, elapsed, bucket)
         if self._access_log is not None:
             self._access_log.write(
                 {
@@ -152,7 +182,7 @@ class FastHits:
                     "method": verb,
                     "bucket": bucket,
                     "key": key,
-                    "status": 200,
+                    "status": status,
                     "bytes": sent,
                     "ms": round(elapsed * 1000, 3),
                     "cache": "hit",

@@ -1,7 +1,7 @@
 """The S3 operations, free of HTTP. The S3 front end imports this package and nothing deeper:
 the one face it calls (S3Service), and the values that cross it."""
 
-from gateway.service.conditions import ByteRange, Conditions, http_date
+from gateway.service.conditions import ByteRange, Conditions, check_conditions, http_date
 from gateway.service.face import Bucket, S3Service
 from gateway.service.inputs import CopySource, ListQuery, UploadsQuery
 from gateway.service.multipart import (
@@ -33,6 +33,7 @@ __all__ = [
     "UploadsQuery",
     "WriteAttrs",
     "WriteConditions",
+    "check_conditions",
     "check_part_number",
     "http_date",
 ]
