@@ -268,6 +268,8 @@ def _ratios(rows: list[Row]) -> dict[str, float]:
         "gateway cold / direct (objects/s)": cold / _median(rows, "direct"),
         "gateway warm / direct (objects/s)": warm / _median(rows, "direct"),
     }
+    # Paths left out (--only-preload, --only-client, one epoch) give no ratio, not nan.
+    ratios = {k: v for k, v in ratios.items() if v == v}
     if any(row["path"] == "client short-circuit" for row in rows):
         local = _median(rows, "local")
         ratios["client short-circuit warm / local (objects/s)"] = (
