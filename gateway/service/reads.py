@@ -543,15 +543,20 @@ class Reader:
         return info, data
 
     async def _unknown(self, handle: MountHandle, key: str) -> bool:
-        """Whether this node knows nothing of the key's version: not in memory, not remembered
-        (immutable mounts), no block 0 of it in its cache (kept before a restart, or by another
-        worker: then the store's metadata is enough).
+        """Whether this node knows nothing of the key's version: not in memory (this worker's
+        or the node's shared record), not in the catalog, no block 0 of it in its cache (kept
+        before a restart, or by another worker: then the database's record of an immutable
+        mount, or else the store's metadata, tells its version).
 
-        The database is asked even when block 0 is not cached, though the read then needs a
-        store request either way: with several worker processes, the version known lets the
-        block's fill be claimed across them before any store request (one fetch for all), where
-        two cold openings would each fetch it."""
-        if self.metadata.peek(handle.id, key) is not None or await self._remembered(handle, key):
+        The database is not asked for a key whose block 0 is not cached here: the read needs
+        a store request for that block either way, and opening is that one request (its
+        version with the bytes), where a lookup first cost a transaction per cold miss
+        (docs/architecture.md, "Counting the miss path"). Several workers opening one key
+        make one request: the open claim (generations.OpenClaims) holds the others until the
+        version is in the node's shared record."""
+        if self.metadata.peek(handle.id, key) is not None:
+            return False
+        if handle.catalog is not None and await self._remembered(handle, key):
             return False
         if handle.cache_enabled and await self.pages.cached_version(handle.id, key):
             return False

@@ -6,10 +6,11 @@ version. Both are remembered in the database so that a restarted node still know
 them, many to a transaction, `delay` (0.25 s) after the first of them, so that the misses of
 that time share it (one turn of the event loop, as before, held one or two at a few hundred
 misses a second; a transaction costs ~0.5-1 ms of CPU, a row little). A crash loses at most
-what was learnt in that time, which the next miss learns again. Before a cold miss goes to
-the store, it asks whether the database remembers the key; the lookups of one turn of the
-event loop become one query (with several worker processes the version known is what makes
-their fills one).
+what was learnt in that time, which the next miss learns again. A read of a key this worker
+does not know whose block 0 is cached on the node (kept across a restart) asks whether the
+database remembers the key; the lookups of one turn of the event loop become one query. A
+cold miss of a key with nothing cached does not ask: it needs a store request for the bytes
+either way, and that request tells the version (reads.py, `Reader._unknown`).
 
 A write through the gateway to a mount with a catalog (or a completed multipart upload)
 has more bookkeeping than its row here: `record_now` writes the row at once, in one
