@@ -15,8 +15,12 @@ in the layer of the innermost frame that names one (the rules below, by file and
   s3/app.py);
 - log: the access log line and the request counters (logs.py, counters.py, prometheus);
 - send: `transport.write` and what the loop does for it (the sample's leaf in a write);
-- asgi: the ASGI cycle, starlette and the task machinery (asyncio, starlette, the server's
-  `Exchange`) — what a hit answered in the parser's callback does not pay;
+- asgi: the ASGI cycle (the server's `Exchange`, uvicorn's cycle, the node's router,
+  starlette) — what a hit answered in the parser's callback does not pay;
+- loop: samples of the serving thread with no frame of a request: the event loop itself
+  (epoll, libuv, accepting, timers), seen from Python as the loop's run frames only;
+- threads: samples of the worker's other threads (the database driver's, the disk reads'),
+  which run beside the loop and are counted in the worker's CPU;
 - other: the rest.
 
 CPU per request of a layer = its share of the samples x the worker's CPU seconds (from
@@ -28,6 +32,7 @@ unprofiled run's. Needs wrk and py-spy (`pip install py-spy`).
 from __future__ import annotations
 
 import argparse
+import linecache
 import os
 import shutil
 import subprocess
@@ -48,8 +53,6 @@ _KEY, _SECRET = "GKHITPROFILE00000001", "hitprofile-secret-key-00000000000000000
 # (layer, path fragment, function name or "" for any): the first rule a frame matches names its
 # layer; a sample goes to the innermost frame that matches any rule.
 _RULES: list[tuple[str, str, str]] = [
-    ("send", "", "write"),
-    ("send", "", "writelines"),
     ("log", "gateway/logs.py", ""),
     ("log", "gateway/counters.py", ""),
     ("log", "prometheus_client", ""),
@@ -73,7 +76,6 @@ _RULES: list[tuple[str, str, str]] = [
     ("asgi", "gateway/server.py", "_render_head"),
     ("asgi", "gateway/node.py", ""),
     ("asgi", "starlette", ""),
-    ("asgi", "asyncio", ""),
     ("asgi", "uvicorn/protocols/http/httptools_impl.py", "run_asgi"),
     ("asgi", "uvicorn/protocols/http/httptools_impl.py", "send"),
     ("asgi", "uvicorn/protocols/http/httptools_impl.py", "receive"),
@@ -82,18 +84,37 @@ _RULES: list[tuple[str, str, str]] = [
     ("parse", "uvicorn/", ""),
     ("parse", "httptools", ""),
 ]
-LAYERS = ["parse", "auth", "lookup", "render", "log", "send", "asgi", "other"]
+LAYERS = ["parse", "auth", "lookup", "render", "log", "send", "asgi", "loop", "threads", "other"]
+# Frames of the process's start, beneath every request: not a layer.
+_START = {"serve_process", "Serving.serve", "_worker", "_Supervisor.run", "_Supervisor._fork",
+          "run_workers", "serve", "main", "Server.run", "Server.serve", "Server._serve",
+          "Multiprocess.run", "Process.run", "Process._bootstrap"}  # fmt: skip
+_ROOT = Path(__file__).resolve().parent.parent
 
 
 def layer_of(stack: list[str]) -> str:
     """The layer of one sample: `stack` is py-spy's frames, outermost first, each
     "function (file:line)"."""
+    if stack and "threading.py" in stack[0]:
+        return "threads"
     for frame in reversed(stack):
         function, _, where = frame.partition(" (")
+        if function in _START or "gateway/cli.py" in where:
+            return "loop"  # the process's own start: beneath it, no request's frame
+        if where.startswith("gateway/") and _writes(where.rstrip(")")):
+            return "send"
         for layer, fragment, name in _RULES:
             if fragment in where and (not name or function == name):
                 return layer
-    return "other"
+    return "loop"
+
+
+def _writes(where: str) -> bool:
+    """Whether the source line at "path:line" writes to a transport (the time in the C
+    call is the calling line's in a sample)."""
+    path, _, line = where.rpartition(":")
+    text = linecache.getline(str(_ROOT / path), int(line)) if line.isdigit() else ""
+    return "transport.write" in text
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -104,6 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--servers", default="gateway,uvicorn")
     p.add_argument("--rate", type=int, default=250, help="py-spy samples a second")
+    p.add_argument("--top", type=int, default=0, help="print the N commonest leaf frames")
     args = p.parse_args(argv)
     for tool in ("wrk", "py-spy"):
         if shutil.which(tool) is None and not (_BIN / tool).exists():
@@ -173,7 +195,7 @@ def _profile(
         spy = subprocess.Popen(
             [shutil.which("py-spy") or str(_BIN / "py-spy"), "record", "--pid", str(proc.pid),
              "--format", "raw", "--output", str(raw), "--rate", str(args.rate),
-             "--duration", str(int(args.seconds) + 2), "--nonblocking"],
+             "--duration", str(int(args.seconds) + 2), "--nonblocking", "--gil"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         cpu0 = cpu_seconds(proc.pid)
@@ -181,10 +203,16 @@ def _profile(
         cpu = cpu_seconds(proc.pid) - cpu0
         spy.wait(60)
         layers: Counter[str] = Counter()
+        leaves: Counter[tuple[str, str]] = Counter()
         for line in raw.read_text().splitlines():
             stack, _, n = line.rpartition(" ")
             if stack:
-                layers[layer_of(stack.split(";"))] += int(n)
+                frames = stack.split(";")
+                layer = layer_of(frames)
+                layers[layer] += int(n)
+                leaves[(layer, frames[-1])] += int(n)
+        for (layer, leaf), n in leaves.most_common(args.top):
+            print(f"{server} {size} {layer:>6} {n:>6}  {leaf}")
         total = sum(layers.values()) or 1
         per_request_us = cpu / max(counts.requests, 1) * 1e6
         row: dict[str, object] = {
