@@ -97,6 +97,7 @@ _SERVE_OPTIONS: list[tuple[str, str]] = [
     ("max_headers", "Most header fields in one request: 431 past it."),
     ("head_timeout", "Seconds to receive a request head: 408 past it (silent: closed)."),
     ("keepalive_timeout", "Seconds an idle connection is kept open between requests."),
+    ("body_timeout", "Seconds a request body may send nothing: 408 past it (own server)."),
     ("max_connections", "Open connections per port and worker: 503 SlowDown past it."),
     ("local_socket", "Unix socket for short-circuit reads (default: <data-dir>/gateway.sock)."),
     ("local_socket_uids", "Uids that may read cache files through it (default: the node's)."),

@@ -82,6 +82,7 @@ class Settings:
     max_headers: int = 128  # header fields in one request: 431 past it
     head_timeout: float = 10.0  # seconds to receive a request head: 408 (silence: closed) past it
     keepalive_timeout: int = 5  # seconds an idle connection is kept open between requests
+    body_timeout: float = 60.0  # seconds a request body may send nothing: 408, closed
     max_connections: int = 1024  # open connections per port and worker: 503 SlowDown past it
     admin_access_key: str | None = None  # ensured to exist at start (with admin_secret_key)
     admin_secret_key: str | None = None

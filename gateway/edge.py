@@ -61,14 +61,17 @@ class EdgeLimits:
     max_headers: int = 128  # header fields of one request
     head_timeout: float = 10.0  # seconds to receive a whole request head
     keepalive_timeout: int = 5  # seconds an idle connection is kept between requests
+    body_timeout: float = 60.0  # seconds a request body may send nothing (own server only)
     max_connections: int = 1024  # open connections per listening port (of this process)
 
     def __post_init__(self) -> None:
         for name in ("max_request_line", "max_header_bytes", "max_headers", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
-        if not self.head_timeout > 0 or not math.isfinite(self.head_timeout):
-            raise ValueError("head_timeout must be a positive number of seconds")
+        for name in ("head_timeout", "body_timeout"):
+            value = getattr(self, name)
+            if not value > 0 or not math.isfinite(value):
+                raise ValueError(f"{name} must be a positive number of seconds")
         if self.keepalive_timeout < 1:
             raise ValueError("keepalive_timeout must be at least 1 second")
 
@@ -84,6 +87,7 @@ class EdgeLimits:
             max_headers=s.max_headers,
             head_timeout=s.head_timeout,
             keepalive_timeout=s.keepalive_timeout,
+            body_timeout=s.body_timeout,
             max_connections=s.max_connections,
         )
 

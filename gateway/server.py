@@ -140,6 +140,7 @@ class Connection(asyncio.Protocol):
         self._max_request_line = limits.max_request_line
         self._max_header_bytes = limits.max_header_bytes
         self._max_headers = limits.max_headers
+        self.body_timeout = limits.body_timeout
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.parser = httptools.HttpRequestParser(self)
@@ -473,6 +474,13 @@ class Connection(asyncio.Protocol):
             "head_timeout",
         )
 
+    def refuse_during(self, error: errors.S3Error, reason: str) -> None:
+        """Answer `error` for the running exchange, whose answer has not begun, and close."""
+        self._answered = True
+        report_refusal(reason)
+        self.transport.write(render_refusal(error, self.server.clock.headers()))
+        self.transport.close()
+
     def _refuse(self, error: errors.S3Error, reason: str) -> None:
         """Answer `error` and close. While an exchange runs there is no room for another
         answer: its connection is closed."""
@@ -580,7 +588,10 @@ class Exchange:
         if not self._body_given:
             while not self.body and self.more_body and not self.disconnected:
                 self.arrived.clear()
-                await self.arrived.wait()
+                try:
+                    await asyncio.wait_for(self.arrived.wait(), self.conn.body_timeout)
+                except TimeoutError:
+                    self._body_timed_out()
             if not self.disconnected:
                 data = bytes(self.body)
                 self.body.clear()
@@ -594,10 +605,32 @@ class Exchange:
             await self.arrived.wait()
         return {"type": "http.disconnect"}
 
+    def _body_timed_out(self) -> None:
+        """The client sent nothing of its body for `body_timeout` seconds: answered 408 if no
+        answer has begun, and closed; the application is told its client went away."""
+        conn = self.conn
+        if not self.started and not conn.transport.is_closing():
+            conn.refuse_during(
+                errors.RequestTimeout(
+                    "Your socket connection to the server was not read from or written to"
+                    f" within the timeout period ({conn.body_timeout:g} s of a request body)."
+                ),
+                "body_timeout",
+            )
+        else:
+            report_refusal("body_timeout")
+            conn.transport.close()
+        self.keep_alive = False
+        self.disconnect()
+
     # -- ASGI send -----------------------------------------------------------------------
 
     async def send(self, message: dict[str, Any]) -> None:
         kind = message["type"]
+        if self.disconnected:  # nobody to answer: what the application sends is dropped
+            if kind == "http.response.body" and not message.get("more_body", False):
+                self.complete = True
+            return
         if kind == "http.response.start":
             if self.started:
                 raise RuntimeError("the answer has started already")
@@ -615,10 +648,6 @@ class Exchange:
             raise RuntimeError("the answer is complete already")
         body: bytes = message.get("body", b"")
         more = bool(message.get("more_body", False))
-        if self.disconnected:
-            if not more:
-                self.complete = True
-            return
         conn = self.conn
         if not conn.writable.is_set():
             await conn.writable.wait()

@@ -264,6 +264,37 @@ def test_heads_that_never_finish_and_silent_connections_are_closed(
         node.stop()
 
 
+def test_bodies_that_stop_coming_are_answered_408_and_write_nothing(tmp_path: Path) -> None:
+    """Slow-body clients (a PUT's head, then a few bytes of its body, then silence) hold a
+    connection and a request each: the node's own server answers each 408 RequestTimeout
+    after `body_timeout` without a byte of body and closes it; nothing is written. (uvicorn,
+    the fallback, has no such timeout: docs/configuration.md.)"""
+    files = tmp_path / "files"
+    files.mkdir()
+    data = tmp_path / "n"
+    run_cli(data, None, "mount", "add", "files", files.as_uri())
+    node = start_gateway(data, args=("--body-timeout", "2", "--no-access-log"))
+    try:
+        url = node.client().generate_presigned_url(
+            "put_object", Params={"Bucket": "files", "Key": "slow.bin"}, ExpiresIn=600
+        )
+        target = ("/" + url.split("/", 3)[3]).encode()
+        head = b"PUT " + target + b" HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n" % node.port
+        slow = [socket.create_connection(("127.0.0.1", node.port)) for _ in range(50)]
+        for sock in slow:
+            sock.sendall(head + b"Content-Length: 1000\r\n\r\n" + b"x" * 10)
+        answers = [_read_to_close(sock, 20) for sock in slow]
+        for sock in slow:
+            sock.close()
+        assert {_status(a) for a in answers} == {408}
+        assert {_code(a) for a in answers} == {"RequestTimeout"}
+        assert not (files / "slow.bin").exists()
+        assert node.metric("gateway_edge_closed", 'reason="body_timeout"') >= 50
+        assert httpx.get(node.url + "/healthz").status_code == 200
+    finally:
+        node.stop()
+
+
 @pytest.mark.parametrize("server", SERVERS)
 def test_an_idle_keep_alive_connection_is_closed(tmp_path: Path, server: str) -> None:
     node = start_gateway(

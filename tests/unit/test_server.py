@@ -310,3 +310,29 @@ def test_bytes_that_are_not_a_request_are_answered_400_as_s3_does(request_bytes:
             writer.close()
 
     asyncio.run(main())
+
+
+def test_a_body_that_stops_coming_is_answered_408_and_the_application_told() -> None:
+    told: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                told.append("disconnect")
+                await _answer(send, 200, b"never sent")  # dropped: nobody to answer
+                return
+            if not message.get("more_body"):
+                raise AssertionError("the body never ends")
+
+    async def main() -> None:
+        async with serving(app, body_timeout=0.5) as (server, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"PUT / HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\nabc")
+            answer = await asyncio.wait_for(reader.read(), 10)  # to the close
+            assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
+            assert b"<Code>RequestTimeout</Code>" in answer and b"never sent" not in answer
+            assert told == ["disconnect"]
+            writer.close()
+
+    asyncio.run(main())
