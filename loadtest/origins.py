@@ -97,7 +97,10 @@ def start_rclone(
     env["RCLONE_CONFIG"] = str(config)  # never the user's remotes
     cmd = [
         *prefix, binary("rclone"), "serve", "s3", "--addr", f"{host}:{port}",
-        "--auth-key", f"{ORIGIN_KEY},{ORIGIN_SECRET}", str(home / "data"),
+        "--auth-key", f"{ORIGIN_KEY},{ORIGIN_SECRET}",
+        # An object's ETag is the MD5 of its file, computed on its first HEAD or GET and kept
+        # with its directory entry: kept for the whole run, not re-read after 5 minutes.
+        "--dir-cache-time", "24h", str(home / "data"),
     ]  # fmt: skip
     proc = cleanup.spawn("rclone", cmd, workdir / "rclone.log", env)
     wait_http(f"http://{host}:{port}/", proc, timeout=60)
