@@ -11,7 +11,7 @@ the answer the HTTP edge gives a plain hit (gateway/s3/fast.py). Each with the a
 and off. Prints CPU µs per request (process time: other work on the machine does not count);
 `--profile` adds cProfile's top functions of the ASGI path.
 
-`--miss`: the CPU of a cold miss. The origin (`--origin`: SeaweedFS by default, rclone or
+`--miss`: the CPU of a cold miss. The origin (`--origin`: rclone by default, SeaweedFS or
 moto, loadtest/origins.py) on loopback, no WAN, holds `--objects` objects; a node in this
 process mounts them as the `epochs` scenario does (S3, static credentials, metadata_ttl=-1)
 and reads each once through its ASGI app, `--readers` at a time, every body read to its end.

@@ -1,4 +1,4 @@
-"""The origin (an S3 server: SeaweedFS by default, rclone or moto; see origins.py) behind an
+"""The origin (an S3 server: rclone by default, SeaweedFS or moto; see origins.py) behind an
 emulated WAN: latency and a bandwidth cap.
 
 Preferred: the origin in a network namespace of its own, reached over a veth pair whose both
@@ -37,7 +37,7 @@ class WanSettings:
     rtt_ms: float
     rate: str  # tc notation: 1gbit, 200mbit; "0" for no cap
     stock_moto: bool = False  # True: moto as shipped, whose ranged GETs read the whole object
-    origin: str = DEFAULT_ORIGIN  # the S3 server: seaweedfs | rclone | moto (origins.py)
+    origin: str = DEFAULT_ORIGIN  # the S3 server: rclone | seaweedfs | moto (origins.py)
 
 
 def rate_bps(rate: str) -> float:
@@ -59,7 +59,7 @@ class Origin:
     _stats_url: str | None = None
     _rx_counter: Path | None = None
     proxy_pid: int | None = None  # loadtest.wan_proxy's, where it adds the delay
-    kind: str = DEFAULT_ORIGIN  # seaweedfs | rclone | moto
+    kind: str = DEFAULT_ORIGIN  # rclone | seaweedfs | moto
 
     def watch(self, gateway_pid: int | None = None) -> dict[str, int | None]:
         """The processes whose CPU each row reports per request (procs.CpuMeter's `watch`):
