@@ -3,7 +3,8 @@
 A cold miss of a small object is one GET to the origin, and through aiobotocore that GET cost
 ~1.3 ms of CPU on its own (events, endpoint rules, the user-agent string rebuilt, retry
 bookkeeping, response parsing into a dict): about a third of the gateway's CPU per miss, and
-at sixteen readers the miss path is CPU-bound. Here a GET is one aiohttp request (~0.6 ms),
+at sixteen readers the miss path is CPU-bound. Here a GET is written to a keep-alive
+connection of the store's own pool (http1.py; aiohttp's request cost ~0.25 ms of CPU more),
 signed by `GetSigner`: SigV4 exactly as botocore's S3SigV4Auth signs such a GET (a test holds
 the two to the same Authorization header), with the signing key kept per day and the
 request's fixed parts made once. botocore's signer built an AWSRequest, its header maps on
@@ -31,13 +32,14 @@ from collections.abc import AsyncGenerator, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
+from urllib.parse import urlsplit
 
-import aiohttp
-import yarl
 from botocore.auth import EMPTY_SHA256_HASH, SIGNED_HEADERS_BLACKLIST, _host_from_url
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 from botocore.utils import percent_encode
+
+from gateway.stores.s3.http1 import FAILURES, Pool, ProtocolError, Response
 
 log = logging.getLogger("gateway.stores")
 
@@ -94,6 +96,11 @@ class GetSigner:
         self._day = ""
         self._key = b""
         self._stamp = (-1, "")  # (second, its SigV4 timestamp)
+
+    @property
+    def host(self) -> str:
+        """The Host the requests are signed for (and must be sent with)."""
+        return self._host
 
     def _signing_key(self, day: str) -> bytes:
         if day != self._day:
@@ -153,71 +160,69 @@ class FastGet:
         connections: int = 64,
     ) -> None:
         self.base = base
-        self._path = yarl.URL(base, encoded=True).raw_path  # the bucket's part, path-style
+        parts = urlsplit(base)
+        self._path = parts.path  # the bucket's part, path-style, as a presigned URL has it
         self._signer = GetSigner(credentials, region, base)
-        self._timeout = aiohttp.ClientTimeout(sock_connect=connect_timeout, sock_read=read_timeout)
+        self._host = (("Host", self._signer.host),)
+        self._timeouts = (connect_timeout, read_timeout)
         self._connections = connections
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: Pool | None = None
         self.refused = False  # the last GET was refused (see _REFUSALS)
 
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._connections),
-                timeout=self._timeout,
-                auto_decompress=False,  # the stored bytes, as botocore gives them
-                skip_auto_headers=("Accept-Encoding",),
-            )
-        return self._session
+    def _client(self) -> Pool:
+        if self._pool is None:
+            connect, read = self._timeouts
+            self._pool = Pool(self.base, connect, read, self._connections)
+        return self._pool
 
     def url(self, full_key: str) -> str:
         return self.base + percent_encode(full_key, safe="/~")
 
     async def get(
         self, full_key: str, headers: Mapping[str, str]
-    ) -> tuple[dict[str, Any], aiohttp.ClientResponse] | None:
+    ) -> tuple[dict[str, Any], Response] | None:
         """(the answer's fields in botocore's names, the open response) for a 200 or 206;
         botocore's ClientError for a 304, 404, 412 or 416; None for anything else (the caller
         asks botocore, which retries what is worth it), the response closed."""
         self.refused = False
-        encoded = percent_encode(full_key, safe="/~")
+        # As signed: the key's escapes, "." and ".." segments are ordinary characters of it.
+        target = self._path + percent_encode(full_key, safe="/~")
         signer = self._signer
-        signed = signer.sign(self._path + encoded, headers, signer.timestamp())
+        signed = signer.sign(target, headers, signer.timestamp())
         try:
-            response = await self._client().get(
-                # As signed: yarl would otherwise decode escapes and resolve "." and ".."
-                # segments, which are ordinary characters of an S3 key.
-                yarl.URL(self.base + encoded, encoded=True),
-                headers=signed,
-                allow_redirects=False,
-            )
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            response = await self._client().get(target, (*self._host, *signed.items()))
+        except FAILURES as exc:
             log.debug("fast GET of %s failed, asking botocore: %r", full_key, exc)
+            # An answer this client cannot read (a chunked one): if botocore's succeeds, the
+            # lean GET is given up for this origin, as for a refusal.
+            self.refused = isinstance(exc, ProtocolError)
             return None
         if response.status in _FINAL:
             raise await _client_error(response)
         if response.status not in (200, 206):
             self.refused = response.status in _REFUSALS
-            response.release()
+            response.close()
             return None
         try:
             return fields(response), response
         except (KeyError, ValueError, TypeError) as exc:  # an answer botocore should judge
-            response.release()
+            response.close()
             log.debug("fast GET of %s: unexpected answer, asking botocore: %r", full_key, exc)
             return None
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
 
 
-async def _client_error(response: aiohttp.ClientResponse) -> ClientError:
+async def _client_error(response: Response) -> ClientError:
     """The ClientError botocore raises for this answer: the code and message of the XML error
     body (none for a 304 or a HEAD-like empty body: the status stands for the code)."""
     try:
-        body = await response.content.read(_ERROR_BODY_MAX)
+        body = await response.read(_ERROR_BODY_MAX)
+    except FAILURES:
+        body = b""  # the status alone says what happened
     finally:
         response.release()
     text = body.decode("utf-8", "replace")
@@ -225,8 +230,8 @@ async def _client_error(response: aiohttp.ClientResponse) -> ClientError:
     error = {"Code": code, "Message": _element(text, "Message") or ""}
     meta = {
         "HTTPStatusCode": response.status,
-        "HTTPHeaders": {k.lower(): v for k, v in response.headers.items()},
-        "RequestId": response.headers.get("x-amz-request-id", ""),
+        "HTTPHeaders": {k.lower(): v for k, v in response.headers},
+        "RequestId": response.header("x-amz-request-id") or "",
     }
     return ClientError({"Error": error, "ResponseMetadata": meta}, "GetObject")
 
@@ -236,14 +241,12 @@ def _element(text: str, name: str) -> str | None:
     return html.unescape(found.group(1)) if found else None
 
 
-def fields(response: aiohttp.ClientResponse) -> dict[str, Any]:
-    """An S3 GET answer's headers as botocore's GetObject output names them."""
+def fields(response: Response) -> dict[str, Any]:
+    """An S3 GET answer's headers as botocore's GetObject output names them (values decoded as
+    Latin-1, as botocore's http.client does, so that both paths agree on non-ASCII ones)."""
     out: dict[str, Any] = {"Metadata": {}}
-    for name, value in response.headers.items():
+    for name, value in response.headers:
         lower = name.lower()
-        # aiohttp decodes header bytes as UTF-8, botocore (http.client) as Latin-1: give the
-        # service what botocore gives it, so that both paths agree on non-ASCII values.
-        value = value.encode("utf-8", "surrogateescape").decode("latin-1")
         if lower.startswith(_META):
             out["Metadata"][name[len(_META) :]] = value  # the name as sent, as botocore has it
         elif lower in _PLAIN:
@@ -266,14 +269,14 @@ def fields(response: aiohttp.ClientResponse) -> dict[str, Any]:
     return out
 
 
-async def body_chunks(response: aiohttp.ClientResponse, size: int) -> AsyncGenerator[bytes, None]:
-    """The body in pieces of up to `size` bytes; the connection is pooled again only when
-    the body was read to its end."""
+async def body_chunks(response: Response, size: int) -> AsyncGenerator[bytes, None]:
+    """The body in pieces of up to about `size` bytes; the connection is pooled again only
+    when the body was read to its end."""
     try:
-        async for chunk in response.content.iter_chunked(size):
+        async for chunk in response.chunks(size):
             yield chunk
+    except FAILURES as exc:
+        # As aiohttp's: the store's client turns it into a StoreUnavailable.
+        raise ConnectionResetError(f"the origin's answer was cut: {exc!r}") from exc
     finally:
-        if response.content.at_eof():
-            response.release()
-        else:
-            response.close()
+        response.release()
