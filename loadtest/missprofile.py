@@ -14,7 +14,9 @@ read to its end).
 - **CPU per cold GET**: the node process's utime + stime (/proc/<pid>/stat, every thread)
   from before the first GET to 1 s after the last (the fills and the metadata recorder's
   batches are done by then), divided by the objects; also net of the node's idle CPU (its
-  janitor, refreshes and polls), measured over 3 s before the GETs.
+  janitor, refreshes and polls), measured over 3 s before the GETs; and the event loop's
+  thread's share (the main thread's /proc/<pid>/task/<pid>/stat) and each other thread's
+  (cache-io, SQLite's: Python names no OS thread, so they are listed by their CPU).
 - **Top functions**: cProfile of the node's event loop thread over `--profile-objects` more
   cold GETs (started and stopped by SIGUSR1/SIGUSR2; threads other than the loop's are not
   in it), sorted by own time.
@@ -43,6 +45,7 @@ says how to read them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import dis
 import http.client
@@ -135,6 +138,7 @@ def _run(cleanup: Any, work: Path, args: argparse.Namespace, size: int) -> dict[
     idle0 = _cpu(node.pid)
     time.sleep(_IDLE_SECONDS)
     idle_rate = (_cpu(node.pid) - idle0) / _IDLE_SECONDS
+    threads0 = _threads(node.pid)
     t0, cpu0, loop0 = time.monotonic(), _cpu(node.pid), _cpu(node.pid, node.pid)
     _get_all(node.port, measured, args.readers)
     seconds = time.monotonic() - t0
@@ -142,12 +146,16 @@ def _run(cleanup: Any, work: Path, args: argparse.Namespace, size: int) -> dict[
     cpu = _cpu(node.pid) - cpu0
     loop = _cpu(node.pid, node.pid) - loop0  # the main thread runs the event loop
     net = cpu - idle_rate * (time.monotonic() - t0)
+    threads = _threads(node.pid)
+    spent = [used - threads0.get(tid, 0.0) for tid, used in threads.items() if tid != node.pid]
+    others = sorted((round(s / args.objects * 1e6, 1) for s in spent), reverse=True)
     report["cpu"] = {
         "seconds": round(seconds, 3),
         "gets_per_s": round(args.objects / seconds, 1),
         "us_per_get": round(cpu / args.objects * 1e6, 1),
         "us_per_get_net_of_idle": round(net / args.objects * 1e6, 1),
         "event_loop_us_per_get": round(loop / args.objects * 1e6, 1),
+        "other_threads_us_per_get": [x for x in others if x > 0],
         "idle_cores": round(idle_rate, 4),
     }
     print(
@@ -155,7 +163,8 @@ def _run(cleanup: Any, work: Path, args: argparse.Namespace, size: int) -> dict[
         f"({report['cpu']['us_per_get_net_of_idle']:.0f} us net of the node's idle "
         f"{idle_rate * 100:.1f} % of a core), of it the event loop's thread "
         f"{loop / args.objects * 1e6:.0f} us; {args.objects} GETs in {seconds:.1f} s, "
-        f"{args.readers} connections"
+        f"{args.readers} connections; the other threads, each: "
+        f"{', '.join(f'{x:g}' for x in others if x > 0)} us"
     )
     if profiled:
         node.switch(signal.SIGUSR1)
@@ -199,6 +208,15 @@ def _commit() -> str:
         ["git", "-C", str(_REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     )
     return out.stdout.strip()
+
+
+def _threads(pid: int) -> dict[int, float]:
+    """CPU seconds of each live thread of the process, by thread id."""
+    found = {}
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):  # ended meanwhile
+            found[int(task)] = _cpu(pid, int(task))
+    return found
 
 
 def _cpu(pid: int, task: int | None = None) -> float:
