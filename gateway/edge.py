@@ -12,6 +12,7 @@ then closed. The limits hold for both listening sockets, the S3 port and the fle
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 
+import httptools
 from prometheus_client import Counter as MetricCounter
 
 from gateway import errors
@@ -61,8 +63,8 @@ class EdgeLimits:
     max_headers: int = 128  # header fields of one request
     head_timeout: float = 10.0  # seconds to receive a whole request head
     keepalive_timeout: int = 5  # seconds an idle connection is kept between requests
-    body_timeout: float = 60.0  # seconds a request body may send nothing (own server only)
     max_connections: int = 1024  # open connections per listening port (of this process)
+    body_timeout: float = 60.0  # seconds a request body may send nothing (own server only)
 
     def __post_init__(self) -> None:
         for name in ("max_request_line", "max_header_bytes", "max_headers", "max_connections"):
@@ -90,6 +92,156 @@ class EdgeLimits:
             body_timeout=s.body_timeout,
             max_connections=s.max_connections,
         )
+
+
+class Refused(Exception):
+    """Raised inside a parser callback to stop parsing and answer with `error`."""
+
+    def __init__(self, error: errors.S3Error, reason: str) -> None:
+        super().__init__(reason)
+        self.error = error
+        self.reason = reason
+
+
+class HeadGuard:
+    """The edge's limits on one connection, for a protocol over httptools' parser (both
+    servers' protocols inherit it): the request head counted as it is parsed, one timer per
+    connection for the head's time limit, and the refusals. The protocol sets `transport`,
+    `loop` and `parser`, calls `guard_start` once connected, `guard_stop` once lost, feeds
+    data through `feed`, and counts the head with `message_begun`, `count_url` and
+    `count_header`; it says whether an answer is under way (`answering`) and gives the
+    default header fields of its answers (`default_headers`)."""
+
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+    parser: httptools.HttpRequestParser
+
+    def guard_init(self, limits: EdgeLimits) -> None:
+        self._limits = limits
+        # Read on every request: kept as plain attributes (a hit costs microseconds).
+        self._max_request_line = limits.max_request_line
+        self._max_header_bytes = limits.max_header_bytes
+        self._max_headers = limits.max_headers
+        self._answered = False  # a refusal is written: what the client still sends is dropped
+        # One timer per connection, re-armed as it fires, checks the head in progress (arming
+        # and cancelling one per request would cost more than the rest of the edge).
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_since: float | None = None  # loop time the head in progress began
+        self._asked = False  # a request has begun on this connection
+        self._linger: asyncio.TimerHandle | None = None
+        self._field_bytes = 0  # of the current message's header fields (trailers included)
+        # Bytes parsed without any callback: a header field still being received (httptools
+        # keeps a field's pieces until the field ends), or chunk extensions.
+        self._silent = 0
+        self.progress = False  # set by every parser callback
+
+    def answering(self) -> bool:
+        raise NotImplementedError
+
+    def default_headers(self) -> list[tuple[bytes, bytes]]:
+        raise NotImplementedError
+
+    def guard_start(self) -> None:
+        self._head_since = self.loop.time()
+        self._head_timer = self.loop.call_later(self._limits.head_timeout, self._check_head)
+
+    def guard_stop(self) -> None:
+        for timer in (self._head_timer, self._linger):
+            if timer is not None:
+                timer.cancel()
+        self._head_timer = self._linger = None
+
+    def feed(self, data: bytes) -> bool:
+        """Parse `data`; False when the connection was refused (or had been)."""
+        if self._answered:
+            return False
+        self.progress = False
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # Nothing to upgrade to: the request is served as a plain one.
+            return True
+        except httptools.HttpParserError as exc:
+            refused = exc.__context__  # what a callback raised
+            if isinstance(refused, Refused):
+                self.refuse(refused.error, refused.reason)
+            else:
+                self.refuse(errors.InvalidRequest("The request is not valid HTTP/1.1."), "not_http")
+            return False
+        if self.progress:
+            self._silent = 0
+            return True
+        self._silent += len(data)
+        if self._silent > self._max_header_bytes:
+            self.refuse(header_too_large(self._limits), "header_section_too_large")
+            return False
+        return True
+
+    def message_begun(self) -> None:
+        self.progress = self._asked = True
+        self._field_bytes = 0
+        self._head_since = self.loop.time()
+
+    def head_done(self) -> None:
+        self.progress = True
+        self._head_since = None
+
+    def count_url(self, length: int) -> None:
+        """The request target has `length` bytes so far."""
+        self.progress = True
+        if length > self._max_request_line:
+            raise Refused(
+                errors.RequestURITooLong(MaxSizeAllowed=str(self._max_request_line)),
+                "request_line_too_long",
+            )
+
+    def count_header(self, name: bytes, value: bytes, fields: int) -> None:
+        """One more header field, after `fields` of them."""
+        self.progress = True
+        self._field_bytes += len(name) + len(value)
+        if self._field_bytes > self._max_header_bytes or fields >= self._max_headers:
+            raise Refused(header_too_large(self._limits), "header_section_too_large")
+
+    def _check_head(self) -> None:
+        self._head_timer = None
+        if self._answered or self.transport.is_closing():
+            return
+        timeout = self._limits.head_timeout
+        since = self._head_since
+        waited = 0.0 if since is None else self.loop.time() - since
+        if waited < timeout:
+            self._head_timer = self.loop.call_later(timeout - waited, self._check_head)
+            return
+        if not self._asked:
+            # Nothing was asked: an idle connection is closed without an answer.
+            report_refusal("idle", log_it=False)
+            self.transport.close()
+            return
+        self.refuse(
+            errors.RequestTimeout(f"The request head was not received within {timeout:g} seconds."),
+            "head_timeout",
+        )
+
+    def refuse(self, error: errors.S3Error, reason: str) -> None:
+        """Answer `error` and close. A request whose answer is under way (a pipelined
+        request, trailers of a body being read) has no room for another: its connection is
+        closed."""
+        self._answered = True
+        report_refusal(reason)
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        transport = self.transport
+        if self.answering():
+            transport.close()
+            return
+        transport.write(render_refusal(error, self.default_headers()))
+        if not transport.can_write_eof():  # TLS: close_notify follows the answer
+            transport.close()
+            return
+        transport.write_eof()
+        transport.resume_reading()
+        self._linger = self.loop.call_later(LINGER, transport.close)
 
 
 # The answers to plain cache hits, by listening port (the S3 port; never the fleet's): set by

@@ -40,12 +40,12 @@ import httptools
 from gateway import errors
 from gateway.edge import (
     FAST_ANSWERS,
-    LINGER,
     STATUS_LINES,
     EdgeLimits,
     FastAnswer,
+    HeadGuard,
+    Refused,
     fast_path,
-    header_too_large,
     render_refusal,
     report_refusal,
 )
@@ -68,15 +68,6 @@ class ServerConfig:
     limits: EdgeLimits
     ssl: ssl.SSLContext | None = None
     graceful_timeout: float = 10.0  # seconds running exchanges are given at a shutdown
-
-
-class _Refused(Exception):
-    """Raised inside a parser callback to stop parsing and answer with `error`."""
-
-    def __init__(self, error: errors.S3Error, reason: str) -> None:
-        super().__init__(reason)
-        self.error = error
-        self.reason = reason
 
 
 class _Clock:
@@ -130,16 +121,13 @@ class Server:
             conn.abort()
 
 
-class Connection(asyncio.Protocol):
+class Connection(HeadGuard, asyncio.Protocol):
     """One client connection (see the module's docstring)."""
 
     def __init__(self, server: Server) -> None:
         self.server = server
-        limits = self._limits = server.limits
-        # Read on every request: plain attributes.
-        self._max_request_line = limits.max_request_line
-        self._max_header_bytes = limits.max_header_bytes
-        self._max_headers = limits.max_headers
+        limits = server.limits
+        self.guard_init(limits)
         self.body_timeout = limits.body_timeout
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
@@ -169,15 +157,7 @@ class Connection(asyncio.Protocol):
         self._paused_for_pipeline = False
         self.writable = asyncio.Event()
         self.writable.set()
-        # Timers and state of the edge's limits.
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._head_since: float | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
-        self._asked = False
-        self._answered = False  # a refusal was written: what still comes is dropped
-        self._linger: asyncio.TimerHandle | None = None
-        self._silent = 0
-        self._progress = False
         self.lost = False
 
     # -- connection ----------------------------------------------------------------------
@@ -189,7 +169,7 @@ class Connection(asyncio.Protocol):
         port = int(sockname[1]) if isinstance(sockname, tuple) else 0
         server = self.server
         if server.open[port] >= self._limits.max_connections or server.stopping:
-            self._refuse(
+            self.refuse(
                 errors.SlowDown("The node has reached its limit of open connections."),
                 "connection_limit",
             )
@@ -203,8 +183,7 @@ class Connection(asyncio.Protocol):
         if transport.get_extra_info("sslcontext") is not None:
             self._scheme = "https"
         self._fast = fast_path(port)
-        self._head_since = self.loop.time()
-        self._head_timer = self.loop.call_later(self._limits.head_timeout, self._check_head)
+        self.guard_start()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -212,10 +191,10 @@ class Connection(asyncio.Protocol):
             self.server.open[self._port] -= 1
             self._port = None
         self.server.closed(self)
-        for timer in (self._head_timer, self._linger, self._idle_timer):
-            if timer is not None:
-                timer.cancel()
-        self._head_timer = self._linger = self._idle_timer = None
+        self.guard_stop()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         self.writable.set()  # a sender waiting for room finds the connection gone
         for exchange in (self.running, *self._pipeline):
             if exchange is not None:
@@ -234,59 +213,25 @@ class Connection(asyncio.Protocol):
         self.writable.set()
 
     def data_received(self, data: bytes) -> None:
-        if self._answered:
-            return
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
-        self._progress = False
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            # Nothing to upgrade to: the request is served as a plain one.
-            return
-        except httptools.HttpParserError as exc:
-            refused = exc.__context__  # what a callback raised
-            if isinstance(refused, _Refused):
-                self._refuse(refused.error, refused.reason)
-            else:
-                self._refuse(
-                    errors.InvalidRequest("The request is not valid HTTP/1.1."), "not_http"
-                )
-            return
-        if self._progress:
-            self._silent = 0
-            return
-        # Bytes with no callback: a header field still coming (llhttp holds a field's pieces
-        # until it ends), or chunk extensions. They count against the head's limit.
-        self._silent += len(data)
-        if self._silent > self._max_header_bytes:
-            self._refuse(header_too_large(self._limits), "header_section_too_large")
+        self.feed(data)
 
     # -- parser callbacks ----------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        self._progress = self._asked = True
+        self.message_begun()
         self._url = b""
         self._headers = []
-        self._field_bytes = 0
         self._expect_continue = False
-        self._head_since = self.loop.time()
 
     def on_url(self, url: bytes) -> None:
-        self._progress = True
         self._url += url
-        if len(self._url) > self._max_request_line:
-            raise _Refused(
-                errors.RequestURITooLong(MaxSizeAllowed=str(self._max_request_line)),
-                "request_line_too_long",
-            )
+        self.count_url(len(self._url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._progress = True
-        self._field_bytes += len(name) + len(value)
-        if self._field_bytes > self._max_header_bytes or len(self._headers) >= self._max_headers:
-            raise _Refused(header_too_large(self._limits), "header_section_too_large")
+        self.count_header(name, value, len(self._headers))
         name = name.lower()
         value = value.rstrip(b" \t")  # llhttp keeps trailing whitespace; RFC 9110 drops it
         if name == b"expect" and value.lower() == b"100-continue":
@@ -294,8 +239,7 @@ class Connection(asyncio.Protocol):
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        self._progress = True
-        self._head_since = None
+        self.head_done()
         parser = self.parser
         version = parser.get_http_version()
         keep_alive = version != "1.0" and parser.should_keep_alive() and not self.server.stopping
@@ -319,7 +263,7 @@ class Connection(asyncio.Protocol):
         try:
             path = raw_path.decode("ascii")
         except UnicodeDecodeError:
-            raise _Refused(errors.InvalidURI(), "not_http") from None
+            raise Refused(errors.InvalidURI(), "not_http") from None
         if "%" in path:
             path = unquote(path)
         scope: dict[str, Any] = {
@@ -347,7 +291,7 @@ class Connection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def on_body(self, body: bytes) -> None:
-        self._progress = True
+        self.progress = True
         exchange = self._parsing
         if exchange is None or exchange.complete:
             return
@@ -358,13 +302,13 @@ class Connection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def on_chunk_header(self) -> None:
-        self._progress = True
+        self.progress = True
 
     def on_chunk_complete(self) -> None:
-        self._progress = True
+        self.progress = True
 
     def on_message_complete(self) -> None:
-        self._progress = True
+        self.progress = True
         answer = self._fast_answer
         if answer is None:
             exchange = self._parsing
@@ -431,7 +375,9 @@ class Connection(asyncio.Protocol):
                 self.transport.resume_reading()
         if self._idle_timer is not None:
             self._idle_timer.cancel()
-        self._idle_timer = self.loop.call_later(self._limits.keepalive_timeout, self._close_idle)
+        self._idle_timer = self.loop.call_later(
+            self.server.limits.keepalive_timeout, self._close_idle
+        )
 
     def _close_idle(self) -> None:
         self._idle_timer = None
@@ -454,26 +400,6 @@ class Connection(asyncio.Protocol):
 
     # -- the edge's refusals -------------------------------------------------------------
 
-    def _check_head(self) -> None:
-        self._head_timer = None
-        if self._answered or self.transport.is_closing():
-            return
-        timeout = self._limits.head_timeout
-        since = self._head_since
-        waited = 0.0 if since is None else self.loop.time() - since
-        if waited < timeout:
-            self._head_timer = self.loop.call_later(timeout - waited, self._check_head)
-            return
-        if not self._asked:
-            # Nothing was asked: an idle connection is closed without an answer.
-            report_refusal("idle", log_it=False)
-            self.transport.close()
-            return
-        self._refuse(
-            errors.RequestTimeout(f"The request head was not received within {timeout:g} seconds."),
-            "head_timeout",
-        )
-
     def refuse_during(self, error: errors.S3Error, reason: str) -> None:
         """Answer `error` for the running exchange, whose answer has not begun, and close."""
         self._answered = True
@@ -481,26 +407,11 @@ class Connection(asyncio.Protocol):
         self.transport.write(render_refusal(error, self.server.clock.headers()))
         self.transport.close()
 
-    def _refuse(self, error: errors.S3Error, reason: str) -> None:
-        """Answer `error` and close. While an exchange runs there is no room for another
-        answer: its connection is closed."""
-        self._answered = True
-        report_refusal(reason)
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-        transport = self.transport
-        if self.running is not None:  # its answer may be under way: no room for another
-            self.running.keep_alive = False
-            transport.close()
-            return
-        transport.write(render_refusal(error, self.server.clock.headers()))
-        if not transport.can_write_eof():  # TLS: close_notify follows the answer
-            transport.close()
-            return
-        transport.write_eof()
-        transport.resume_reading()
-        self._linger = self.loop.call_later(LINGER, transport.close)
+    def answering(self) -> bool:
+        return self.running is not None
+
+    def default_headers(self) -> list[tuple[bytes, bytes]]:
+        return self.server.clock.headers()
 
 
 class Exchange:

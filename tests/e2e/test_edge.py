@@ -457,6 +457,7 @@ def test_edge_settings_take_sizes_and_refuse_nonsense(tmp_path: Path) -> None:
     for flag, value, problem in [
         ("--max-connections", "0", "max_connections must be at least 1"),
         ("--head-timeout", "nan", "head_timeout must be a positive number"),
+        ("--body-timeout", "0", "body_timeout must be a positive number"),
         ("--max-header-bytes", "0", "max_header_bytes must be at least 1"),
     ]:
         out = run_cli(tmp_path, None, "serve", flag, value, check=False)
