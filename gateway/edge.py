@@ -253,6 +253,24 @@ FastAnswer = Callable[
 _FAST: dict[int, FastAnswer] = {}
 
 
+def write_fast_answer(
+    transport: asyncio.Transport, answer: list[bytes | memoryview], keep_alive: bool
+) -> bool:
+    """Write an answer made at the edge, in order (no other answer of the connection is
+    under way); True when the connection goes on to its next request."""
+    if transport.is_closing():
+        return False
+    if len(answer) == 1:
+        transport.write(answer[0])
+    else:
+        transport.writelines(answer)
+    FAST_ANSWERS.inc()
+    if not keep_alive:
+        transport.close()
+        return False
+    return True
+
+
 def fast_path(port: int) -> FastAnswer | None:
     """The answer to plain hits on `port` in this process, if any."""
     return _FAST.get(port)

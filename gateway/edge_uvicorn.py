@@ -19,7 +19,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from gateway import errors
-from gateway.edge import FAST_ANSWERS, EdgeLimits, FastAnswer, HeadGuard, fast_path
+from gateway.edge import EdgeLimits, FastAnswer, HeadGuard, fast_path, write_fast_answer
 
 
 class EdgeConfig(uvicorn.Config):
@@ -168,19 +168,9 @@ class EdgeProtocol(HeadGuard, HttpToolsProtocol):
         if answer is None:
             super().on_message_complete()
             return
-        # Answered at the edge: written in order (no request of this connection is under
-        # way), then on as uvicorn goes on after a response.
+        # Answered at the edge, then on as uvicorn goes on after a response.
         self._fast_answer = None
-        transport = self.transport
-        if transport.is_closing():
-            return
-        if len(answer) == 1:
-            transport.write(answer[0])
-        else:
-            transport.writelines(answer)
-        FAST_ANSWERS.inc()
-        if not self._fast_keep_alive:
-            transport.close()
+        if not write_fast_answer(self.transport, answer, self._fast_keep_alive):
             return
         self._unset_keepalive_if_required()
         self.on_response_complete()

@@ -39,7 +39,6 @@ import httptools
 
 from gateway import errors
 from gateway.edge import (
-    FAST_ANSWERS,
     STATUS_LINES,
     EdgeLimits,
     FastAnswer,
@@ -48,6 +47,7 @@ from gateway.edge import (
     fast_path,
     render_refusal,
     report_refusal,
+    write_fast_answer,
 )
 
 log = logging.getLogger("gateway.server")
@@ -317,20 +317,9 @@ class Connection(HeadGuard, asyncio.Protocol):
                 exchange.arrived.set()
             self._parsing = None
             return
-        # Answered here: written in order (no exchange of this connection is under way).
         self._fast_answer = None
-        transport = self.transport
-        if transport.is_closing():
-            return
-        if len(answer) == 1:
-            transport.write(answer[0])
-        else:
-            transport.writelines(answer)
-        FAST_ANSWERS.inc()
-        if not self._fast_keep_alive:
-            transport.close()
-            return
-        self._idle()
+        if write_fast_answer(self.transport, answer, self._fast_keep_alive):
+            self._idle()
 
     # -- exchanges -----------------------------------------------------------------------
 
