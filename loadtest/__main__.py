@@ -7,6 +7,7 @@ import shlex
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType, ModuleType
 from typing import NoReturn
@@ -46,7 +47,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--origin",
         choices=ORIGINS,
-        help=f"the origin's S3 server ({DEFAULT_ORIGIN}; see loadtest/README.md, 'The origin')",
+        help=f"the origin's S3 server ({DEFAULT_ORIGIN}; list: {listing.ORIGIN}; see "
+        "loadtest/README.md, 'The origin')",
     )
     g.add_argument(
         "--stock-moto",
@@ -100,18 +102,19 @@ def _gateway_args(args: argparse.Namespace) -> tuple[str, ...]:
     return ("--workers", str(args.nginx_workers), *extra)
 
 
-def _origin(args: argparse.Namespace) -> str:
+def _origin(args: argparse.Namespace, scenario: ModuleType) -> str:
+    """--origin, else the scenario's own choice (its ORIGIN), else DEFAULT_ORIGIN."""
     if args.stock_moto:
         if args.origin not in (None, "moto"):
             raise SystemExit(f"--stock-moto is moto's; it does not go with --origin {args.origin}")
         return "moto"
-    return str(args.origin or DEFAULT_ORIGIN)
+    return str(args.origin or getattr(scenario, "ORIGIN", DEFAULT_ORIGIN))
 
 
 def _options(args: argparse.Namespace) -> Options:
     rate_bps(args.rate)  # fail on a bad rate before anything starts
     return Options(
-        wan=WanSettings(args.wan, args.rtt_ms, args.rate, args.stock_moto, _origin(args)),
+        wan=WanSettings(args.wan, args.rtt_ms, args.rate, args.stock_moto),
         processes=args.processes,
         gateway_args=_gateway_args(args),
         metadata_ttl=args.metadata_ttl,
@@ -149,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         defaults = argparse.ArgumentParser()
         SCENARIOS[name].add_arguments(defaults)
         scenario_args = args if args.scenario == name else defaults.parse_args([])
-        SCENARIOS[name].run(options, scenario_args)
+        wan = replace(options.wan, origin=_origin(args, SCENARIOS[name]))
+        SCENARIOS[name].run(replace(options, wan=wan), scenario_args)
     return 0
 
 
