@@ -22,10 +22,21 @@ _CONDITION_KEY = re.compile(r"(aws|s3):[A-Za-z0-9_-]+", re.IGNORECASE)
 # The condition keys the gateway knows a request's value of (lower case), and so the policy
 # variables it can fill in. A policy that names any other key is refused when stored: a key
 # it cannot evaluate must never decide by being absent, nor a variable by being taken as text.
+# S3's condition keys that are a request header's value, by header (AWS's "Amazon S3 condition
+# keys"): a policy that says "deny uploads without server-side encryption" is the common case.
+HEADER_KEYS = {
+    h: "s3:" + h
+    for h in (
+        "x-amz-server-side-encryption", "x-amz-server-side-encryption-aws-kms-key-id",
+        "x-amz-server-side-encryption-customer-algorithm", "x-amz-acl", "x-amz-copy-source",
+        "x-amz-metadata-directive", "x-amz-storage-class", "x-amz-content-sha256",
+        "x-amz-object-ownership",
+    )
+}  # fmt: skip
 KNOWN_KEYS = frozenset(
     {
         "aws:sourceip", "aws:securetransport", "aws:username", "aws:userid", "s3:prefix",
-        "s3:delimiter",
+        "s3:delimiter", *HEADER_KEYS.values(),
     }
 )  # fmt: skip
 # The request's time (aws:CurrentTime, aws:EpochTime): a condition key of the Date operators

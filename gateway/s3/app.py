@@ -245,6 +245,7 @@ class S3App:
                 req.access_key, action, req.bucket, req.key, source_ip,
                 prefix=query.get("prefix") if query else None,
                 delimiter=query.get("delimiter") if query else None, secure=secure,
+                headers=req.headers,
             )  # fmt: skip
         except errors.AccessDenied:
             bucket = req.bucket

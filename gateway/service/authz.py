@@ -29,7 +29,7 @@ from gateway.iam import (
     wildcard,
 )
 from gateway.iam.actions import ACTIONS
-from gateway.iam.grammar import S3_ARN
+from gateway.iam.grammar import HEADER_KEYS, S3_ARN
 from gateway.meta import TenancyRows
 
 log = logging.getLogger("gateway.authz")
@@ -135,7 +135,10 @@ class Authorizer:
         prefix: str | None = None,
         delimiter: str | None = None,
         secure: bool | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> bool:
+        """`headers`: the request's, for the condition keys that are a header's value
+        (s3:x-amz-server-side-encryption, s3:x-amz-acl...; iam.grammar.HEADER_KEYS)."""
         if access_key in self.free:
             return True
         rules = self.buckets.get(bucket) if bucket is not None else None
@@ -163,6 +166,11 @@ class Authorizer:
             values["s3:delimiter"] = delimiter
         if secure is not None:
             values["aws:securetransport"] = "true" if secure else "false"
+        if headers:
+            for header, condition_key in HEADER_KEYS.items():
+                value = headers.get(header)
+                if value is not None:
+                    values[condition_key] = value
         if p is not None:
             values["aws:username"] = p.name
             if p.user_id is not None:

@@ -108,11 +108,13 @@ class S3Service:
         prefix: str | None = None,
         delimiter: str | None = None,
         secure: bool | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         """AccessDenied unless the key (None: anonymous) may do `action` (an IAM action name,
-        s3:GetObject) on the bucket or object; the same answer whether the object exists."""
+        s3:GetObject) on the bucket or object; the same answer whether the object exists.
+        `headers`: the request's, for the condition keys that are a header's value."""
         if not self._shared.namespace.auth.allowed(
-            access_key, action, bucket, key, source_ip, prefix, delimiter, secure
+            access_key, action, bucket, key, source_ip, prefix, delimiter, secure, headers
         ):
             raise errors.AccessDenied()
 

@@ -303,6 +303,35 @@ def test_malformed_bucket_policies_are_refused_with_the_reason(alice: Any) -> No
     assert code(lambda: alice.get_bucket_policy(Bucket="alice-data")) == "NoSuchBucketPolicy"
 
 
+def test_condition_keys_of_request_headers_are_taken_and_evaluated(alice: Any) -> None:
+    """A bucket policy on s3:x-amz-server-side-encryption (AWS's "deny uploads that ask for
+    KMS") or another key that is a request header's value is stored and decides by the
+    request's header (such policies were refused as MalformedPolicy: s3-tests'
+    test_bucket_policy_put_obj_kms_s3)."""
+    statements = [
+        {"Effect": "Deny", "Principal": "*", "Action": "s3:PutObject",
+         "Resource": "arn:aws:s3:::alice-data/*",
+         "Condition": {"StringEquals": {"s3:x-amz-server-side-encryption": "aws:kms"}}},
+        {"Effect": "Deny", "Principal": "*", "Action": "s3:PutObject",
+         "Resource": "arn:aws:s3:::alice-data/*",
+         "Condition": {"StringEquals": {"s3:x-amz-storage-class": "GLACIER"}}},
+    ]  # fmt: skip
+    policy = {"Version": "2012-10-17", "Statement": statements}
+    alice.put_bucket_policy(Bucket="alice-data", Policy=json.dumps(policy))
+    try:
+
+        def put(**extra: str) -> object:
+            return alice.put_object(Bucket="alice-data", Key="enc/a.bin", Body=b"x", **extra)
+
+        assert code(lambda: put(ServerSideEncryption="aws:kms")) == "AccessDenied"
+        assert code(lambda: put(StorageClass="GLACIER")) == "AccessDenied"
+        put()  # neither header: no Deny applies
+        assert alice.get_object(Bucket="alice-data", Key="enc/a.bin")["Body"].read() == b"x"
+    finally:
+        alice.delete_bucket_policy(Bucket="alice-data")
+        alice.delete_object(Bucket="alice-data", Key="enc/a.bin")
+
+
 def test_an_explicit_deny_in_a_bucket_policy_binds_the_owner_too(alice: Any) -> None:
     deny = {
         "Version": "2012-10-17",
