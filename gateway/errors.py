@@ -158,6 +158,11 @@ MalformedTrailerError = _error(
 AccessControlListNotSupported = _error(
     "AccessControlListNotSupported", 400, "The bucket does not allow ACLs"
 )
+InvalidBucketAclWithObjectOwnership = _error(
+    "InvalidBucketAclWithObjectOwnership",
+    400,
+    "Bucket cannot have ACLs set with ObjectOwnership's BucketOwnerEnforced setting",
+)
 MetadataTooLarge = _error(
     "MetadataTooLarge", 400, "Your metadata headers exceed the maximum allowed metadata size."
 )

@@ -290,7 +290,11 @@ async def delete_objects(ctx: Context, req: S3Request) -> Reply:
 
 async def create_bucket(ctx: Context, req: S3Request) -> Reply:
     assert req.bucket is not None
-    check_acl_headers(req.headers)
+    try:
+        check_acl_headers(req.headers)
+    except errors.S3Error:
+        # AWS's answer to a new bucket asked with ACLs, its ownership being enforced.
+        raise errors.InvalidBucketAclWithObjectOwnership() from None
     xml_in.create_bucket(await read_small_body(req, 64 << 10))
     created = await ctx.service.create_bucket(req.bucket)
     if not created and ctx.region != "us-east-1":

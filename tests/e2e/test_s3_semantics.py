@@ -289,6 +289,13 @@ def test_acls_answer_bucket_owner_enforced(node: GatewayNode, bucket: str) -> No
             call()
         assert _code(exc) == ("AccessControlListNotSupported", 400)
     assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == b"v"
+    # A new bucket asked with a grant: AWS's code for it under enforced ownership.
+    with pytest.raises(ClientError) as exc:
+        s3.create_bucket(Bucket="acl-public-new", ACL="public-read")
+    assert _code(exc) == ("InvalidBucketAclWithObjectOwnership", 400)
+    with pytest.raises(ClientError) as exc:
+        s3.head_bucket(Bucket="acl-public-new")
+    assert exc.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
     with pytest.raises(ClientError) as exc:
         s3.get_object_acl(Bucket=bucket, Key="acl/none")
     assert _code(exc) == ("NoSuchKey", 404)
