@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import linecache
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -126,6 +127,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--servers", default="gateway,uvicorn")
     p.add_argument("--rate", type=int, default=250, help="py-spy samples a second")
     p.add_argument("--top", type=int, default=0, help="print the N commonest leaf frames")
+    p.add_argument(
+        "--gateway-args", default="", help="more `gateway serve` options, e.g. --no-fast-hits"
+    )
     args = p.parse_args(argv)
     for tool in ("wrk", "py-spy"):
         if shutil.which(tool) is None and not (_BIN / tool).exists():
@@ -168,7 +172,8 @@ def _profile(
     log = (work / f"{server}.log").open("wb")
     proc = subprocess.Popen(
         [gateway, "serve", "--port", str(port), "--data-dir", str(data), "--workers", "1",
-         "--server", server, "--admin-access-key", _KEY, "--admin-secret-key", _SECRET],
+         "--server", server, "--admin-access-key", _KEY, "--admin-secret-key", _SECRET,
+         *shlex.split(args.gateway_args)],
         stdout=log, stderr=subprocess.STDOUT, env=env,
     )  # fmt: skip
     cleanup.push(f"gateway ({server})", lambda: (proc.terminate(), proc.wait(20)))
