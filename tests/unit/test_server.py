@@ -326,7 +326,7 @@ def test_a_body_that_stops_coming_is_answered_408_and_the_application_told() -> 
                 raise AssertionError("the body never ends")
 
     async def main() -> None:
-        async with serving(app, body_timeout=0.5) as (server, port):
+        async with serving(app, body_timeout=0.5) as (_, port):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"PUT / HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\nabc")
             answer = await asyncio.wait_for(reader.read(), 10)  # to the close
