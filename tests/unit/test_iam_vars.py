@@ -95,7 +95,7 @@ def test_variables_in_condition_values() -> None:
         doc(allow("arn:aws:s3:::b/${aws:username/*")),  # unterminated
         doc(allow("arn:aws:s3:::b/home/${aws:username}/*"), version="2008-10-17"),
         doc(allow("*", Condition={"StringEquals": {"aws:PrincipalTag/team": "a"}})),
-        doc(allow("*", Condition={"StringNotEquals": {"s3:x-amz-acl": "public-read"}})),
+        doc(allow("*", Condition={"StringNotEquals": {"s3:ExistingObjectTag/team": "a"}})),
         doc(allow("*", Condition={"IpAddress": {"aws:SourceIp": "${aws:username}"}})),
         # A time compared as text is refused (the Date operators: test_policy_dates.py).
         doc(allow("*", Condition={"StringLike": {"aws:CurrentTime": "2026-*"}})),
