@@ -111,8 +111,8 @@ class GatewayNode:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self.proc.wait()
-        for pid in pids:  # reparented to init, which reaps them
-            while Path(f"/proc/{pid}").exists() and _state(pid) not in ("Z", "X", ""):
+        for pid in pids:  # reparented to init, which reaps them (or keeps them as zombies)
+            while _running(pid):
                 time.sleep(0.01)  # a killed process ends in microseconds; nothing to await
 
     def stop(self, wait: float = 15) -> bool:
@@ -141,6 +141,18 @@ def children(pid: int) -> list[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
                 found.append(int(entry.name))
     return found
+
+
+def _running(pid: int) -> bool:
+    """Whether any thread of the process is still there. A killed process's leader is a
+    zombie as soon as it has exited, while its other threads may still be exiting: its files
+    (the sockets its clients hold the other end of) are closed only once the last has."""
+    if _state(pid) not in ("Z", "X", ""):
+        return True
+    try:
+        return len(os.listdir(f"/proc/{pid}/task")) > 1
+    except OSError:
+        return False
 
 
 def _state(pid: int) -> str:
