@@ -93,6 +93,9 @@ def test_a_kill_during_cold_reads_and_puts_leaves_nothing_in_inflight_after_a_re
         "put_object", Params={"Bucket": "faults", "Key": "leftovers/put.bin"}
     )
     release = threading.Event()
+    # The cold read's fills past its first block (read ahead) are held at the origin after
+    # their first piece: in flight until the kill, however fast the store answers.
+    held = origin.hold("leftovers/cold.bin", from_byte=1)
 
     def body() -> Iterator[bytes]:
         yield blob(16 * MiB, 51)
@@ -123,6 +126,7 @@ def test_a_kill_during_cold_reads_and_puts_leaves_nothing_in_inflight_after_a_re
             node.crash()
         finally:
             release.set()
+            held.set()
             for stream in streams:
                 with contextlib.suppress(httpx.HTTPError):
                     stream.__exit__(None, None, None)
