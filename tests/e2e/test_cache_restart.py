@@ -95,7 +95,7 @@ def test_a_kill_during_cold_reads_and_puts_leaves_nothing_in_inflight_after_a_re
     release = threading.Event()
     # The cold read's fills past its first block (read ahead) are held at the origin after
     # their first piece: in flight until the kill, however fast the store answers.
-    held = origin.hold("leftovers/cold.bin", from_byte=1)
+    held = origin.hold_bodies("leftovers/cold.bin", from_byte=1)
 
     def body() -> Iterator[bytes]:
         yield blob(16 * MiB, 51)

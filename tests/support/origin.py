@@ -194,14 +194,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             response.read()
         else:
             sent = 0
-            gate = self.server.owner._gate(self.command, self.path, self.headers["Range"])
+            gate = self.server.owner._body_gate(self.command, self.path, self.headers["Range"])
             while data := response.read1(_BUFFER):
                 # Counted before it is written: a test that has read the whole answer through
                 # the gateway finds every byte counted.
                 self.server.owner._sent(self.command, len(data))
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if chunk_out else data)
                 sent += len(data)
-                if gate is not None:  # held after its first piece (CountingProxy.hold)
+                if gate is not None:  # held after its first piece (CountingProxy.hold_bodies)
                     self.wfile.flush()
                     gate.wait(60)
                     gate = None
@@ -248,7 +248,7 @@ class CountingProxy:
         self.requests: list[ProxiedRequest] = []
         self.upstream_failures: list[str] = []  # tries the upstream failed (see do_any)
         self.body_bytes: dict[str, int] = {}  # response body bytes relayed, by method
-        self._holds: list[tuple[str, int, threading.Event]] = []  # see hold()
+        self._body_holds: list[tuple[str, int, threading.Event]] = []  # see hold_bodies()
         self._lock = threading.Lock()
         self._server = _ProxyServer(("127.0.0.1", 0), _Handler)
         self._server.upstream_host = target.netloc
@@ -259,17 +259,17 @@ class CountingProxy:
         )
         self._thread.start()
 
-    def hold(self, path_contains: str, from_byte: int = 0) -> threading.Event:
+    def hold_bodies(self, path_contains: str, from_byte: int = 0) -> threading.Event:
         """GET answers of paths containing `path_contains`, of ranges that start at or past
         `from_byte` (a GET without a range starts at 0), stop after their first piece until
         the event returned is set: fills of the gateway's cache held in flight, for a test to
         look at (or kill) while they are."""
         gate = threading.Event()
         with self._lock:
-            self._holds.append((path_contains, from_byte, gate))
+            self._body_holds.append((path_contains, from_byte, gate))
         return gate
 
-    def _gate(self, method: str, path: str, range_: str | None) -> threading.Event | None:
+    def _body_gate(self, method: str, path: str, range_: str | None) -> threading.Event | None:
         if method != "GET":
             return None
         start = 0
@@ -277,7 +277,7 @@ class CountingProxy:
             first = range_[6:].partition("-")[0]
             start = int(first) if first.isdigit() else 0
         with self._lock:
-            for part, from_byte, gate in self._holds:
+            for part, from_byte, gate in self._body_holds:
                 if part in path and start >= from_byte and not gate.is_set():
                     return gate
         return None
