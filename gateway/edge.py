@@ -177,6 +177,13 @@ class HeadGuard:
             return False
         return True
 
+    # httptools calls these between a chunked body's pieces: progress, for the silent count.
+    def on_chunk_header(self) -> None:
+        self.progress = True
+
+    def on_chunk_complete(self) -> None:
+        self.progress = True
+
     def message_begun(self) -> None:
         self.progress = self._asked = True
         self._field_bytes = 0

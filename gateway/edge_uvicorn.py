@@ -156,12 +156,6 @@ class EdgeProtocol(HeadGuard, HttpToolsProtocol):
         self.progress = True
         super().on_body(body)
 
-    def on_chunk_header(self) -> None:
-        self.progress = True
-
-    def on_chunk_complete(self) -> None:
-        self.progress = True
-
     def on_message_complete(self) -> None:
         self.progress = True
         answer = self._fast_answer

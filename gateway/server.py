@@ -301,12 +301,6 @@ class Connection(HeadGuard, asyncio.Protocol):
             self._paused_for_body = True
             self.transport.pause_reading()
 
-    def on_chunk_header(self) -> None:
-        self.progress = True
-
-    def on_chunk_complete(self) -> None:
-        self.progress = True
-
     def on_message_complete(self) -> None:
         self.progress = True
         answer = self._fast_answer
