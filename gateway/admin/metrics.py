@@ -191,6 +191,11 @@ class CacheCollector(Collector):
             "Bytes of pinned blocks on disk (never evicted)",
             node.pinned_bytes if node else 0,
         )
+        yield GaugeMetricFamily(
+            "gateway_cache_protected_bytes",
+            "Bytes of blocks used twice or more: evicted only after every block used once",
+            node.protected_bytes if node else 0,
+        )
         yield CounterMetricFamily(
             "gateway_cache_unpinned_blocks",
             "Pinned blocks whose pin an unpin (gateway load --unpin) took off",

@@ -42,7 +42,7 @@ from gateway.cache.layout import (
     TRAILER_SIZE,
     block_path,
 )
-from gateway.cache.policy import Policy
+from gateway.cache.policy import PROTECTED, Policy
 
 log = logging.getLogger("gateway.cache")
 
@@ -68,6 +68,7 @@ class JanitorStats:
     updated: float  # time.time() of the last pass
     pid: int
     pinned_bytes: int = 0  # of pinned blocks (a file published before it: none counted)
+    protected_bytes: int = 0  # of blocks used twice or more (the segment a sweep cannot take)
     unpinned_blocks: int = 0  # pins an operator took off, over every janitor of the directory
     unpinned_bytes: int = 0
 
@@ -539,6 +540,7 @@ class Janitor:
             updated=time.time(),
             pid=os.getpid(),
             pinned_bytes=policy.pinned_bytes,
+            protected_bytes=policy.segment_bytes(PROTECTED),
             unpinned_blocks=self._unpinned[0],
             unpinned_bytes=self._unpinned[1],
         )

@@ -222,6 +222,7 @@ def test_a_use_read_before_the_fill_it_follows_still_protects_the_block(root: st
     assert on_disk(root, 1, range(4)) == [0, 1]
     stats = read_stats(root)
     assert stats is not None and stats.bytes_used == 6 * SIZE and stats.entries == 6
+    assert stats.protected_bytes == 2 * SIZE  # blocks 0 and 1, the ones used twice
     janitor.stop()
 
 
