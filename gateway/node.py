@@ -38,6 +38,7 @@ from gateway.service import S3Service
 from gateway.service.namespace import store_options
 from gateway.service.reads import Reader
 from gateway.service.shared import Shared
+from gateway.stores import ObjectInfo
 
 log = logging.getLogger("gateway.app")
 # Seconds /readyz waits for the database before it says the node is not ready.
@@ -183,7 +184,7 @@ class Node:
             asyncio.create_task(shared.namespace.run(s.refresh_interval)),
             asyncio.create_task(service.multipart.run_janitor(min(3600.0, s.multipart_max_age))),
         ]
-        self._tasks.append(asyncio.create_task(self._catalog_upkeep(shared, service).run()))
+        self._tasks.append(asyncio.create_task(self._catalog_upkeep(shared).run()))
         if (folder := shared_dir()) is not None:  # one of several workers
             self._tasks.append(asyncio.create_task(publish_forever(pages, folder)))
         jobs_api = self._start_jobs(meta, service.reader, fleet)
@@ -226,7 +227,7 @@ class Node:
             log.warning("not ready: cache folder %s is missing or not writable", root)
         return found
 
-    def _catalog_upkeep(self, shared: Shared, service: S3Service) -> Upkeep:
+    def _catalog_upkeep(self, shared: Shared) -> Upkeep:
         """Re-crawls and change notifications of the catalog=on mounts; a change the store
         notifies is forgotten here and, through the fleet, on every node."""
 
@@ -237,8 +238,10 @@ class Node:
                 if h.catalog is not None
             ]
 
-        async def changed(mount_id: int, key: str) -> None:
-            service.reader.forget(mount_id, key)
+        async def changed(mount_id: int, key: str, info: ObjectInfo | None) -> None:
+            handle = shared.namespace.by_id(mount_id)
+            if handle is not None:
+                await shared.versions.noticed(handle, key, info)
             if shared.fleet is not None:
                 await shared.fleet.invalidate(mount_id, key)
 

@@ -15,7 +15,7 @@ and off. Prints CPU µs per request (process time: other work on the machine doe
 moto, loadtest/origins.py) on loopback, no WAN, holds `--objects` objects; a node in this
 process mounts them as the `epochs` scenario does (S3, static credentials, metadata_ttl=-1)
 and reads each once through its ASGI app, `--readers` at a time, every body read to its end.
-Process time over the run, until the fills are on disk and the metadata recorder has
+Process time over the run, until the fills are on disk and the rows of object versions have
 written to the database (cache-io and SQLite threads count), divided by the objects: µs per
 miss. Then the same objects again, warm, for scale.
 """
@@ -324,8 +324,8 @@ async def _cold(node: Any, targets: list[str], size: int, readers: int, profile:
         await asyncio.gather(*(reader() for _ in range(readers)))
         # What a miss leaves behind is its cost too: the fill on disk, the metadata written.
         await node.shared.pages.settle()
-        recorder = node.shared.recorder
-        while (writing := recorder._task) is not None:
+        rows = node.shared.versions.rows
+        while (writing := rows._task) is not None:
             await asyncio.wait([writing])
         return time.monotonic() - wall, time.process_time() - cpu
 

@@ -264,10 +264,10 @@ def _fill_big_catalog(gateway: Gateway, origin_url: str, count: int, log: Any) -
 async def _insert_rows(database: Path, count: int, log: Any) -> None:
     import sqlalchemy as sa
 
-    from gateway.catalog.rows import entry_row
-    from gateway.meta.catalog import catalog_entries, catalog_syncs
+    from gateway.meta.catalog import catalog_syncs
     from gateway.meta.engine import create_engine
     from gateway.meta.tables import mounts
+    from gateway.meta.versions import object_versions, version_row
     from gateway.stores import ObjectInfo
 
     engine = create_engine(f"sqlite:///{database}")
@@ -279,10 +279,10 @@ async def _insert_rows(database: Path, count: int, log: Any) -> None:
         batch: list[dict[str, Any]] = []
         for i in range(count):
             info = ObjectInfo(f"big/k{i:08d}", 0, '"d41d8cd98f00b204e9800998ecf8427e"', now)
-            batch.append(entry_row(mount_id, info, False, now))
+            batch.append(version_row(mount_id, info, False, now))
             if len(batch) == 10_000 or i == count - 1:
                 async with engine.begin() as conn:
-                    await conn.execute(sa.insert(catalog_entries), batch)
+                    await conn.execute(sa.insert(object_versions), batch)
                 batch = []
                 if (i + 1) % 200_000 == 0:
                     log(f"  {i + 1} rows")

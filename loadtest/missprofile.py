@@ -12,7 +12,7 @@ then read once, cold, by `--readers` keep-alive HTTP connections (presigned GETs
 read to its end).
 
 - **CPU per cold GET**: the node process's utime + stime (/proc/<pid>/stat, every thread)
-  from before the first GET to 1 s after the last (the fills and the metadata recorder's
+  from before the first GET to 1 s after the last (the fills and the version rows'
   batches are done by then), divided by the objects; also net of the node's idle CPU (its
   janitor, refreshes and polls), measured over 3 s before the GETs; and the event loop's
   thread's share (the main thread's /proc/<pid>/task/<pid>/stat) and each other thread's
@@ -24,7 +24,7 @@ read to its end).
   (sys.setprofile and threading.setprofile, counting only while switched on by a signal;
   its periodic re-read of mounts and keys set to every 600 s so that it falls in no window),
   reads 20 cold objects to warm up; then the hook counts over 8 s of idle, over one cold
-  GET and 0.5 s after it (the fill's commit and the recorder's batch), 7 times, and over
+  GET and 0.5 s after it (the fill's commit and the version rows' batch), 7 times, and over
   `--traced` cold GETs in a row (and 0.5 s after). A *gateway call* is the start of a new
   frame of a function defined under gateway/ (a "call" event whose frame is at its RESUME 0:
   a coroutine or generator resumed is not a new call; a coroutine counts when it starts
@@ -72,7 +72,7 @@ _ORIGIN_KEY, _ORIGIN_SECRET = "missprofileorigin", "missprofile-origin-secret-01
 _BUCKET, _ORIGIN_BUCKET, _PREFIX = "miss", "missprofile-origin", "data"
 _WARM = 20  # cold GETs before anything is measured: connections, lazy imports, first fills
 _IDLE_SECONDS = 3.0
-_SETTLE = 1.0  # after the last GET: the fills' commits and the recorder's batch (0.25 s)
+_SETTLE = 1.0  # after the last GET: the fills' commits and the version rows' batch (0.25 s)
 _TRACE_SETTLE = 0.5  # the same, in a traced window: less idle work to take off
 _TRACE_IDLE = 8.0
 _SINGLES = 7  # traced windows of one cold GET each; the median is reported

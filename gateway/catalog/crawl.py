@@ -25,10 +25,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.catalog.catalog import Catalog
 from gateway.catalog.keys import successor
-from gateway.catalog.rows import entry_row
-from gateway.meta.catalog import catalog_entries as E
 from gateway.meta.catalog import catalog_syncs as S
 from gateway.meta.store import transaction
+from gateway.meta.versions import object_versions as E
+from gateway.meta.versions import version_row
 from gateway.stores import ListPage, ObjectInfo, Store
 
 PAGE = 1000  # keys a listing request; S3's most
@@ -230,7 +230,7 @@ async def _reconcile(
     }
     now = catalog.clock()
     rows = [
-        entry_row(mount_id, info, False, now)
+        version_row(mount_id, info, False, now)
         for info in listed
         if have.pop(info.key, None) != (info.etag, info.size)
     ]

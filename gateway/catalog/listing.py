@@ -11,8 +11,8 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.catalog.keys import encode_token, rolled_up, successor
-from gateway.catalog.rows import entry_info
-from gateway.meta.catalog import catalog_entries as E
+from gateway.meta.versions import object_versions as E
+from gateway.meta.versions import version_info
 from gateway.stores import ListPage, ObjectInfo
 
 _COLUMNS = (E.c.key, E.c.size, E.c.etag, E.c.last_modified, E.c.attrs)
@@ -68,7 +68,7 @@ async def list_page(
             if count == max_keys:  # one entry more than the page holds: there is a next page
                 return ListPage(objects, prefixes, encode_token(last))
             if common is None:
-                objects.append(entry_info(row))
+                objects.append(version_info(row))
                 last = row.key
             else:
                 prefixes.append(common)

@@ -19,15 +19,15 @@ from urllib.parse import unquote_plus, urlsplit
 
 from botocore.config import Config
 
-from gateway.catalog.catalog import Catalog
-from gateway.stores import ObjectNotFound, Store
+from gateway.stores import ObjectInfo, ObjectNotFound, Store
 
 log = logging.getLogger("gateway.catalog")
 
 WAIT = 5  # seconds a receive waits for a message (SQS long polling)
 BACKOFF = 2.0  # seconds before polling again after a failure
 
-Changed = Callable[[int, str], Awaitable[None]]  # (mount id, key) changed behind our back
+# (mount id, key, its version as the store says now or None: gone) changed behind our back
+Changed = Callable[[int, str, ObjectInfo | None], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,10 +86,7 @@ def changed_keys(body: str, bucket: str, root: str) -> list[str]:
 class QueueConsumer:
     """Polls one mount's queue and applies what it says to the catalog."""
 
-    def __init__(
-        self, catalog: Catalog, mount_id: int, store: Store, source: QueueSource, changed: Changed
-    ) -> None:
-        self.catalog = catalog
+    def __init__(self, mount_id: int, store: Store, source: QueueSource, changed: Changed) -> None:
         self.mount_id = mount_id
         self.store = store
         self.source = source
@@ -131,10 +128,8 @@ class QueueConsumer:
         keys = changed_keys(body, self.source.bucket, self.source.root)
         for key in keys:
             try:
-                info = await self.store.stat(key)
+                info: ObjectInfo | None = await self.store.stat(key)
             except ObjectNotFound:
-                await self.catalog.remove(self.mount_id, key)
-            else:
-                await self.catalog.put(self.mount_id, info)
-            await self.changed(self.mount_id, key)
+                info = None
+            await self.changed(self.mount_id, key, info)
         return len(keys)

@@ -32,9 +32,9 @@ from gateway.catalog.crawl import (
 )
 from gateway.catalog.keys import successor
 from gateway.catalog.listing import list_page
-from gateway.meta.catalog import catalog_entries as E
 from gateway.meta.catalog import catalog_syncs as S
 from gateway.meta.store import transaction
+from gateway.meta.versions import object_versions as E
 from gateway.stores import Store
 
 DELIMITER = "/"

@@ -103,7 +103,7 @@ class Upkeep:
             except ValueError as exc:
                 log.error("mount %d: %s", mount_id, exc)
                 continue
-            consumer = QueueConsumer(self.catalog, mount_id, m.store, source, self.changed)
+            consumer = QueueConsumer(mount_id, m.store, source, self.changed)
             self._consumers[(mount_id, queue)] = asyncio.create_task(consumer.run())
 
     async def _recrawl(self, mounts: list[CatalogMount]) -> None:

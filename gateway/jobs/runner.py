@@ -496,7 +496,7 @@ class _Job:
         if not mine:
             return t
         first_of_object = plan[0][2]
-        known = self.reader.metadata.peek(handle.id, item.key)
+        known = self.reader.versions.hint(handle.id, item.key)
         if known is not None and not same(known.etag, item.etag) and not spec.verify:
             if not spec.refresh:
                 if first_of_object:

@@ -1,6 +1,7 @@
 """The gateway's database: mounts, access keys, object metadata, uploads; secrets encrypted."""
 
 from . import catalog as catalog  # its tables join the schema (migrations compare with it)
+from . import versions as versions  # as catalog
 from .engine import default_database_url, normalize_database_url
 from .migrate import SCHEMA_HEAD, head_revision, migrations_dir, run_migrations
 from .models import (

@@ -25,9 +25,10 @@ from .engine import create_engine, normalize_database_url, sqlite_path
 from .migrate import SCHEMA_HEAD, run_migrations
 from .models import SECRET_OPTIONS, AccessKey, AccessKeyExists, MetaUnavailable, Mount, MountExists
 from .secrets import SecretBox
-from .tables import access_keys, mounts, objects
+from .tables import access_keys, mounts
 from .uploads import MultipartUploads
 from .users import Tenants, changes_state
+from .versions import object_versions, version_info, version_row
 
 ACCESS_KEY_PREFIX = "GK"
 ACCESS_KEY_LENGTH = 20
@@ -36,58 +37,11 @@ _ACCESS_KEY_ALPHABET = string.ascii_uppercase + string.digits
 # Letters and digits only: AWS secrets may hold '/' and '+', which some tools mangle in URLs.
 _SECRET_KEY_ALPHABET = string.ascii_letters + string.digits
 
-# ObjectInfo fields kept in the `extra` JSON column, beside the ones with columns of their own.
-_EXTRA_FIELDS = (
-    "content_encoding",
-    "content_disposition",
-    "content_language",
-    "cache_control",
-    "expires",
-)
-_OBJECT_PK = ("mount_id", "key")
-_OBJECT_COLUMNS = (
-    "mount_id", "key", "size", "etag", "last_modified", "content_type", "extra", "checked_at",
-)  # fmt: skip
 _ENCRYPTED = "fernet"  # {"fernet": token} marks an encrypted option value in mounts.options
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-def _object_row(mount_id: int, info: ObjectInfo, checked_at: datetime) -> dict[str, Any]:
-    extra: dict[str, Any] = {
-        name: getattr(info, name) for name in _EXTRA_FIELDS if getattr(info, name) is not None
-    }
-    if info.metadata:
-        extra["metadata"] = dict(info.metadata)
-    if info.storage_class != "STANDARD":
-        extra["storage_class"] = info.storage_class
-    return {
-        "mount_id": mount_id,
-        "key": info.key,
-        "size": info.size,
-        "etag": info.etag,
-        "last_modified": info.last_modified,
-        "content_type": info.content_type,
-        "extra": _dumps(extra),
-        "checked_at": checked_at,
-    }
-
-
-def _object_info(row: sa.RowMapping) -> ObjectInfo:
-    extra = json.loads(row["extra"])
-    return ObjectInfo(
-        key=row["key"],
-        size=row["size"],
-        etag=row["etag"],
-        last_modified=row["last_modified"],
-        content_type=row["content_type"],
-        metadata=extra.get("metadata", {}),
-        storage_class=extra.get("storage_class", "STANDARD"),
-        # Only known names: a newer gateway sharing the database may have added fields.
-        **{name: extra[name] for name in _EXTRA_FIELDS if name in extra},
-    )
 
 
 def _dumps(value: Mapping[str, Any]) -> str:
@@ -334,32 +288,26 @@ class MetaStore(MultipartUploads, Tenants):
             disabled=bool(row.get("disabled", False)),
         )
 
-    # -- object metadata
+    # -- object versions (gateway.meta.versions; gateway.service.versions orders the writes)
 
-    async def put_object_meta(
-        self, mount_id: int, info: ObjectInfo, checked_at: datetime | None = None
-    ) -> None:
-        """Insert or replace what is known of one object, as checked against the store now."""
-        await self.record_objects([(mount_id, info.key, info)], checked_at)
-
-    async def record_objects(
+    async def record_versions(
         self,
-        changes: Sequence[tuple[int, str, ObjectInfo | None]],
-        checked_at: datetime | None = None,
+        changes: Sequence[tuple[int, str, ObjectInfo | None, bool]],
+        written_at: datetime | None = None,
         also: Sequence[sa.Executable] = (),
     ) -> None:
-        """Many (mount_id, key, info) in one transaction: an info replaces what is known of
-        the key, None forgets it. Each key at most once. `also`: statements of the same
-        change made elsewhere (the catalog's row, a completed upload's removal), run in the
-        same transaction: all of it is committed, or none."""
-        checked_at = checked_at or _now()
-        rows = [_object_row(m, info, checked_at) for m, _, info in changes if info is not None]
-        gone = [{"mount_id": m, "key": key} for m, key, info in changes if info is None]
+        """Many (mount_id, key, info, complete) in one transaction: an info replaces the key's
+        row, None removes it. Each key at most once. `also`: statements of the same change
+        made elsewhere (a completed upload's removal), run in the same transaction: all of it
+        is committed, or none."""
+        written_at = written_at or _now()
+        rows = [version_row(m, i, c, written_at) for m, _, i, c in changes if i is not None]
+        gone = [{"mount_id": m, "key": key} for m, key, info, _ in changes if info is None]
         async with self._connect() as conn:
             if rows:
-                await conn.execute(self._object_upsert, rows)
+                await conn.execute(self._version_upsert, rows)
             if gone:
-                await conn.execute(self._object_delete, gone)
+                await conn.execute(self._version_delete, gone)
             for statement in also:
                 await conn.execute(statement)
 
@@ -370,66 +318,54 @@ class MetaStore(MultipartUploads, Tenants):
                 await conn.execute(statement)
 
     @functools.cached_property
-    def _object_upsert(self) -> sa.TextClause:
-        """The upsert of object metadata, as SQL text both dialects read alike. SQLAlchemy
+    def _version_upsert(self) -> sa.TextClause:
+        """The upsert of a version row, as SQL text both dialects read alike. SQLAlchemy
         cannot cache the compiled form of an ON CONFLICT construct: building and compiling it
         per call was a quarter of a cold miss's CPU on TTL -1 mounts."""
         quote = self._engine.dialect.identifier_preparer.quote
-        names = [quote(name) for name in _OBJECT_COLUMNS]
+        columns = [c.name for c in object_versions.columns]
+        keys = [c.name for c in object_versions.primary_key]
         updates = ", ".join(
-            f"{quote(name)} = excluded.{quote(name)}"
-            for name in _OBJECT_COLUMNS
-            if name not in _OBJECT_PK
+            f"{quote(name)} = excluded.{quote(name)}" for name in columns if name not in keys
         )
         sql = (
-            f"INSERT INTO objects ({', '.join(names)}) "
-            f"VALUES ({', '.join(':' + name for name in _OBJECT_COLUMNS)}) "
-            f"ON CONFLICT ({', '.join(quote(name) for name in _OBJECT_PK)}) DO UPDATE SET {updates}"
+            f"INSERT INTO object_versions ({', '.join(quote(name) for name in columns)}) "
+            f"VALUES ({', '.join(':' + name for name in columns)}) "
+            f"ON CONFLICT ({', '.join(quote(name) for name in keys)}) DO UPDATE SET {updates}"
         )
-        params = [sa.bindparam(name, type_=objects.c[name].type) for name in _OBJECT_COLUMNS]
+        params = [sa.bindparam(name, type_=object_versions.c[name].type) for name in columns]
         return sa.text(sql).bindparams(*params)
 
     @functools.cached_property
-    def _object_delete(self) -> sa.Delete:
-        return sa.delete(objects).where(
-            objects.c.mount_id == sa.bindparam("mount_id"), objects.c.key == sa.bindparam("key")
+    def _version_delete(self) -> sa.Delete:
+        v = object_versions
+        return sa.delete(v).where(
+            v.c.mount_id == sa.bindparam("mount_id"), v.c.key == sa.bindparam("key")
         )
 
-    async def get_object_meta(self, mount_id: int, key: str) -> tuple[ObjectInfo, datetime] | None:
-        """(info, checked_at) of one object, or None if nothing is recorded."""
-        query = sa.select(objects).where(objects.c.mount_id == mount_id, objects.c.key == key)
-        async with self._connect() as conn:
-            row = (await conn.execute(query)).mappings().first()
-        if row is None:
-            return None
-        return _object_info(row), row["checked_at"]
-
-    async def find_objects(
+    async def find_versions(
         self, wanted: Sequence[tuple[int, str]]
-    ) -> dict[tuple[int, str], ObjectInfo]:
-        """What is recorded of many (mount_id, key), in one transaction; absent ones left out."""
+    ) -> dict[tuple[int, str], tuple[ObjectInfo, bool]]:
+        """The rows of many (mount_id, key) in one transaction, as (info, complete); absent
+        ones left out. The one lookup of object versions by key."""
         by_mount: dict[int, list[str]] = {}
         for mount_id, key in wanted:
             by_mount.setdefault(mount_id, []).append(key)
-        found: dict[tuple[int, str], ObjectInfo] = {}
+        found: dict[tuple[int, str], tuple[ObjectInfo, bool]] = {}
         async with self._connect() as conn:
             for mount_id, keys in by_mount.items():
-                rows = await conn.execute(self._objects_in, {"mount_id": mount_id, "keys": keys})
+                rows = await conn.execute(self._versions_in, {"mount_id": mount_id, "keys": keys})
                 for row in rows.mappings():
-                    found[(mount_id, row["key"])] = _object_info(row)
+                    found[(mount_id, row["key"])] = (version_info(row), bool(row["complete"]))
         return found
 
     @functools.cached_property
-    def _objects_in(self) -> sa.Select[Any]:
-        return sa.select(objects).where(
-            objects.c.mount_id == sa.bindparam("mount_id"),
-            objects.c.key.in_(sa.bindparam("keys", expanding=True)),
+    def _versions_in(self) -> sa.Select[Any]:
+        v = object_versions
+        return sa.select(v).where(
+            v.c.mount_id == sa.bindparam("mount_id"),
+            v.c.key.in_(sa.bindparam("keys", expanding=True)),
         )
-
-    async def delete_object_meta(self, mount_id: int, key: str) -> None:
-        query = sa.delete(objects).where(objects.c.mount_id == mount_id, objects.c.key == key)
-        async with self._connect() as conn:
-            await conn.execute(query)
 
     # -- plumbing
 

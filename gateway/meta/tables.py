@@ -124,25 +124,6 @@ bucket_policies = sa.Table(
     sa.Column("updated_at", UTCDateTime, nullable=False),
 )
 
-objects = sa.Table(
-    "objects",
-    metadata,
-    sa.Column(
-        "mount_id",
-        sa.Integer,
-        sa.ForeignKey("mounts.id", ondelete="CASCADE"),
-        primary_key=True,
-    ),
-    sa.Column("key", object_key_type(), primary_key=True),
-    sa.Column("size", sa.BigInteger, nullable=False),
-    sa.Column("etag", sa.Text, nullable=False),
-    sa.Column("last_modified", UTCDateTime, nullable=False),
-    sa.Column("content_type", sa.Text, nullable=True),
-    # JSON object: the other ObjectInfo fields that are set, user metadata under "metadata".
-    sa.Column("extra", sa.Text, nullable=False),
-    sa.Column("checked_at", UTCDateTime, nullable=False),
-)
-
 # Multipart uploads in progress: the under-store holds the parts' bytes, these tables hold what
 # ListMultipartUploads and ListParts answer with, and map the client's upload id to the store's.
 multipart_uploads = sa.Table(

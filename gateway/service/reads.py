@@ -22,7 +22,7 @@ import functools
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, cast
@@ -36,14 +36,12 @@ from gateway.cluster.placement import Node
 from gateway.generations import OpenClaims
 from gateway.service.conditions import ByteRange, Conditions, check_conditions
 from gateway.service.inputs import ListQuery
-from gateway.service.metadata import MetadataCache
 from gateway.service.namespace import MountHandle, Namespace
-from gateway.service.recorder import MetadataRecorder
 from gateway.service.shared import Shared
 from gateway.service.store_errors import store_errors
+from gateway.service.versions import Versions
 from gateway.stores import ListPage, ObjectInfo, VersionChanged, VersionsPage
 from gateway.stores import base as store_base
-from gateway.stores.etags import same
 
 log = logging.getLogger("gateway.service")
 # The stores' answer checks are counted in this process's metrics (stores import no counters).
@@ -285,13 +283,10 @@ class Reader:
         # The shared parts under the names the read loop uses, one attribute away.
         self.pages: PageStore = shared.pages
         self.namespace: Namespace = shared.namespace
-        self.metadata: MetadataCache = shared.metadata
-        self.recorder: MetadataRecorder = shared.recorder
+        self.versions: Versions = shared.versions
         self.fleet: Fleet | None = shared.fleet
         self.readahead = readahead
         self._opening: dict[tuple[int, str], asyncio.Future[None]] = {}
-        self._stats: dict[tuple[int, str], asyncio.Future[ObjectInfo]] = {}
-        self._version_stats: dict[tuple[int, str, str], asyncio.Future[ObjectInfo]] = {}
         self._walks: OrderedDict[tuple[int, str, str], int] = OrderedDict()
 
     def mount(self, bucket: str) -> MountHandle:
@@ -351,101 +346,8 @@ class Reader:
     # -- objects ---------------------------------------------------------------------------
 
     async def stat(self, handle: MountHandle, key: str) -> ObjectInfo:
-        """The object's current version, per the mount's TTL; no I/O when fresh in-process.
-        Concurrent revalidations of one key make one store request."""
-        now = time.monotonic()
-        info = self.metadata.fresh(handle.id, key, handle.ttl, now)
-        if info is not None:
-            return info
-        if handle.ttl == 0:
-            # "Always revalidate": a request must not take the answer to one sent before it.
-            return await self._revalidate(handle, key, now)
-        return await _joined(
-            self._stats, (handle.id, key), lambda: self._revalidate(handle, key, now)
-        )
-
-    async def _revalidate(self, handle: MountHandle, key: str, now: float) -> ObjectInfo:
-        previous = self.metadata.peek(handle.id, key)
-        if previous is None and await self._remembered(handle, key):
-            found = self.metadata.peek(handle.id, key)
-            assert found is not None
-            return found
-        try:
-            info = await self._catalogued(handle, key) if previous is not None else None
-            if info is None:
-                with store_errors(key):
-                    info = await handle.store.stat(key)
-                await self._learnt(handle, key, info)
-        except errors.NoSuchKey:
-            self.metadata.forget(handle.id, key)
-            await self._learnt(handle, key, None)
-            raise
-        except errors.ServiceUnavailable:
-            if previous is None:
-                raise
-            # The store cannot be asked: serve the version we know (stale-if-error) rather
-            # than fail readers of cached data; it is revalidated once the store answers.
-            log.warning("store unavailable, serving last known version of %s", key)
-            return previous
-        self.metadata.put(handle.id, key, info, now)
-        if previous is not None and not same(previous.etag, info.etag):
-            self.shared.invalidate(handle, previous)
-        if handle.ttl < 0 and (previous is None or not same(previous.etag, info.etag)):
-            self.recorder.record(handle.id, key, info)
-        return info
-
-    async def _remembered(self, handle: MountHandle, key: str) -> bool:
-        """Immutable mounts (TTL -1) remember metadata across restarts in the database, and
-        catalog=on mounts have it in their catalog: load it into the in-process cache if it
-        is there."""
-        info = await self._catalogued(handle, key)
-        if info is not None:
-            self.metadata.put(handle.id, key, info, time.monotonic())
-            return True
-        if handle.ttl >= 0:
-            return False
-        found = await self.recorder.lookup(handle.id, key)
-        if found is None:
-            return False
-        self.metadata.put(handle.id, key, found, time.monotonic())
-        return True
-
-    async def _catalogued(self, handle: MountHandle, key: str) -> ObjectInfo | None:
-        """The key's version from the catalog (catalog=on, a synced prefix, and more known of
-        it than a listing tells), asked of no store."""
-        if handle.catalog is None:
-            return None
-        entry = await self.shared.catalog.lookup(handle.id, key)
-        return entry.info if entry is not None and entry.complete else None
-
-    async def _learnt(self, handle: MountHandle, key: str, info: ObjectInfo | None) -> None:
-        """The store told the key's version (None: it has none): the catalog learns it."""
-        if handle.catalog is not None:
-            await self.shared.catalog.learnt(handle.id, key, info)
-
-    async def addressed(self, handle: MountHandle, key: str, version_id: str) -> ObjectInfo:
-        """The version of the key a request names by id. Of a store that keeps versions, asked
-        of it once and then known for good (a version never changes) until the key is written
-        or deleted through the gateway; concurrent askers make one request. A store that keeps
-        one version has only "null", the current one (as S3's never-versioned buckets)."""
-        if not handle.store.versions:
-            if version_id == "null":
-                return await self.stat(handle, key)
-            raise errors.InvalidArgument(
-                "Invalid version id specified", ArgumentName="versionId", ArgumentValue=version_id
-            )
-        info = self.metadata.version(handle.id, key, version_id)
-        if info is not None:
-            return info
-
-        async def ask() -> ObjectInfo:
-            generation = self.metadata.generation(handle.id, key)
-            with store_errors(key):
-                found = await handle.store.stat_version(key, version_id)
-            self.metadata.put_version(handle.id, key, found, generation)
-            return found
-
-        return await _joined(self._version_stats, (handle.id, key, version_id), ask)
+        """The object's current version (versions.Versions.current)."""
+        return await self.versions.current(handle, key)
 
     async def head_object(
         self, bucket: str, key: str, rng: ByteRange | None, cond: Conditions,
@@ -455,7 +357,7 @@ class Reader:
         if version_id is None:
             info = await self.stat(handle, key)
         else:
-            info = await self.addressed(handle, key, version_id)
+            info = await self.versions.addressed(handle, key, version_id)
         check_conditions(cond, info)
         start, end = rng.resolve(info.size) if rng else (0, info.size)
         size = handle.block_size
@@ -470,7 +372,7 @@ class Reader:
         handle = self.mount(bucket)
         if version_id is not None and (version_id != "null" or handle.store.versions):
             return await self._get_version(handle, key, version_id, rng, cond)
-        cold = rng is None and await self._unknown(handle, key)
+        cold = rng is None and await self.versions.unknown(handle, key)
         for _ in range(_READ_TRIES):
             try:
                 if cold:
@@ -484,13 +386,10 @@ class Reader:
                 # Overwritten since its version was learnt, and no byte sent yet: serve the
                 # new version. A whole object is then asked for in one request that tells the
                 # version with the bytes, so that writes in a row cannot outrun it.
-                self.metadata.forget(handle.id, key)
-                if handle.catalog is not None:
-                    await self.shared.catalog.doubt(handle.id, key)
+                await self.versions.doubt(handle, key)
                 cold = rng is None
             except errors.NoSuchKey:
-                self.metadata.forget(handle.id, key)
-                await self._learnt(handle, key, None)
+                await self.versions.gone(handle, key)
                 raise
             except FillFailed as exc:
                 raise errors.ServiceUnavailable(f"The store's answer was cut: {exc}") from None
@@ -502,7 +401,7 @@ class Reader:
     ) -> ObjectResult:  # fmt: skip
         """A GET of a version named by its id: through the cache as any version (its blocks are
         named by its ETag, shared with the key's current version when that is the same)."""
-        info = await self.addressed(handle, key, version_id)
+        info = await self.versions.addressed(handle, key, version_id)
         check_conditions(cond, info)
         start, end = rng.resolve(info.size) if rng else (0, info.size)
         try:
@@ -510,7 +409,7 @@ class Reader:
         except VersionChanged:
             # The store holds other bytes under that version id than it said (its ETag): it
             # was removed and the id is not what it named. Asked again on the next read.
-            self.metadata.forget(handle.id, key)
+            self.versions.forget(handle.id, key)
             raise errors.ServiceUnavailable("The version changed while it was read.") from None
         except FillFailed as exc:
             raise errors.ServiceUnavailable(f"The store's answer was cut: {exc}") from None
@@ -527,7 +426,7 @@ class Reader:
         handle = self.namespace.mount(bucket)
         if handle is None or not handle.cache_enabled:
             return None
-        info = self.metadata.fresh(handle.id, key, handle.ttl, time.monotonic())
+        info = self.versions.fresh(handle, key)
         if info is None or not 0 < info.size <= handle.block_size:
             return None
         bkey = block_key(handle.id, info.key, info.etag, handle.block_size, 0)
@@ -541,28 +440,6 @@ class Reader:
                 return None
         self._note_sequential(handle, info, 0)
         return info, data
-
-    async def _unknown(self, handle: MountHandle, key: str) -> bool:
-        """Whether this node knows nothing of the key's version: not in memory (this worker's
-        or the node's shared record), not in the catalog, no block 0 of it in its cache (kept
-        before a restart, or by another worker: then the database's record of an immutable
-        mount, or else the store's metadata, tells its version).
-
-        The database is not asked for a key whose block 0 is not cached here: the read needs
-        a store request for that block either way, and opening is that one request (its
-        version with the bytes), where a lookup first cost a transaction per cold miss
-        (docs/architecture.md, "Counting the miss path"). Several workers opening one key
-        make one request: the open claim (generations.OpenClaims) holds the others until the
-        version is in the node's shared record."""
-        if self.metadata.peek(handle.id, key) is not None:
-            return False
-        if handle.catalog is not None and await self._remembered(handle, key):
-            return False
-        if handle.cache_enabled and await self.pages.cached_version(handle.id, key):
-            return False
-        # Looked at again after the awaits above: a cold read that began and ended meanwhile
-        # has told the version, and another would fetch block 0 again.
-        return self.metadata.peek(handle.id, key) is None
 
     async def _get_cold(self, handle: MountHandle, key: str, cond: Conditions) -> ObjectResult:
         """A whole object whose version is not known: opened with one request (metadata and
@@ -607,7 +484,7 @@ class Reader:
                     claimed = byte
                     # A sibling may have opened it and let go between this request finding
                     # the key unknown and the claim: its version is known then, not fetched.
-                    if self.metadata.fresh(handle.id, key, handle.ttl, time.monotonic()):
+                    if self.versions.fresh(handle, key):
                         return None
                 elif await _sibling_opened(claims, byte):
                     return None
@@ -646,10 +523,7 @@ class Reader:
         self, handle: MountHandle, key: str, pinned: bool | None = None
     ) -> tuple[ObjectInfo, AsyncGenerator[bytes, None]]:
         info, stream = await StoreSource.open(handle, key)
-        self.metadata.put(handle.id, key, info, time.monotonic())
-        await self._learnt(handle, key, info)
-        if handle.ttl < 0:
-            self.recorder.record(handle.id, key, info)
+        await self.versions.opened(handle, key, info)
         if not handle.cache_enabled or info.size == 0:
             return info, await _primed(stream)
         length = min(handle.block_size, info.size)
@@ -698,7 +572,7 @@ class Reader:
             "m": handle.id, "k": key, "b": handle.block_size, "p": int(handle.pinned(key))
         }  # fmt: skip
         info, stream = await self.fleet.open_object(node, params)
-        self.metadata.put(handle.id, key, info, time.monotonic())
+        self.versions.told(handle, key, info)
         return info, await _primed(self._resumed(handle, info, stream))
 
     async def _resumed(
@@ -728,8 +602,8 @@ class Reader:
             raise errors.InvalidArgument("The mount's cache settings differ between the nodes.")
         pinned = pinned or handle.pinned(key)
         for _ in range(_READ_TRIES):
-            info = self.metadata.fresh(mount_id, key, handle.ttl, time.monotonic())
-            if info is None and not await self._unknown(handle, key):
+            info = self.versions.fresh(handle, key)
+            if info is None and not await self.versions.unknown(handle, key):
                 # Block 0 of a version is cached here (kept across a restart) or remembered:
                 # the store's metadata is enough, its bytes are here.
                 info = await self.stat(handle, key)
@@ -745,7 +619,7 @@ class Reader:
                 length = min(block_size, info.size)
                 body = await self.serve_block(mount_id, info, block_size, 0, 0, length, pinned)
             except VersionChanged:
-                self.metadata.forget(mount_id, key)
+                self.versions.forget(mount_id, key)
                 continue
             return info, body
         raise errors.ServiceUnavailable("The object changed while it was read.")
@@ -947,11 +821,7 @@ class Reader:
 
     def forget(self, mount_id: int, key: str) -> None:
         """A peer wrote `key`: drop what this node knows of its old version."""
-        handle = self.namespace.by_id(mount_id)
-        previous = self.metadata.peek(mount_id, key)
-        if handle is not None and previous is not None:
-            self.shared.invalidate(handle, previous)
-        self.metadata.forget(mount_id, key)
+        self.versions.forget(mount_id, key, self.namespace.by_id(mount_id))
 
     def _note_sequential(
         self, handle: MountHandle, info: ObjectInfo, last: int, first: int | None = None
@@ -1018,7 +888,7 @@ class Reader:
         HEAD and then a GET of each in turn (21 objects/s over a 20 ms WAN)."""
         now = time.monotonic()
         found: list[ObjectInfo | errors.S3Error | None] = [
-            self.metadata.fresh(handle.id, key, handle.ttl, now) for key in keys
+            self.versions.fresh(handle, key, now) for key in keys
         ]
         stale = [i for i, info in enumerate(found) if info is None]
         if stale:
@@ -1027,7 +897,7 @@ class Reader:
             async def one(i: int) -> None:
                 async with slots:
                     try:
-                        if opening and await self._unknown(handle, keys[i]):
+                        if opening and await self.versions.unknown(handle, keys[i]):
                             await self._open_for_lease(handle, keys[i])
                         found[i] = await self.stat(handle, keys[i])
                     except errors.S3Error as exc:
@@ -1037,27 +907,6 @@ class Reader:
 
             await asyncio.gather(*(one(i) for i in stale))
         return cast(list[ObjectInfo | errors.S3Error], found)  # every one filled in
-
-
-async def _joined(
-    table: dict[Any, asyncio.Future[ObjectInfo]],
-    at: Any,
-    ask: Callable[[], Awaitable[ObjectInfo]],
-) -> ObjectInfo:
-    """One `ask()` for concurrent callers with the same `at`: the first starts it (in `table`
-    while it runs), the others wait for its answer; none of them cancels it by leaving."""
-    pending = table.get(at)
-    if pending is None:
-        pending = asyncio.ensure_future(ask())
-        table[at] = pending
-
-        def done(future: asyncio.Future[ObjectInfo]) -> None:
-            table.pop(at, None)
-            if not future.cancelled():
-                future.exception()  # retrieved here: every waiter may have gone
-
-        pending.add_done_callback(done)
-    return await asyncio.shield(pending)
 
 
 async def _sibling_opened(claims: OpenClaims, byte: int) -> bool:

@@ -16,7 +16,7 @@ from gateway.meta import MetaStore
 from gateway.service.learnt import LearntVersions
 from gateway.service.metadata import MetadataCache
 from gateway.service.namespace import MountHandle, Namespace
-from gateway.service.recorder import MetadataRecorder
+from gateway.service.versions import VersionRows, Versions
 from gateway.stores import ObjectInfo
 
 
@@ -26,7 +26,7 @@ class Shared:
     pages: PageStore
     namespace: Namespace
     metadata: MetadataCache  # what this node knows of each object's current version
-    recorder: MetadataRecorder  # the same, for immutable mounts, kept in the database
+    versions: Versions  # the one authority on each key's current version (versions.py)
     fleet: Fleet | None  # None on a node that runs alone
     catalog: Catalog  # the keys of catalog=on mounts, in the database
     generations: Generations  # the node's change counters, shared by its workers
@@ -57,14 +57,15 @@ class Shared:
             generations=generations if several else None,
             learnt=LearntVersions(pages.root) if several else None,
         )
+        versions = Versions(metadata, VersionRows(meta), catalog, pages)
         return cls(
-            meta, pages, namespace, metadata, MetadataRecorder(meta), fleet, catalog,
+            meta, pages, namespace, metadata, versions, fleet, catalog,
             generations, OpenClaims(pages.root) if several else None,
         )  # fmt: skip
 
     async def close(self) -> None:
         """Close what build opened; the node closes the metadata and page stores it gave."""
-        await self.recorder.close()  # metadata learnt or written, briefly
+        await self.versions.rows.close()  # versions learnt or written, briefly
         await self.namespace.close()
         self.metadata.close()
         if self.opens is not None:
@@ -82,10 +83,6 @@ class Shared:
         if handle.read_only:
             raise errors.AccessDenied("The bucket is mounted read-only.")
         return handle
-
-    def invalidate(self, handle: MountHandle, info: ObjectInfo) -> None:
-        """Forget the cached blocks of this version on this node."""
-        self.pages.invalidate(handle.id, info.key, info.etag, info.size, handle.block_size)
 
 
 class Reads(Protocol):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, replace
@@ -19,11 +18,9 @@ from email.header import decode_header, make_header
 from typing import TypeVar
 
 from sqlalchemy import Executable
-from sqlalchemy import exc as sa_exc
 
 from gateway import errors
 from gateway.cache import BlockWriter, FillFailed
-from gateway.meta import MetaUnavailable
 from gateway.service.conditions import check_conditions
 from gateway.service.inputs import CopySource
 from gateway.service.namespace import MountHandle
@@ -161,7 +158,7 @@ async def from_source(
         try:
             return info, await use(src, info)
         except VersionChanged:
-            shared.metadata.forget(src.id, source.key)
+            await shared.versions.doubt(src, source.key)
             if attempt:
                 raise errors.ServiceUnavailable(
                     "The source object changed while it was copied."
@@ -171,25 +168,12 @@ async def from_source(
     raise AssertionError("unreachable")
 
 
-async def _apply(shared: Shared, key: str, statements: Sequence[Executable]) -> None:
-    """A write's bookkeeping, on a mount with no `objects` rows, in one transaction; a
-    failure logged, not raised: the store has the write, the next crawl brings the catalog
-    up to it."""
-    try:
-        await shared.meta.apply(statements)
-    except (MetaUnavailable, sa_exc.IntegrityError) as exc:  # or the mount removed meanwhile
-        log.warning("bookkeeping of the write of %s not recorded: %s", key, exc)
-    except Exception:
-        log.exception("bookkeeping of the write of %s not recorded", key)
-
-
 class ObjectWriter:
     """PUT, copy and delete; `reads` gives a copy its source."""
 
     def __init__(self, shared: Shared, reads: Reads) -> None:
         self.shared = shared
         self.reads = reads
-        self._bookkeeping: set[asyncio.Task[None]] = set()  # held while they run
 
     async def put(
         self,
@@ -261,44 +245,24 @@ class ObjectWriter:
         without the key must reach the store, which refuses it). `also`: the write's own
         bookkeeping statements (a completed upload's removal).
 
-        The write's database bookkeeping (its `objects` row on a TTL -1 mount, its catalog
-        row on a catalog=on mount, `also`) is one transaction, committed before the client
-        hears success; a failure of it is logged, not the client's (the store has the write).
-        A TTL -1 mount's row with nothing to go with it is recorded in the background."""
+        The write's database bookkeeping (its version's row on a TTL -1 or a catalog=on
+        mount, `also`) is one transaction, committed before the client hears success
+        (versions.Versions.written); a failure of it is logged, not the client's (the store
+        has the write)."""
         shared = self.shared
         if info is not None and info.version_id is not None:
             # The key's current version: read by its ETag, as any (a version id is for reads
             # that name it).
             info = replace(info, version_id=None)
-        self._forget(handle, key, info, remember)
-        if info is not None and remember:
-            shared.metadata.put(handle.id, key, info, time.monotonic())
-        statements = list(also)
-        if handle.catalog is not None:  # listed through every node from now on
-            statements.append(shared.catalog.change(handle.id, key, info))
-        if handle.ttl < 0 and statements:
-            await shared.recorder.record_now(handle.id, key, info if remember else None, statements)
-        elif handle.ttl < 0:
-            shared.recorder.record(handle.id, key, info if remember else None)
-        elif statements:  # a task, so that the client going away does not cancel it
-            task = asyncio.create_task(_apply(shared, key, statements))
-            self._bookkeeping.add(task)
-            task.add_done_callback(self._bookkeeping.discard)
-            await asyncio.shield(task)
+        await shared.versions.written(handle, key, info, remember, also)
         if shared.fleet is not None:
             # Before the client hears success: a read through any node then sees the new version.
             await shared.fleet.invalidate(handle.id, key)
 
-    def _forget(
-        self, handle: MountHandle, key: str, info: ObjectInfo | None, remember: bool = True
-    ) -> None:
-        """Drop this node's metadata of key, and the blocks of its old version unless `info`
-        is that same version, remembered; the node's other workers hear of it."""
-        shared = self.shared
-        previous = shared.metadata.peek(handle.id, key)
-        if previous is not None and (info is None or not remember or previous.etag != info.etag):
-            shared.invalidate(handle, previous)
-        shared.metadata.forget(handle.id, key)
+    def _forget(self, handle: MountHandle, key: str) -> None:
+        """Drop this node's version of key, and the blocks of its old version; the node's
+        other workers hear of it."""
+        self.shared.versions.forget(handle.id, key, handle)
 
     async def delete(self, bucket: str, key: str) -> None:
         handle = self.shared.writable(bucket)
@@ -307,14 +271,14 @@ class ObjectWriter:
     async def delete_from(self, handle: MountHandle, key: str) -> None:
         # Forgotten before the store is asked and whatever it answers: a delete that failed
         # part way may have removed the object, and a removed object must never be served
-        # from the cache again (the next read asks the store). The catalog and the `objects`
-        # rows follow only a delete the store acknowledged.
-        self._forget(handle, key, None)
+        # from the cache again (the next read asks the store). The key's row follows only a
+        # delete the store acknowledged.
+        self._forget(handle, key)
         try:
             with store_errors(key):
                 await handle.store.delete(key)
         except BaseException:
-            self._forget(handle, key, None)  # a read meanwhile may have learnt it again
+            self._forget(handle, key)  # a read meanwhile may have learnt it again
             if self.shared.fleet is not None:
                 with contextlib.suppress(Exception):
                     await self.shared.fleet.invalidate(handle.id, key)
@@ -327,19 +291,16 @@ class ObjectWriter:
         a delete marker), so the key is forgotten as by a delete, before and after the store's
         answer; the catalog doubts its row rather than drop it (older versions may remain)."""
         handle = self.shared.writable(bucket)
-        self._forget(handle, key, None)
+        self._forget(handle, key)
         try:
             with store_errors(key):
                 deleted = await handle.store.delete_version(key, version_id)
         finally:
-            self._forget(handle, key, None)
+            self._forget(handle, key)
             if self.shared.fleet is not None:
                 with contextlib.suppress(Exception):
                     await self.shared.fleet.invalidate(handle.id, key)
-        if handle.catalog is not None:
-            await self.shared.catalog.doubt(handle.id, key)
-        if handle.ttl < 0:
-            self.shared.recorder.record(handle.id, key, None)
+        await self.shared.versions.doubt(handle, key)
         return deleted
 
     async def delete_many(

@@ -70,7 +70,9 @@ def test_a_restart_refetches_no_cached_bytes(
 
 def _recorded(data_dir: Path) -> int:
     with sqlite3.connect(data_dir / "gateway.db") as db:
-        row = db.execute("SELECT count(*) FROM objects WHERE key LIKE 'restart/%'").fetchone()
+        row = db.execute(
+            "SELECT count(*) FROM object_versions WHERE key LIKE 'restart/%'"
+        ).fetchone()
     return int(row[0])
 
 

@@ -51,11 +51,11 @@ def _mount(node: GatewayNode, origin: CountingProxy, bucket: str, *options: str)
 
 
 def recorded(node: GatewayNode, key: str) -> bool:
-    """The node's database has the object's version (the metadata recorder has written it)."""
+    """The node's database has the object's version (its row of object versions is written)."""
     db = node.data_dir / "gateway.db"
     with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
         return bool(
-            conn.execute("SELECT count(*) FROM objects WHERE key = ?", (key,)).fetchone()[0]
+            conn.execute("SELECT count(*) FROM object_versions WHERE key = ?", (key,)).fetchone()[0]
         )
 
 
@@ -164,7 +164,7 @@ def test_restart_keeps_the_cache_and_a_kill_mid_fill_serves_no_torn_block(
     try:
         _mount(node, origin, "pages", "metadata_ttl=-1")
         assert _get(node, "pages", "small/001") == _blob(MiB, 101)
-        # The version is written behind the read, in the recorder's next batch (a kill before
+        # The version is written behind the read, in the next batch of rows (a kill before
         # that loses only the record, and the restarted node asks the origin once).
         eventually(lambda: recorded(node, "small/001"))
         # Kill -9 while a large read streams through the node.

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 from gateway.catalog import Catalog, SyncProgress, sync, sync_parallel
 from gateway.meta import MetaStore, Mount
+from gateway.service.versions import VersionRows
 from gateway.stores import ObjectInfo, Store, open_store
 from tests.support.origin import CountingProxy
 
@@ -87,7 +88,7 @@ async def test_a_recrawl_writes_only_what_changed(
     assert (again.listed, again.changed, again.removed) == (11, 2, 2)
     want = sorted({*keys, "k/05a"} - {"k/07", "k/11"})
     assert await _keys(catalog, mount.id) == want
-    entry = await catalog.lookup(mount.id, "k/03")
+    entry = await VersionRows(meta).lookup(mount.id, "k/03")
     assert entry is not None and entry.info.size == len(b"longer now") and not entry.complete
     await store.close()
 
@@ -97,15 +98,16 @@ async def test_a_row_written_after_the_listing_is_kept(
 ) -> None:
     mount, store = await _mounted(meta, proxy, origin_s3, ["a", "b"])
     now = datetime.now(UTC)
-    written = Catalog(meta.engine)  # the writes through the gateway: now
+    written = Catalog(meta.engine)
+    rows = VersionRows(meta)  # the writes through the gateway: now
     # The crawl listed a minute ago, before those writes reached the catalog.
     crawl = Catalog(meta.engine, clock=lambda: now - timedelta(minutes=1))
     newer = ObjectInfo("a", 5, '"new"', now)
-    await written.put(mount.id, newer)
-    await written.put(mount.id, ObjectInfo("c", 1, '"just-written"', now))
+    await rows.record_now(mount.id, "a", newer)
+    await rows.record_now(mount.id, "c", ObjectInfo("c", 1, '"just-written"', now))
     await sync(crawl, mount.id, store)
     await written.refresh()
-    got = await written.lookup(mount.id, "a")
+    got = await rows.lookup(mount.id, "a")
     assert got is not None and got.info.etag == '"new"' and got.complete
     assert await _keys(written, mount.id) == ["a", "b", "c"]
     await store.close()
@@ -172,9 +174,10 @@ async def test_the_lookups_of_concurrent_readers_are_one_query(
 
     sa.event.listen(meta.engine.sync_engine, "before_cursor_execute", seen)
     try:
-        got = await asyncio.gather(*(catalog.lookup(mount.id, k) for k in [*keys, "k/none"]))
+        rows = VersionRows(meta)
+        got = await asyncio.gather(*(rows.lookup(mount.id, k) for k in [*keys, "k/none"]))
     finally:
         sa.event.remove(meta.engine.sync_engine, "before_cursor_execute", seen)
     assert [e.info.key for e in got[:-1] if e is not None] == keys and got[-1] is None
-    assert len([s for s in statements if "catalog_entries" in s]) == 1
+    assert len([s for s in statements if "object_versions" in s]) == 1
     await store.close()

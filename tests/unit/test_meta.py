@@ -32,13 +32,15 @@ from gateway.meta import (
     run_migrations,
 )
 from gateway.meta.migrate import alembic_config
+from gateway.meta.tables import UTCDateTime
+from gateway.meta.versions import object_versions
 from gateway.stores.base import ObjectInfo
 from tests.support.net import free_port
 
 pytestmark = pytest.mark.anyio
 
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
-TABLES = {"mounts", "access_keys", "objects", "alembic_version"}
+TABLES = {"mounts", "access_keys", "object_versions", "alembic_version"}
 
 
 @pytest.fixture
@@ -118,6 +120,76 @@ async def test_a_database_behind_the_head_is_upgraded(database_url: str, box: Se
         await store.migrate()
         assert await store.schema_revision() == SCHEMA_HEAD
         assert await table_names(store) >= TABLES
+
+
+async def test_the_two_tables_of_versions_become_one_keeping_their_rows(
+    database_url: str, box: SecretBox
+) -> None:
+    """0010 merges `objects` (immutable mounts' versions) and `catalog_entries` (catalog rows):
+    every row of both is kept; a key in both keeps the row written last; a downgrade gives
+    both tables back."""
+    config = alembic_config(database_url)
+    await asyncio.to_thread(command.upgrade, config, "0009_console_signed_out")
+    old, new = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 6, 1, tzinfo=UTC)
+
+    def stamped(sql: str, *names: str) -> sa.TextClause:
+        return sa.text(sql).bindparams(*(sa.bindparam(n, type_=UTCDateTime()) for n in names))
+
+    async with MetaStore(database_url, box) as store:
+        async with store.engine.begin() as conn:
+            await conn.execute(
+                stamped(
+                    "INSERT INTO mounts (id, bucket, uri, options, created_at, updated_at)"
+                    " VALUES (1, 'b', 's3://o', '{\"metadata_ttl\": \"-1\"}', :t, :t)",
+                    "t",
+                ),
+                {"t": old},
+            )
+            objects = (
+                "INSERT INTO objects (mount_id, key, size, etag, last_modified, content_type,"
+                " extra, checked_at) VALUES (1, :k, :s, :e, :t, :ct, :x, :c)"
+            )
+            rows = [  # only here; in both, newer here; in both, older here
+                {"k": "o/only", "s": 1, "e": '"a"', "ct": "text/plain", "c": new},
+                {"k": "both/new", "s": 2, "e": '"b"', "ct": None, "c": new},
+                {"k": "both/old", "s": 3, "e": '"c"', "ct": None, "c": old},
+            ]
+            for row in rows:
+                extra = '{"metadata":{"who":"zoë"}}' if row["k"] == "o/only" else "{}"
+                await conn.execute(stamped(objects, "t", "c"), {**row, "t": new, "x": extra})
+            catalog = (
+                "INSERT INTO catalog_entries (mount_id, key, size, etag, last_modified, attrs,"
+                " complete, written_at) VALUES (1, :k, :s, :e, :t, '{}', :complete, :w)"
+            )
+            for key, size, written in (
+                ("c/only", 4, old),
+                ("both/new", 5, old),
+                ("both/old", 6, new),
+            ):
+                await conn.execute(
+                    stamped(catalog, "t", "w"),
+                    {"k": key, "s": size, "e": '"d"', "t": new, "complete": False, "w": written},
+                )
+        await store.migrate()
+        assert await store.schema_revision() == SCHEMA_HEAD
+        keys = ["o/only", "both/new", "both/old", "c/only"]
+        found = await store.find_versions([(1, k) for k in keys])
+        assert {k: (found[(1, k)][0].size, found[(1, k)][1]) for k in keys} == {
+            "o/only": (1, True), "both/new": (2, True),
+            "both/old": (6, False), "c/only": (4, False),
+        }  # fmt: skip
+        only = found[(1, "o/only")][0]
+        assert (only.content_type, dict(only.metadata)) == ("text/plain", {"who": "zoë"})
+        names = await table_names(store)
+        assert "objects" not in names and "catalog_entries" not in names
+    await asyncio.to_thread(command.downgrade, config, "0009_console_signed_out")
+    async with MetaStore(database_url, box) as store:
+        assert await raw_rows(store, "SELECT key FROM objects ORDER BY key") == [
+            ("both/new",),
+            ("o/only",),
+        ]  # the complete rows of the immutable mount
+        assert len(await raw_rows(store, "SELECT key FROM catalog_entries")) == 4
+        await store.migrate()
 
 
 async def test_concurrent_migrations_make_one_schema(database_url: str, box: SecretBox) -> None:
@@ -313,45 +385,58 @@ async def test_delete_key(store: MetaStore) -> None:
     assert await store.list_keys() == []
 
 
-# -- object metadata
+# -- object versions
 
 
-async def test_object_meta_upsert_get_delete(store: MetaStore) -> None:
+async def put(
+    store: MetaStore, mount_id: int, info: ObjectInfo, at: datetime | None = None
+) -> None:
+    await store.record_versions([(mount_id, info.key, info, True)], at)
+
+
+async def get(store: MetaStore, mount_id: int, key: str) -> ObjectInfo | None:
+    found = await store.find_versions([(mount_id, key)])
+    return found[(mount_id, key)][0] if (mount_id, key) in found else None
+
+
+async def test_object_version_upsert_find_remove(store: MetaStore) -> None:
     mount = await store.add_mount("data", "s3://origin", {})
     key = "données/日本/emoji 🎉/" + "long-" * 150 + ".bin"
-    info = object_info(key)
+    info = object_info(key, checksums={"crc32c": "AAAAAA=="})
 
-    await store.put_object_meta(mount.id, info)
-    got = await store.get_object_meta(mount.id, key)
-    assert got is not None
-    assert got[0] == info
+    await put(store, mount.id, info)
+    assert await get(store, mount.id, key) == info
 
     changed = object_info(key, size=1, etag='"new"', metadata={}, storage_class="STANDARD")
-    await store.put_object_meta(mount.id, changed)
-    got_again = await store.get_object_meta(mount.id, key)
-    assert got_again is not None
-    assert got_again[0] == changed
-    assert got_again[1] >= got[1]
-    assert await raw_rows(store, "SELECT count(*) FROM objects") == [(1,)]
+    await put(store, mount.id, changed)
+    assert await get(store, mount.id, key) == changed
+    assert await raw_rows(store, "SELECT count(*) FROM object_versions") == [(1,)]
 
-    assert await store.get_object_meta(mount.id, key + "x") is None
-    await store.delete_object_meta(mount.id, key)
-    assert await store.get_object_meta(mount.id, key) is None
+    # A crawl's row (complete False) is found as such: a read does not trust it.
+    await store.record_versions([(mount.id, "listed", object_info("listed"), False)])
+    found = await store.find_versions([(mount.id, key), (mount.id, "listed"), (mount.id, "x")])
+    assert found == {
+        (mount.id, key): (changed, True),
+        (mount.id, "listed"): (found[(mount.id, "listed")][0], False),
+    }
+    assert await get(store, mount.id, key + "x") is None
+    await store.record_versions([(mount.id, key, None, True)])
+    assert await get(store, mount.id, key) is None
 
 
-async def test_object_meta_is_per_mount_and_goes_with_its_mount(store: MetaStore) -> None:
+async def test_object_versions_are_per_mount_and_go_with_their_mount(store: MetaStore) -> None:
     one = await store.add_mount("one", "s3://a", {})
     two = await store.add_mount("two", "s3://b", {})
-    await store.put_object_meta(one.id, object_info("k", size=1))
-    await store.put_object_meta(two.id, object_info("k", size=2))
+    await put(store, one.id, object_info("k", size=1))
+    await put(store, two.id, object_info("k", size=2))
 
     assert await store.remove_mount("one")
 
-    assert await store.get_object_meta(one.id, "k") is None
-    kept = await store.get_object_meta(two.id, "k")
+    assert await get(store, one.id, "k") is None
+    kept = await get(store, two.id, "k")
     assert kept is not None
-    assert kept[0].size == 2
-    assert await raw_rows(store, "SELECT mount_id FROM objects") == [(two.id,)]
+    assert kept.size == 2
+    assert await raw_rows(store, "SELECT mount_id FROM object_versions") == [(two.id,)]
 
 
 async def test_datetimes_come_back_timezone_aware_utc(store: MetaStore) -> None:
@@ -360,16 +445,18 @@ async def test_datetimes_come_back_timezone_aware_utc(store: MetaStore) -> None:
     checked = datetime(2025, 6, 7, 8, 9, 10, tzinfo=plus_two)
     mount = await store.add_mount("data", "s3://origin", {})
 
-    await store.put_object_meta(mount.id, object_info("k", last_modified=modified), checked)
-    got = await store.get_object_meta(mount.id, "k")
+    await put(store, mount.id, object_info("k", last_modified=modified), checked)
+    info = await get(store, mount.id, "k")
     key = await store.create_key()
 
-    assert got is not None
-    info, checked_at = got
+    assert info is not None
     assert info.last_modified == modified
     assert info.last_modified.utcoffset() == timedelta(0)
-    assert checked_at == checked
-    assert checked_at.utcoffset() == timedelta(0)
+    v = object_versions
+    async with store.engine.connect() as conn:
+        written_at = (await conn.execute(sa.select(v.c.written_at))).scalar_one()
+    assert written_at == checked
+    assert written_at.utcoffset() == timedelta(0)
     stored_mount = await store.get_mount("data")
     stored_key = await store.get_key(key.access_key)
     assert stored_mount is not None

@@ -2,11 +2,11 @@
 SQLite and PostgreSQL: the service over a real file store and a real database, with
 faults made by the database itself (a trigger that refuses a row), no mocks.
 
-- On a catalog=on mount of TTL -1 the `objects` row and the catalog row of a PUT, copy,
-  delete or multipart complete are both there when the call returns, or, when their
-  transaction fails, neither is (and the client still has its success).
+- On a catalog=on mount (and a TTL -1 one) the version's row of a PUT, copy, delete or
+  multipart complete is there when the call returns, or, when its transaction fails, the old
+  one stays (and the client still has its success).
 - A multipart complete removes its upload's rows in that same transaction.
-- A queued older change of the key in the recorder is never written after the newer one.
+- A queued older change of the key is never written after the newer one.
 - A write costs one transaction (counted with SQLAlchemy's events)."""
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from gateway.meta.engine import sqlite_path
 from gateway.service import S3Service
 from gateway.service.conditions import Conditions
 from gateway.service.inputs import CopySource
-from gateway.service.recorder import MetadataRecorder
 from gateway.service.shared import Shared
+from gateway.service.versions import Entry, VersionRows
 from gateway.service.writes import WriteConditions
 from gateway.stores import WriteAttrs
 from tests.support.net import eventually_async
@@ -39,9 +39,9 @@ from tests.unit.test_meta import object_info
 
 pytestmark = pytest.mark.anyio
 
-IMMUTABLE = "imm"  # catalog=on, metadata_ttl=-1: objects rows and catalog rows
-TIMED = "timed"  # catalog=on, metadata_ttl=60: catalog rows only
-PLAIN = "plain"  # neither: a multipart complete's only bookkeeping is its upload's rows
+IMMUTABLE = "imm"  # catalog=on, metadata_ttl=-1
+TIMED = "timed"  # catalog=on, metadata_ttl=60
+PLAIN = "plain"  # metadata_ttl=-1, no catalog
 
 
 @dataclass
@@ -80,16 +80,16 @@ async def put(node: Node, bucket: str, key: str, data: bytes) -> str:
     return info.etag
 
 
-async def rows(node: Node, table: str, bucket: str) -> dict[str, str]:
-    """key -> ETag of a mount's rows in `objects` or `catalog_entries`, read at once."""
-    query = f"SELECT key, etag FROM {table} WHERE mount_id = :m"
+async def rows(node: Node, bucket: str = IMMUTABLE) -> dict[str, str]:
+    """key -> ETag of a mount's rows of object versions, read at once."""
+    query = "SELECT key, etag FROM object_versions WHERE mount_id = :m"
     async with node.meta.engine.connect() as conn:
         found = await conn.execute(sa.text(query), {"m": node.mounts[bucket]})
         return dict(found.all())
 
 
-async def both(node: Node, bucket: str = IMMUTABLE) -> tuple[dict[str, str], dict[str, str]]:
-    return await rows(node, "objects", bucket), await rows(node, "catalog_entries", bucket)
+async def etag_of(node: Node, key: str) -> str:
+    return (await node.service.head_object(IMMUTABLE, key, None, Conditions())).info.etag
 
 
 async def refuse(node: Node, table: str, prefix: str) -> None:
@@ -136,47 +136,43 @@ def transactions(node: Node) -> Iterator[list[int]]:
         event.remove(node.meta.engine.sync_engine, "begin", began)
 
 
-# -- one transaction, both rows ---------------------------------------------------------------
+# -- one transaction, one row -----------------------------------------------------------------
 
 
-async def test_every_write_has_its_objects_row_and_catalog_row_when_it_returns(
-    node: Node,
-) -> None:
+async def test_every_write_has_its_row_when_it_returns(node: Node) -> None:
     etag = await put(node, IMMUTABLE, "a", b"first")
-    assert node.shared.recorder.pending == 0  # not queued: written with the catalog row
-    assert await both(node) == ({"a": etag}, {"a": etag})
+    assert node.shared.versions.rows.pending == 0  # not queued: written at once
+    assert await rows(node) == {"a": etag}
 
     source = CopySource(IMMUTABLE, "a", Conditions())
     _, copied = await node.service.copy_object(source, IMMUTABLE, "b", None)
-    assert await both(node) == ({"a": etag, "b": copied.etag}, {"a": etag, "b": copied.etag})
+    assert await rows(node) == {"a": etag, "b": copied.etag}
 
     await node.service.delete_object(IMMUTABLE, "a")
-    assert await both(node) == ({"b": copied.etag}, {"b": copied.etag})
+    assert await rows(node) == {"b": copied.etag}
 
     etag_c = await put(node, IMMUTABLE, "c", b"third")
     outcome = await node.service.delete_objects(IMMUTABLE, ["b", "c", "never"])
     assert [error for _, error in outcome] == [None, None, None]
-    assert etag_c and await both(node) == ({}, {})
+    assert etag_c and await rows(node) == {}
 
 
-async def test_a_failed_transaction_writes_neither_row_and_the_write_still_succeeds(
+async def test_a_failed_transaction_keeps_the_old_row_and_the_write_still_succeeds(
     node: Node, caplog: pytest.LogCaptureFixture
 ) -> None:
     old = await put(node, IMMUTABLE, "cat/x", b"old")
-    await refuse(node, "catalog_entries", "cat/")
-    await refuse(node, "objects", "obj/")
-    # The catalog row refused: the objects row goes with it, and the old version's rows stay.
+    await refuse(node, "object_versions", "cat/")
+    # The row refused: the old version's row stays.
     new = await put(node, IMMUTABLE, "cat/x", b"new bytes")
     assert new != old
-    assert await both(node) == ({"cat/x": old}, {"cat/x": old})
-    # The objects row refused: no catalog row either.
-    await put(node, IMMUTABLE, "obj/y", b"y")
-    assert await both(node) == ({"cat/x": old}, {"cat/x": old})
-    assert "bookkeeping of the write of obj/y not recorded" in caplog.text
-    # A mount with a TTL has only the catalog row, refused alike.
+    assert await rows(node) == {"cat/x": old}
+    assert "bookkeeping of the change of cat/x not recorded" in caplog.text
+    await put(node, IMMUTABLE, "obj/y", b"y")  # another key is written
+    assert await rows(node) == {"cat/x": old, "obj/y": await etag_of(node, "obj/y")}
+    # A mount with a TTL, refused alike.
     await put(node, TIMED, "cat/z", b"z")
-    assert "bookkeeping of the write of cat/z not recorded" in caplog.text
-    assert await both(node, TIMED) == ({}, {})
+    assert "bookkeeping of the change of cat/z not recorded" in caplog.text
+    assert await rows(node, TIMED) == {}
     # Either way the store has the write, and the node serves it.
     got = await node.service.head_object(IMMUTABLE, "cat/x", None, Conditions())
     assert got.info.etag == new
@@ -195,8 +191,8 @@ async def test_with_the_database_away_a_write_succeeds_and_says_what_it_left_out
     finally:
         await asyncio.to_thread(outage.__exit__, None, None, None)
     assert new != old
-    assert "bookkeeping of the write of o not recorded" in caplog.text
-    assert await both(node) == ({"o": old}, {"o": old})  # for the next crawl to correct
+    assert "bookkeeping of the change of o not recorded" in caplog.text
+    assert await rows(node) == {"o": old}  # for the next crawl to correct
 
 
 # -- multipart complete -----------------------------------------------------------------------
@@ -224,9 +220,7 @@ async def test_a_multipart_complete_removes_its_upload_with_the_rows_of_the_obje
         with transactions(node) as count:
             info = await node.service.complete_multipart_upload(bucket, "mp", upload, parts)
         assert await upload_rows(node) == (0, 0)
-        objects, catalog = await both(node, bucket)
-        assert objects == ({"mp": info.etag} if bucket != TIMED else {})
-        assert catalog == ({"mp": info.etag} if bucket != PLAIN else {})
+        assert await rows(node, bucket) == {"mp": info.etag}
         # Two reads (the upload, its parts) and one write of all the bookkeeping.
         assert count[0] == 3, bucket
 
@@ -234,12 +228,12 @@ async def test_a_multipart_complete_removes_its_upload_with_the_rows_of_the_obje
 async def test_a_failed_complete_keeps_the_upload_rows_and_writes_no_catalog_row(
     node: Node,
 ) -> None:
-    await refuse(node, "catalog_entries", "mp")
+    await refuse(node, "object_versions", "mp")
     upload, parts = await _upload(node, IMMUTABLE, "mp")
     info = await node.service.complete_multipart_upload(IMMUTABLE, "mp", upload, parts)
     assert info.size == 8  # the client has its object
     assert await upload_rows(node) == (1, 1)  # left for the janitor, with no row of the object
-    assert await both(node) == ({}, {})
+    assert await rows(node) == {}
     # A retry (its answer lost) gets the same answer, not a second complete at the store.
     again = await node.service.complete_multipart_upload(IMMUTABLE, "mp", upload, parts)
     assert again == info
@@ -261,34 +255,34 @@ async def test_a_write_costs_one_transaction(node: Node) -> None:
         with transactions(node) as count:
             await node.service.delete_object(bucket, "k")
         assert count[0] == 1, bucket
-    await node.shared.recorder.close()  # nothing left queued to write later
-    assert node.shared.recorder.pending == 0
+    await node.shared.versions.rows.close()  # nothing left queued to write later
+    assert node.shared.versions.rows.pending == 0
 
 
-# -- per-key order in the recorder ------------------------------------------------------------
+# -- per-key order of the rows------------------------------------------------------------
 
 
 async def objects(meta: MetaStore, mount_id: int) -> dict[str, int]:
     async with meta.engine.connect() as conn:
         found = await conn.execute(
-            sa.text("SELECT key, size FROM objects WHERE mount_id = :m"), {"m": mount_id}
+            sa.text("SELECT key, size FROM object_versions WHERE mount_id = :m"), {"m": mount_id}
         )
         return dict(found.all())
 
 
 async def test_a_queued_older_change_is_never_written_after_the_newer(node: Node) -> None:
     meta, mount_id = node.meta, node.mounts[PLAIN]
-    recorder = MetadataRecorder(meta, delay=3600.0)  # the batch waits until close
+    recorder = VersionRows(meta, delay=3600.0)  # the batch waits until close
     recorder.record(mount_id, "k", object_info("k", size=1))  # a miss learnt it
     recorder.record(mount_id, "other", object_info("other", size=1))
     await recorder.record_now(mount_id, "k", object_info("k", size=2))  # then a write
     assert await objects(meta, mount_id) == {"k": 2}
-    assert await recorder.lookup(mount_id, "other") == object_info("other", size=1)
+    assert await recorder.lookup(mount_id, "other") == Entry(object_info("other", size=1), True)
     await recorder.close()  # the batch: the other key, and not the older change of k
     assert await objects(meta, mount_id) == {"k": 2, "other": 1}
 
     # A delete after a queued miss: the row is gone, and stays gone.
-    recorder = MetadataRecorder(meta, delay=3600.0)
+    recorder = VersionRows(meta, delay=3600.0)
     recorder.record(mount_id, "k", object_info("k", size=3))
     await recorder.record_now(mount_id, "k", None)
     await recorder.close()
@@ -297,7 +291,7 @@ async def test_a_queued_older_change_is_never_written_after_the_newer(node: Node
 
 @asynccontextmanager
 async def held(node: Node) -> AsyncIterator[None]:
-    """Writers of `objects` wait while the block runs: SQLite's write lock, or PostgreSQL's
+    """Writers of `object_versions` wait while the block runs: SQLite's write lock, or PostgreSQL's
     lock on the table, taken on a connection of the test's own."""
     if node.meta.dialect == "sqlite":
         path = sqlite_path(node.meta.url)
@@ -311,23 +305,23 @@ async def held(node: Node) -> AsyncIterator[None]:
             conn.close()
         return
     async with node.meta.engine.connect() as pg, pg.begin():
-        await pg.execute(sa.text("LOCK TABLE objects IN EXCLUSIVE MODE"))
+        await pg.execute(sa.text("LOCK TABLE object_versions IN EXCLUSIVE MODE"))
         yield
 
 
 async def test_a_write_waits_for_the_older_batch_of_its_key_in_flight(node: Node) -> None:
     meta, mount_id = node.meta, node.mounts[PLAIN]
-    recorder = MetadataRecorder(meta, delay=0.0)
+    recorder = VersionRows(meta, delay=0.0)
     async with held(node):
         with transactions(node) as count:
             recorder.record(mount_id, "k", object_info("k", size=1))
             await eventually_async(lambda: count[0] == 1)  # the batch is being written
-            assert await recorder.lookup(mount_id, "k") == object_info("k", size=1)
+            assert await recorder.lookup(mount_id, "k") == Entry(object_info("k", size=1), True)
             change = recorder.record_now(mount_id, "k", object_info("k", size=2))
             newer = asyncio.create_task(change)
 
             async def the_newer_known() -> bool:
-                return await recorder.lookup(mount_id, "k") == object_info("k", size=2)
+                return await recorder.lookup(mount_id, "k") == Entry(object_info("k", size=2), True)
 
             await eventually_async(the_newer_known)  # the newer change has begun...
             assert not newer.done() and count[0] == 1  # ...and waits for the batch to end

@@ -1,5 +1,6 @@
-"""Object metadata written behind the requests, many changes a transaction, on SQLite and
-PostgreSQL: what was recorded is in the database after close, in the order it was made."""
+"""The rows of object versions written behind the requests, many changes a transaction, on
+SQLite and PostgreSQL: what was recorded is in the database after close, in the order it was
+made; one batched lookup answers each key with its row (and whether it is complete)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from gateway.meta import MetaStore, SecretBox
-from gateway.service.recorder import BATCH, MetadataRecorder
+from gateway.service.versions import BATCH, Entry, VersionRows
 from tests.unit.test_meta import object_info
 
 pytestmark = pytest.mark.anyio
@@ -26,31 +27,32 @@ async def store(database_url: str) -> AsyncIterator[MetaStore]:
 async def keys(store: MetaStore, mount_id: int) -> dict[str, int]:
     async with store.engine.connect() as conn:
         rows = await conn.execute(
-            sa.text("SELECT key, size FROM objects WHERE mount_id = :m"), {"m": mount_id}
+            sa.text("SELECT key, size FROM object_versions WHERE mount_id = :m"), {"m": mount_id}
         )
         return {key: size for key, size in rows}
 
 
-async def test_record_objects_upserts_and_deletes_in_one_call(store: MetaStore) -> None:
+async def test_record_versions_upserts_and_deletes_in_one_call(store: MetaStore) -> None:
     mount = await store.add_mount("data", "s3://origin", {})
-    await store.put_object_meta(mount.id, object_info("old", size=1))
-    await store.record_objects(
+    await store.record_versions([(mount.id, "old", object_info("old", size=1), True)])
+    await store.record_versions(
         [
-            (mount.id, "a", object_info("a", size=2)),
-            (mount.id, "old", None),
-            (mount.id, "b", object_info("b", size=3)),
+            (mount.id, "a", object_info("a", size=2), True),
+            (mount.id, "old", None, True),
+            (mount.id, "b", object_info("b", size=3), False),
         ]
     )
     assert await keys(store, mount.id) == {"a": 2, "b": 3}
-    got = await store.get_object_meta(mount.id, "a")
-    assert got is not None and got[0] == object_info("a", size=2)
-    await store.record_objects([(mount.id, "a", object_info("a", size=4))])
+    got = await store.find_versions([(mount.id, "a"), (mount.id, "b")])
+    assert got[(mount.id, "a")] == (object_info("a", size=2), True)
+    assert got[(mount.id, "b")][1] is False
+    await store.record_versions([(mount.id, "a", object_info("a", size=4), True)])
     assert await keys(store, mount.id) == {"a": 4, "b": 3}
 
 
 async def test_everything_recorded_is_written_by_close(store: MetaStore) -> None:
     mount = await store.add_mount("data", "s3://origin", {})
-    recorder = MetadataRecorder(store)
+    recorder = VersionRows(store)
     count = BATCH * 2 + 17  # more than one transaction's worth
     for i in range(count):
         recorder.record(mount.id, f"k{i}", object_info(f"k{i}", size=i))
@@ -62,7 +64,7 @@ async def test_everything_recorded_is_written_by_close(store: MetaStore) -> None
 
 async def test_a_later_change_to_a_key_wins(store: MetaStore) -> None:
     mount = await store.add_mount("data", "s3://origin", {})
-    recorder = MetadataRecorder(store)
+    recorder = VersionRows(store)
     recorder.record(mount.id, "gone", object_info("gone", size=1))  # a miss learnt it...
     recorder.record(mount.id, "kept", object_info("kept", size=1))
     recorder.record(mount.id, "gone", None)  # ...then a DELETE through the gateway
@@ -83,7 +85,7 @@ async def test_a_removed_mount_does_not_lose_the_others(store: MetaStore) -> Non
     kept = await store.add_mount("kept", "s3://a", {})
     removed = await store.add_mount("removed", "s3://b", {})
     assert await store.remove_mount("removed")
-    recorder = MetadataRecorder(store)
+    recorder = VersionRows(store)
     recorder.record(kept.id, "a", object_info("a", size=1))
     recorder.record(removed.id, "b", object_info("b", size=2))  # no such mount any more
     recorder.record(kept.id, "c", object_info("c", size=3))
@@ -95,14 +97,15 @@ async def test_a_removed_mount_does_not_lose_the_others(store: MetaStore) -> Non
 async def test_lookups_at_once_are_answered_each(store: MetaStore) -> None:
     one = await store.add_mount("one", "s3://a", {})
     two = await store.add_mount("two", "s3://b", {})
-    await store.record_objects(
-        [(one.id, f"k{i}", object_info(f"k{i}", size=i)) for i in range(0, BATCH + 50, 2)]
-        + [(two.id, "k1", object_info("k1", size=99))]
+    await store.record_versions(
+        [(one.id, f"k{i}", object_info(f"k{i}", size=i), True) for i in range(0, BATCH + 50, 2)]
+        + [(two.id, "k1", object_info("k1", size=99), True)]
     )
-    recorder = MetadataRecorder(store)
+    recorder = VersionRows(store)
     wanted = [(one.id, f"k{i}") for i in range(BATCH + 50)] + [(two.id, "k1"), (two.id, "k2")]
     found = await asyncio.gather(*(recorder.lookup(m, k) for m, k in wanted))
-    for (mount_id, key), info in zip(wanted, found, strict=True):
+    for (mount_id, key), entry in zip(wanted, found, strict=True):
+        info = entry.info if entry is not None else None
         i = int(key[1:])
         if mount_id == two.id:
             assert (info.size if info else None) == (99 if key == "k1" else None)
@@ -115,15 +118,25 @@ async def test_lookups_at_once_are_answered_each(store: MetaStore) -> None:
 
 async def test_a_lookup_sees_a_change_not_yet_written(store: MetaStore) -> None:
     mount = await store.add_mount("data", "s3://origin", {})
-    await store.put_object_meta(mount.id, object_info("k", size=1))
-    recorder = MetadataRecorder(store)
+    await store.record_versions([(mount.id, "k", object_info("k", size=1), True)])
+    recorder = VersionRows(store)
     recorder.record(mount.id, "k", None)
     recorder.record(mount.id, "new", object_info("new", size=2))
     assert await recorder.lookup(mount.id, "k") is None
-    assert await recorder.lookup(mount.id, "new") == object_info("new", size=2)
+    assert await recorder.lookup(mount.id, "new") == Entry(object_info("new", size=2), True)
     await recorder.close()
-    assert await recorder.lookup(mount.id, "new") == object_info("new", size=2)
+    assert await recorder.lookup(mount.id, "new") == Entry(object_info("new", size=2), True)
     assert await recorder.lookup(mount.id, "k") is None
+
+
+async def test_a_doubted_row_is_kept_and_found_incomplete(store: MetaStore) -> None:
+    """A version not found at the store: the row stays listed, no read trusts it."""
+    mount = await store.add_mount("data", "s3://origin", {})
+    rows = VersionRows(store)
+    await rows.record_now(mount.id, "k", object_info("k", size=1))
+    await rows.doubt(mount.id, "k")
+    assert await rows.lookup(mount.id, "k") == Entry(object_info("k", size=1), False)
+    await rows.close()
 
 
 async def test_an_unreachable_database_remembers_nothing(database_url: str) -> None:
@@ -135,7 +148,7 @@ async def test_an_unreachable_database_remembers_nothing(database_url: str) -> N
 
     dead = f"postgresql+asyncpg://postgres@127.0.0.1:{free_port()}/nothing"
     async with MetaStore(dead, SecretBox([SecretBox.generate_key()])) as store:
-        recorder = MetadataRecorder(store)
+        recorder = VersionRows(store)
         assert await recorder.lookup(1, "k") is None
         recorder.record(1, "k", object_info("k"))
         await recorder.close()
@@ -150,12 +163,12 @@ async def test_changes_made_within_the_delay_share_a_transaction(
     calls: list[int] = []
 
     class Counted(MetaStore):
-        async def record_objects(self, changes, checked_at=None):  # type: ignore[no-untyped-def]
+        async def record_versions(self, changes, written_at=None, also=()):  # type: ignore[no-untyped-def]
             calls.append(len(changes))
-            await super().record_objects(changes, checked_at)
+            await super().record_versions(changes, written_at, also)
 
     async with Counted(database_url, SecretBox([SecretBox.generate_key()])) as counted:
-        recorder = MetadataRecorder(counted, delay=60.0)  # the test ends it with close()
+        recorder = VersionRows(counted, delay=60.0)  # the test ends it with close()
         for i in range(10):
             recorder.record(mount.id, f"k{i}", object_info(f"k{i}", size=i))
             for _ in range(3):
