@@ -399,6 +399,15 @@ class PageStore:
             self.memory.put(name, bytes(data))
         return data
 
+    def may_answer(self, bkey: BlockKey, disk: bool) -> bool:
+        """Whether peek() (or, with `disk`, peek_disk()) may find the block: in the memory
+        tier, or read and verified from disk by this process and not being filled. Nothing is
+        read or counted."""
+        name = bkey.name
+        if name in self.memory:
+            return True
+        return disk and name in self._verified and name not in self._fills and self._io is not None
+
     def known(self, bkey: BlockKey) -> bool:
         """In memory or read from disk by this process: a cheap guess that it is cached."""
         name = bkey.name

@@ -105,6 +105,11 @@ class FastHits:
             return None
         raw_path, qs, bucket, key = plain
         verb = "GET" if method == b"GET" else "HEAD"
+        # A hit or not, asked before the signature is checked: a miss is then verified once,
+        # by the full path, and nothing of a hit is read or counted before authorization.
+        at = self._service.hit_at(bucket, key, disk=verb == "GET")
+        if at is None:
+            return None
         auth: AuthResult | None
         try:
             if is_sigv2(headers, qs):
@@ -121,7 +126,7 @@ class FastHits:
         access_key = auth.access_key if auth is not None else None
         if self._service.allowed_quick(access_key, "s3:GetObject", bucket, key) is not True:
             return None
-        hit = self._service.peek_hit(bucket, key, disk=verb == "GET")
+        hit = self._service.take_hit(at, disk=verb == "GET")
         if hit is None:
             return None
         info, data = hit

@@ -16,7 +16,7 @@ from gateway.service.conditions import ByteRange, Conditions
 from gateway.service.encrypted import EncryptedReads
 from gateway.service.inputs import CopySource, ListQuery, UploadsQuery
 from gateway.service.multipart import Multipart, PartListing, UploadListing
-from gateway.service.reads import LocalBlocks, ObjectResult, Reader
+from gateway.service.reads import HitAt, LocalBlocks, ObjectResult, Reader
 from gateway.service.shared import Shared
 from gateway.service.store_errors import meta_unavailable, store_errors
 from gateway.service.writes import ObjectWriter, WriteConditions, check_encryption
@@ -139,12 +139,16 @@ class S3Service:
                 caller.access_key, action, bucket, key, caller.source_ip, secure=caller.secure
             )
 
-    def peek_hit(
-        self, bucket: str, key: str, disk: bool = True
+    def hit_at(self, bucket: str, key: str, disk: bool = True) -> HitAt | None:
+        """Whether a whole object may be answered from this node's memory or page cache
+        (`disk`) with no await; nothing read or counted (Reader.hit_at)."""
+        return self.reader.hit_at(bucket, key, disk)
+
+    def take_hit(
+        self, at: HitAt, disk: bool = True
     ) -> tuple[ObjectInfo, bytes | memoryview] | None:
-        """A whole object from this node's memory or page cache (`disk`), with no await, or
-        None."""
-        return self.reader.peek_hit(bucket, key, disk)
+        """The object hit_at() found, read and counted as a hit, or None (Reader.take_hit)."""
+        return self.reader.take_hit(at, disk)
 
     async def local_blocks(self, bucket: str, key: str, first: int, count: int) -> LocalBlocks:
         """The key's version and the files of its blocks this node holds (short-circuit)."""

@@ -25,7 +25,7 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, cast
+from typing import Any, NamedTuple, Protocol, cast
 
 from gateway import counters, errors
 from gateway.cache import BlockKey, FillFailed, PageStore
@@ -67,6 +67,14 @@ class ObjectResult:
     partial: bool  # a Range was asked for and satisfied (206)
     body: bytes | AsyncGenerator[bytes, None] | None  # None for HEAD
     cache: str  # "hit", "miss", "forward" or "bypass"
+
+
+class HitAt(NamedTuple):
+    """A one-block object this node may answer at once (Reader.hit_at)."""
+
+    handle: MountHandle
+    info: ObjectInfo
+    bkey: BlockKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,14 +423,13 @@ class Reader:
             raise errors.ServiceUnavailable(f"The store's answer was cut: {exc}") from None
         return ObjectResult(info, start, end, rng is not None, body, how)
 
-    def peek_hit(
-        self, bucket: str, key: str, disk: bool = True
-    ) -> tuple[ObjectInfo, bytes | memoryview] | None:
-        """A whole object answered with no await and no wait for the disk: its version known
-        within the TTL, one block this node serves, that block in the memory tier or, read
-        from disk before by this process, all in the page cache. None for anything else (the
-        full read path then answers). `disk` False: the memory tier only (a HEAD, whose
-        answer needs no byte of the block)."""
+    def hit_at(self, bucket: str, key: str, disk: bool = True) -> HitAt | None:
+        """Where a whole object would be answered from with no await and no wait for the disk:
+        its version known within the TTL, one block this node serves, that block in the memory
+        tier or (`disk`) read and verified from disk before by this process. None for anything
+        else (the full read path then answers). Nothing is counted or read: the edge asks this
+        before it checks the request's signature, so that a miss is verified once, by the full
+        path, and take_hit() follows only an authorized request."""
         handle = self.namespace.mount(bucket)
         if handle is None or not handle.cache_enabled:
             return None
@@ -430,8 +437,17 @@ class Reader:
         if info is None or not 0 < info.size <= handle.block_size:
             return None
         bkey = block_key(handle.id, info.key, info.etag, handle.block_size, 0)
-        if self._placer(handle, info)(0, bkey):
+        if not self.pages.may_answer(bkey, disk) or self._placer(handle, info)(0, bkey):
             return None
+        return HitAt(handle, info, bkey)
+
+    def take_hit(
+        self, at: HitAt, disk: bool = True
+    ) -> tuple[ObjectInfo, bytes | memoryview] | None:
+        """The object hit_at() found, counted as a hit: the block from the memory tier or,
+        all of it in the page cache, from disk (`disk` False: the memory tier only, for a HEAD,
+        whose answer needs no byte of the block). None when it is not there after all."""
+        handle, info, bkey = at
         pinned = handle.pinned(info.key)
         data: bytes | memoryview | None = self.pages.peek(bkey, pinned)
         if data is None:
