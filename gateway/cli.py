@@ -67,6 +67,7 @@ _SERVE_OPTIONS: list[tuple[str, str]] = [
     ("readahead_blocks", "Blocks fetched ahead of a sequential reader."),
     ("fill_concurrency", "Read-ahead fills in flight per worker process."),
     ("verify_sample", "Share of cache reads that re-check a block's checksum (0..1)."),
+    ("zero_copy_recheck", "Seconds a checked block is sent from its file unread (0: off)."),
     ("workers", "Worker processes; they share the node's cache. Default: one per core."),
     ("server", "HTTP server: gateway (the node's own, default) or uvicorn (plain ASGI)."),
     ("database_connections", "PostgreSQL connections the workers pool together (2+ each)."),

@@ -54,6 +54,8 @@ class Settings:
     readahead_blocks: int = 4  # blocks fetched ahead of a sequential reader
     fill_concurrency: int = 16  # store fetches for the cache in flight per process
     verify_sample: float = 1.0  # share of cache reads from disk that check their checksums
+    # seconds a block checked whole may be sent from its file unread (0: never; docs/cache.md)
+    zero_copy_recheck: float = 60.0
     workers: int = 0  # worker processes sharing the node's cache; 0: one per core
     server: str = "gateway"  # the HTTP server: the node's own (gateway/server.py) or "uvicorn"
     # PostgreSQL connections the node's workers pool together (each at least 2; docs/fleet.md)

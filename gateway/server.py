@@ -59,6 +59,12 @@ BODY_HIGH_WATER = 256 << 10
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _NO_BODY_STATUS = frozenset({204, 304})
+# The ASGI extension for bodies sent from a file by the kernel (sendfile(2)): offered on plain
+# TCP connections, never over TLS (the bytes would bypass the encryption).
+ZEROCOPY = "http.response.zerocopysend"
+_ZEROCOPY_EXTENSIONS: dict[str, Any] = {ZEROCOPY: {}}
+# Bytes handed to one sendfile(2) call before the loop serves other connections.
+SENDFILE_SLICE = 1 << 20
 
 
 @dataclass
@@ -159,6 +165,8 @@ class Connection(HeadGuard, asyncio.Protocol):
         self.writable.set()
         self._idle_timer: asyncio.TimerHandle | None = None
         self.lost = False
+        self._socket_fd = -1  # the socket's descriptor, for sendfile (plain TCP only)
+        self._send_wait: asyncio.Future[None] | None = None  # a sendfile waiting for room
 
     # -- connection ----------------------------------------------------------------------
 
@@ -182,6 +190,10 @@ class Connection(HeadGuard, asyncio.Protocol):
         self._peername = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else None
         if transport.get_extra_info("sslcontext") is not None:
             self._scheme = "https"
+        else:
+            sock = transport.get_extra_info("socket")
+            if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+                self._socket_fd = sock.fileno()
         self._fast = fast_path(port)
         self.guard_start()
 
@@ -196,6 +208,9 @@ class Connection(HeadGuard, asyncio.Protocol):
             self._idle_timer.cancel()
             self._idle_timer = None
         self.writable.set()  # a sender waiting for room finds the connection gone
+        self._socket_fd = -1
+        if self._send_wait is not None and not self._send_wait.done():
+            self._send_wait.set_result(None)
         for exchange in (self.running, *self._pipeline):
             if exchange is not None:
                 exchange.disconnect()
@@ -281,6 +296,8 @@ class Connection(HeadGuard, asyncio.Protocol):
             "headers": self._headers,
             "state": self.server.state.copy(),
         }
+        if self._socket_fd >= 0:
+            scope["extensions"] = _ZEROCOPY_EXTENSIONS
         exchange = Exchange(self, scope, keep_alive, self._expect_continue, verb == "HEAD")
         self._parsing = exchange
         if self.running is None:
@@ -379,6 +396,87 @@ class Connection(HeadGuard, asyncio.Protocol):
     def abort(self) -> None:
         if self.running is not None and self.running.task is not None:
             self.running.task.cancel()
+        self.transport.abort()
+
+    # -- bodies from files -----------------------------------------------------------------
+
+    async def send_file(self, fd: int, offset: int, count: int) -> bool:
+        """Send `count` bytes of the file `fd` from `offset` after what the transport holds,
+        from the page cache to the socket by the kernel (sendfile(2)), on the event loop: the
+        transport's buffer drained first (uvloop's transports have no `sendfile` of their own
+        and must not be written beside), then slices of SENDFILE_SLICE bytes while the
+        socket takes them, waiting for room between them on a duplicate of the socket's
+        descriptor (uvloop watches no descriptor a transport owns). False when the connection
+        is gone (the rest unsent), or the client read nothing for `body_timeout` seconds (the
+        connection is then aborted). The caller makes sure the file's bytes are in the page
+        cache, so that the loop does not wait for the disk (PageStore.region)."""
+        if self.transport.get_write_buffer_size() and not await self._drained():
+            return False
+        while count > 0:
+            sock = self._socket_fd
+            if sock < 0 or self.transport.is_closing():
+                return False
+            try:
+                sent = os.sendfile(sock, fd, offset, min(count, SENDFILE_SLICE))
+            except BlockingIOError:
+                if not await self._room():
+                    return False
+                continue
+            except (BrokenPipeError, ConnectionError):
+                self.transport.abort()
+                return False
+            if sent == 0:
+                raise EOFError(f"the file ends before {count} more bytes at {offset}")
+            offset += sent
+            count -= sent
+            if count > 0:
+                await asyncio.sleep(0)  # the other connections' turn
+        return True
+
+    async def _drained(self) -> bool:
+        """Wait until the transport has written all it holds (its limits lowered to zero
+        meanwhile, so that it pauses now and resumes once empty)."""
+        transport = self.transport
+        low, high = transport.get_write_buffer_limits()
+        transport.set_write_buffer_limits(high=0, low=0)
+        try:
+            while transport.get_write_buffer_size() and not self.lost:
+                self.writable.clear()  # resume_writing sets it once the buffer is empty
+                try:
+                    await asyncio.wait_for(self.writable.wait(), self.body_timeout)
+                except TimeoutError:
+                    self._send_timed_out()
+                    return False
+        finally:
+            if not transport.is_closing():
+                transport.set_write_buffer_limits(high=high, low=low)
+        return not self.lost
+
+    async def _room(self) -> bool:
+        """Wait until the socket takes more bytes; False when the connection went, or after
+        `body_timeout` seconds without room (the client reads nothing: aborted)."""
+        copy = os.dup(self._socket_fd)
+        waiter = self._send_wait = self.loop.create_future()
+
+        def ready() -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        try:
+            self.loop.add_writer(copy, ready)
+            try:
+                await asyncio.wait_for(waiter, self.body_timeout)
+            except TimeoutError:
+                self._send_timed_out()
+                return False
+        finally:
+            self._send_wait = None
+            self.loop.remove_writer(copy)
+            os.close(copy)
+        return not self.lost
+
+    def _send_timed_out(self) -> None:
+        report_refusal("send_timeout")
         self.transport.abort()
 
     # -- the edge's refusals -------------------------------------------------------------
@@ -534,6 +632,9 @@ class Exchange:
             self._bodyless = self.head or status in _NO_BODY_STATUS
             self._head = self._render_head(status, message.get("headers", ()))
             return
+        if kind == ZEROCOPY:
+            await self._send_file(message)
+            return
         if kind != "http.response.body":
             raise RuntimeError(f"unexpected ASGI message {kind!r}")
         if not self.started:
@@ -552,14 +653,33 @@ class Exchange:
             if not more:
                 self.complete = True
             return
+        out = self._framed(len(body), more)
+        if body and not self._bodyless:
+            out.append(body)
+            if self._chunked:
+                out.append(b"\r\n")
+        self._ended(out, more)
+        if out:
+            if len(out) == 1:
+                transport.write(out[0])
+            else:
+                transport.writelines(out)
+        if not more:
+            self.complete = True
+            self.arrived.set()
+
+    def _framed(self, size: int, more: bool) -> list[bytes]:
+        """What goes before `size` bytes of body: the head, if not written yet (with the
+        body's length or chunked coding when the application named neither), and a chunk's
+        size line."""
         out: list[bytes] = []
         head = self._head
         if head is not None:
             self._head = None
             if self._length is None and not self._chunked and not self._bodyless:
                 if not more:
-                    head.append(b"content-length: %d\r\n" % len(body))
-                    self._length = len(body)
+                    head.append(b"content-length: %d\r\n" % size)
+                    self._length = size
                 else:
                     head.append(b"transfer-encoding: chunked\r\n")
                     self._chunked = True
@@ -567,26 +687,66 @@ class Exchange:
                 head.append(b"connection: close\r\n")
             head.append(b"\r\n")
             out.append(b"".join(head))
-        if body and not self._bodyless:
+        if size and not self._bodyless:
             if self._chunked:
-                out += [b"%x\r\n" % len(body), body, b"\r\n"]
-            else:
-                if self._length is not None:
-                    if len(body) > self._length:
-                        raise RuntimeError("the body is longer than its content-length")
-                    self._length -= len(body)
-                out.append(body)
+                out.append(b"%x\r\n" % size)
+            elif self._length is not None:
+                if size > self._length:
+                    raise RuntimeError("the body is longer than its content-length")
+                self._length -= size
+        return out
+
+    def _ended(self, out: list[bytes], more: bool) -> None:
+        """What goes after the last piece of body, onto `out`: the chunked body's end; an
+        answer shorter than its content-length closes the connection."""
         if not more:
             if self._chunked:
                 out.append(b"0\r\n\r\n")
             elif self._length and not self._bodyless:
                 # Shorter than declared: the client can only tell by the connection's end.
                 self.keep_alive = False
+
+    async def _send_file(self, message: dict[str, Any]) -> None:
+        """`http.response.zerocopysend`: a piece of body sent from a file by the kernel."""
+        if not self.started:
+            raise RuntimeError("a body before the answer's start")
+        if self.complete:
+            raise RuntimeError("the answer is complete already")
+        more = bool(message.get("more_body", False))
+        if self.disconnected:
+            if not more:
+                self.complete = True
+            return
+        file = message["file"]
+        fd = file if isinstance(file, int) else file.fileno()
+        offset = message.get("offset")
+        if offset is None:
+            offset = os.lseek(fd, 0, os.SEEK_CUR)
+        count = message.get("count")
+        if count is None:
+            count = os.fstat(fd).st_size - offset
+        conn = self.conn
+        if not conn.writable.is_set():
+            await conn.writable.wait()
+            if self.disconnected:
+                return
+        transport = conn.transport
+        if transport.is_closing():
+            if not more:
+                self.complete = True
+            return
+        out = self._framed(count, more)
         if out:
-            if len(out) == 1:
-                transport.write(out[0])
-            else:
-                transport.writelines(out)
+            transport.writelines(out)
+        if count and not self._bodyless and not await conn.send_file(fd, offset, count):
+            self.keep_alive = False
+            if not more:
+                self.complete = True
+            return
+        tail = [b"\r\n"] if count and self._chunked and not self._bodyless else []
+        self._ended(tail, more)
+        if tail:
+            transport.writelines(tail)
         if not more:
             self.complete = True
             self.arrived.set()

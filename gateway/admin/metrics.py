@@ -46,6 +46,8 @@ _COUNTERS = (
     ("gateway_cache_corrupt_blocks", "Damaged block files found and dropped", "corrupt"),
     ("gateway_cache_written_blocks", "Blocks entered by write-through", "written"),
     ("gateway_cache_unkept_blocks", "Blocks served from the store, not kept: disk full", "unkept"),
+    ("gateway_cache_zero_copy", "Block reads sent from their files unread (sendfile)", "zero_copy"),
+    ("gateway_cache_rechecks", "Zero-copy sends whose block was checked first", "rechecks"),
 )
 _GAUGES = (
     ("gateway_cache_fills_in_flight", "Block fills in flight", "fills_in_flight"),

@@ -2,6 +2,13 @@
 worker processes of one node, evicted by one janitor. Imports nothing from the rest of the
 gateway."""
 
-from gateway.cache.pages import BlockKey, BlockWriter, FillFailed, PageStats, PageStore
+from gateway.cache.pages import (
+    BlockKey,
+    BlockWriter,
+    FileRegion,
+    FillFailed,
+    PageStats,
+    PageStore,
+)
 
-__all__ = ["BlockKey", "BlockWriter", "FillFailed", "PageStats", "PageStore"]
+__all__ = ["BlockKey", "BlockWriter", "FileRegion", "FillFailed", "PageStats", "PageStore"]

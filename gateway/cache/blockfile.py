@@ -19,6 +19,7 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Callable
 
 from awscrt.checksums import crc32c
 
@@ -53,7 +54,7 @@ class Corrupt(Exception):
     """A block file whose size, trailer or checksum is wrong: drop it, never serve it."""
 
 
-def _pread_exact(fd: int, length: int, start: int) -> bytes:
+def pread_exact(fd: int, length: int, start: int) -> bytes:
     data = os.pread(fd, length, start)
     if len(data) == length:
         return data
@@ -90,7 +91,7 @@ def read_fd(fd: int, data_len: int, start: int, length: int, verify: bool) -> by
 
 
 def _read_whole(fd: int, data_len: int, verify: bool) -> bytes:
-    data = _pread_exact(fd, data_len, 0)
+    data = pread_exact(fd, data_len, 0)
     # One byte more than the tail: a longer file is no block of ours either.
     tail = os.pread(fd, tail_size(data_len) + 1, data_len)
     _check_whole(data, tail, data_len, verify)
@@ -127,6 +128,67 @@ def read_resident(path: str, data_len: int, verify: bool) -> memoryview | None:
     return view[:data_len]
 
 
+def check(fd: int, data_len: int) -> None:
+    """Read the whole block and check it (size, trailer, CRC32C): Corrupt if it is damaged.
+    Blocking; it also brings the block into the page cache."""
+    _read_whole(fd, data_len, True)
+
+
+def sendable(fd: int, data_len: int, start: int, length: int) -> bool:
+    """Whether bytes [start, start+length) of a block file (of the right size for `data_len`)
+    are all in the page cache now, so that sending them does not wait for the disk: one
+    cachestat(2) (Linux 6.5+) and one fstat, ~2 us. Corrupt for a file of the wrong size."""
+    size = os.fstat(fd).st_size
+    if size not in (data_len + tail_size(data_len), data_len + TRAILER_SIZE):
+        raise Corrupt(f"block file of {size} bytes")
+    if _cachestat is None:
+        return False
+    first, last = start // _PAGE, (start + length - 1) // _PAGE
+    return _cachestat(fd, start, length) == last - first + 1
+
+
+def _cachestat_call() -> Callable[[int, int, int], int] | None:
+    """cachestat(2) through libc's syscall(), or None where the kernel lacks it."""
+    import ctypes
+
+    number = {"x86_64": 451, "aarch64": 451}.get(os.uname().machine)
+    if number is None:
+        return None
+
+    class _Range(ctypes.Structure):
+        _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+    class _Stat(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_uint64) for n in ("cache", "dirty", "wb", "evicted", "recent")]
+
+    try:
+        syscall = ctypes.CDLL(None, use_errno=True).syscall
+    except (OSError, AttributeError):
+        return None
+    rng, stat = _Range(), _Stat()
+    rng_ref, stat_ref = ctypes.byref(rng), ctypes.byref(stat)
+    lock = threading.Lock()
+
+    def cachestat(fd: int, off: int, length: int) -> int:
+        with lock:
+            rng.off, rng.len = off, length
+            if syscall(number, fd, rng_ref, stat_ref, 0) != 0:
+                return -1
+            return int(stat.cache)
+
+    probe = os.open(os.path.dirname(os.path.abspath(__file__)), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        ok = syscall(number, probe, rng_ref, stat_ref, 0) == 0 or ctypes.get_errno() != 38
+    finally:
+        os.close(probe)
+    return cachestat if ok else None
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_cachestat = _cachestat_call()
+CACHESTAT = _cachestat is not None  # zero-copy sends need it (PageStore.region)
+
+
 def _check_whole(data: bytes | memoryview, tail: bytes, data_len: int, verify: bool) -> None:
     parsed = parse_trailer(tail[:TRAILER_SIZE])
     if parsed is None:
@@ -148,7 +210,7 @@ def _read_range(fd: int, data_len: int, start: int, length: int, verify: bool) -
         size = os.fstat(fd).st_size
         if size not in (data_len + tail_size(data_len), data_len + TRAILER_SIZE):
             raise Corrupt(f"block file of {size} bytes")
-        return _pread_exact(fd, length, start)
+        return pread_exact(fd, length, start)
     first, last = start // PIECE, (start + length - 1) // PIECE
     head = os.pread(fd, TRAILER_SIZE, data_len)
     parsed = parse_trailer(head)
@@ -170,7 +232,7 @@ def _read_range(fd: int, data_len: int, start: int, length: int, verify: bool) -
         raise Corrupt("block file with a short piece table")
     table = piece_crcs(raw)
     lo, hi = first * PIECE, min(data_len, (last + 1) * PIECE)
-    data = _pread_exact(fd, hi - lo, lo)
+    data = pread_exact(fd, hi - lo, lo)
     if crc32c(data, table[0] if first else 0) != table[-1]:
         raise Corrupt(f"checksum mismatch in pieces {first}-{last}")
     if lo == start and hi == start + length:

@@ -60,6 +60,9 @@ FOLLOW_POLL = 0.005  # seconds between looks at another process's fill that has 
 FOLLOW_STALL = 120.0  # a fill that shows no progress this long is given up on
 JOURNAL_FLUSH = 0.5
 _VERIFIED_MAX = 1 << 20
+# Seconds a block whose whole data this process checked may be sent from its file unread
+# (zero-copy) before the next send checks it again (docs/cache.md, "Zero-copy sends").
+ZERO_COPY_RECHECK = 60.0
 _SETTLE_TRIES = 3  # a block found committed, then gone, is claimed this often before streaming
 _WARN_EVERY = 60.0  # seconds between two warnings about the cache's disk
 
@@ -118,6 +121,35 @@ class PageStats:
     corrupt: int = 0  # damaged block files found and dropped
     written: int = 0  # blocks entered by write-through
     unkept: int = 0  # blocks served from the store but not kept: the disk failed (full...)
+    zero_copy: int = 0  # block reads handed over as file regions, to be sent unread
+    rechecks: int = 0  # of those, the ones whose block was read and checked first
+
+
+class FileRegion:
+    """Bytes of a block file to be sent as they are (sendfile), by whoever takes it: it owns
+    the open descriptor, which `close()` closes (also when it is dropped unsent)."""
+
+    __slots__ = ("count", "fd", "offset")
+
+    def __init__(self, fd: int, offset: int, count: int) -> None:
+        self.fd = fd
+        self.offset = offset
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def read(self) -> bytes:
+        """The bytes, read into memory (blocking: for a server that cannot send a file)."""
+        return blockfile.pread_exact(self.fd, self.count, self.offset)
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
 
 
 class FillFailed(Exception):
@@ -206,6 +238,7 @@ class PageStore:
         io_threads: int = 8,
         fill_concurrency: int = 16,
         verify_sample: float = 1.0,
+        zero_copy_recheck: float = ZERO_COPY_RECHECK,
         janitor: bool = True,
         janitor_interval: float = 0.5,
         sweep_interval: float = 60.0,
@@ -221,12 +254,15 @@ class PageStore:
         self._fsync = fsync
         self._io_threads = io_threads
         self._verify_sample = verify_sample
+        self._recheck = zero_copy_recheck if blockfile.CACHESTAT else 0.0
         self._drop_delay = drop_delay
         self.memory = MemoryTier(memory_bytes, memory_object_max)
         self.stats = PageStats()
         self._fills: dict[str, _Fill] = {}
         self._fill_ended: asyncio.Future[None] | None = None  # for waiters on any fill's end
         self._verified: dict[str, None] = {}
+        # Blocks whose whole data this process checked (or wrote), and when: zero-copy sends.
+        self._checked: dict[str, float] = {}
         self._held: dict[Version, int] = {}  # versions read now -> readers
         # Versions invalidated here, their blocks in retired/ -> (size, when they may go).
         self._retired: dict[Version, tuple[int, float]] = {}
@@ -389,7 +425,7 @@ class PageStore:
         except (blockfile.Corrupt, OSError):
             # The full path reads it again, checks it (no longer counted as verified) and
             # drops it, or says what the disk's trouble is.
-            self._verified.pop(name, None)
+            self._unverify(name)
             return None
         if data is None:
             return None
@@ -407,6 +443,69 @@ class PageStore:
         if name in self.memory:
             return True
         return disk and name in self._verified and name not in self._fills and self._io is not None
+
+    async def region(
+        self, bkey: BlockKey, length: int, start: int, end: int, pinned: bool = False
+    ) -> FileRegion | None:
+        """Bytes [start, end) of the block as a region of its file, to be sent without being
+        read into this process (zero-copy), or None: the block is in memory, not read or
+        filled by this process before, being filled, gone, or not all in the page cache (a
+        send must not wait for the disk on the event loop). A block whose whole data this
+        process has not checked within `zero_copy_recheck` seconds is read and checked first,
+        on a thread (docs/cache.md, "Zero-copy sends"); a damaged one is dropped, as a read
+        drops it, and None tells the caller to read it the ordinary way (fetched again)."""
+        name = bkey.name
+        if (
+            self._recheck <= 0
+            or end <= start
+            or name not in self._verified
+            or name in self._fills
+            or name in self.memory
+            or self._io is None
+        ):
+            return None
+        path = block_path(self.root, bkey.mount_id, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            checked = self._checked.get(name)
+            if checked is None or time.monotonic() - checked > self._recheck:
+                await self._hop(blockfile.check, fd, length)
+                self._checked_now(name)
+                self.stats.rechecks += 1
+            elif not blockfile.sendable(fd, length, start, end - start):
+                os.close(fd)
+                return None
+        except blockfile.Corrupt as exc:
+            os.close(fd)
+            log.warning("cache: dropped damaged block %s: %s", name, exc)
+            self.stats.corrupt += 1
+            self._unverify(name)
+            await self._hop(blockfile.remove, path)
+            if self._journal is not None:
+                self._journal.drop(bkey.digest, bkey.mount_id)
+            return None
+        except OSError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        self._disk_hit(bkey, pinned)
+        self.stats.hit_bytes += end - start
+        self.stats.zero_copy += 1
+        return FileRegion(fd, start, end - start)
+
+    def _checked_now(self, name: str) -> None:
+        if len(self._checked) >= _VERIFIED_MAX:
+            self._checked.clear()
+        self._checked[name] = time.monotonic()
+
+    def _unverify(self, name: str) -> None:
+        self._verified.pop(name, None)
+        self._checked.pop(name, None)
 
     def known(self, bkey: BlockKey) -> bool:
         """In memory or read from disk by this process: a cheap guess that it is cached."""
@@ -563,16 +662,15 @@ class PageStore:
         small = self.memory.accepts(length)
         first, size = (0, length) if small else (start, end - start)
         path = block_path(self.root, bkey.mount_id, name)
+        verify = self._verifies(name, small)
         try:
-            data = await self._hop(
-                blockfile.read, path, length, first, size, self._verifies(name, small)
-            )
+            data = await self._hop(blockfile.read, path, length, first, size, verify)
         except FileNotFoundError:
             return None
         except blockfile.Corrupt as exc:
             log.warning("cache: dropped damaged block %s: %s", name, exc)
             self.stats.corrupt += 1
-            self._verified.pop(name, None)
+            self._unverify(name)
             await self._hop(blockfile.remove, path)
             if self._journal is not None:
                 self._journal.drop(bkey.digest, bkey.mount_id)
@@ -582,6 +680,8 @@ class PageStore:
             self._disk_trouble(f"could not read block {name}", exc)
             return None
         self._disk_hit(bkey, pinned)
+        if verify and size == length:
+            self._checked_now(name)
         if small:
             self.memory.put(name, data)
             data = data if (start, end) == (0, length) else data[start:end]
@@ -602,6 +702,7 @@ class PageStore:
         """A block served from its file: known as checked here, its use told to the janitor."""
         if len(self._verified) >= _VERIFIED_MAX:
             self._verified.clear()
+            self._checked.clear()
         self._verified[bkey.name] = None
         if self._journal is not None:
             self._journal.access(bkey.digest, bkey.mount_id, pinned)
@@ -737,6 +838,7 @@ class PageStore:
             return
         self.stats.fills += 1
         self._verified[bkey.name] = None
+        self._checked_now(bkey.name)  # its bytes are the ones this process wrote
         if self._journal is not None:
             self._journal.fill(bkey.digest, file_size(fill.length), bkey.mount_id, pinned)
 
@@ -824,7 +926,7 @@ class PageStore:
         names = _names(version, size)
         for name in names:
             self.memory.discard(name)
-            self._verified.pop(name, None)
+            self._unverify(name)
         self.spawn(self._retire(version, size, names))
 
     async def _retire(self, version: Version, size: int, names: list[str]) -> None:
@@ -954,6 +1056,7 @@ class BlockWriter:
         for _, _, bkey, length in named:
             pages.stats.written += 1
             pages._verified[bkey.name] = None
+            pages._checked_now(bkey.name)
             if journal is not None:
                 journal.fill(bkey.digest, file_size(length), self._mount_id, self._pinned)
         if len(named) == 1 and self._blocks:

@@ -18,6 +18,7 @@ from gateway.s3 import handlers_cors, limits
 from gateway.s3.fast import FastHits
 from gateway.s3.handlers import Context
 from gateway.s3.http import (
+    ZEROCOPY,
     Message,
     Receive,
     Reply,
@@ -30,7 +31,7 @@ from gateway.s3.http import (
 from gateway.s3.routing import Operation, route
 from gateway.s3.sigv2 import SigV2Verifier, is_sigv2
 from gateway.s3.sigv4 import AuthResult, SigV4Verifier
-from gateway.service import S3Service
+from gateway.service import ZERO_COPY, S3Service
 
 log = logging.getLogger("gateway.s3")
 
@@ -137,6 +138,9 @@ class S3App:
                 await self.authenticate(req, op)
                 self.authorize(req, op, scope)
                 limits.check_request(req.key, req.query)
+                if op.name == "GetObject" and ZEROCOPY in scope.get("extensions", ()):
+                    # Blocks of the cache go out from their files (this request's task only).
+                    ZERO_COPY.set(True)
                 reply = await op.handler(self.ctx, req)
         except errors.S3Error as exc:
             reply = error_reply(exc, req)

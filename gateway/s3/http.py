@@ -9,13 +9,19 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 from urllib.parse import parse_qsl, unquote
+
+if TYPE_CHECKING:  # the edge imports this module without the service
+    from gateway.service import Chunk, FileRegion
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+# The ASGI extension that sends a body from a file (gateway/server.py offers it).
+ZEROCOPY = "http.response.zerocopysend"
+_BUFFERS = (bytes, bytearray, memoryview)
 
 
 def new_request_id() -> str:
@@ -80,12 +86,32 @@ def parse_request(scope: Scope, base_domain: str | None) -> S3Request:
 class Reply:
     status: int = 200
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
-    body: bytes | AsyncIterator[bytes] = b""
+    # A FileRegion (or one among the pieces) is sent by the server from its file: only where
+    # the server offers http.response.zerocopysend (the Reader gives one only then).
+    body: bytes | FileRegion | AsyncIterator[Chunk] = b""
     length: int | None = None  # Content-Length when it is not len(body): streams, HEAD
     cache: str | None = None  # hit, miss or bypass: for x-cache, metrics and the access log
 
     def header(self, name: str, value: str) -> None:
         self.headers.append((name.encode("latin-1"), value.encode("latin-1")))
+
+
+def _is_region(body: object) -> TypeGuard[FileRegion]:
+    """A FileRegion (told apart without importing the service, which the edge does not)."""
+    return not isinstance(body, _BUFFERS) and not hasattr(body, "__aiter__")
+
+
+async def send_region(send: Send, region: FileRegion, more: bool) -> None:
+    """A piece of body sent from a file by the server (ASGI http.response.zerocopysend)."""
+    await send(
+        {
+            "type": ZEROCOPY,
+            "file": region.fd,
+            "offset": region.offset,
+            "count": region.count,
+            "more_body": more,
+        }
+    )
 
 
 async def send_reply(send: Send, reply: Reply, head_only: bool, request_id: str) -> int:
@@ -102,10 +128,24 @@ async def send_reply(send: Send, reply: Reply, head_only: bool, request_id: str)
     if reply.length is not None:
         headers.append((b"content-length", str(reply.length).encode()))
     await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+    if _is_region(body):
+        try:
+            if not head_only:
+                await send_region(send, body, False)
+        finally:
+            body.close()
+        return 0 if head_only else body.count
+    pieces = cast("AsyncIterator[Chunk]", body)
     sent = 0
     try:
-        async for chunk in body:
-            if chunk:
+        async for chunk in pieces:
+            if _is_region(chunk):
+                try:
+                    await send_region(send, chunk, True)
+                finally:
+                    chunk.close()
+                sent += chunk.count
+            elif chunk:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 sent += len(chunk)
     finally:

@@ -10,17 +10,20 @@ from gateway.service.multipart import (
     UploadListing,
     check_part_number,
 )
-from gateway.service.reads import LocalBlocks, ObjectResult
+from gateway.service.reads import ZERO_COPY, Chunk, FileRegion, LocalBlocks, ObjectResult
 from gateway.service.writes import MAX_PUT_SIZE, WriteConditions
 from gateway.stores import ListPage, ObjectInfo, PartInfo, WriteAttrs
 
 __all__ = [
     "MAX_PART_SIZE",
     "MAX_PUT_SIZE",
+    "ZERO_COPY",
     "Bucket",
     "ByteRange",
+    "Chunk",
     "Conditions",
     "CopySource",
+    "FileRegion",
     "ListPage",
     "ListQuery",
     "LocalBlocks",

@@ -24,11 +24,12 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import aclosing
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple, Protocol, cast
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar, cast
 
 from gateway import counters, errors
-from gateway.cache import BlockKey, FillFailed, PageStore
+from gateway.cache import BlockKey, FileRegion, FillFailed, PageStore
 from gateway.cache.layout import block_path
 from gateway.cache.pages import Fetch
 from gateway.cluster.peers import Fleet, PeerUnavailable
@@ -55,6 +56,12 @@ OPEN_WAIT = 60.0  # a sibling's open taking longer than this: open the key here 
 STAT_CONCURRENCY = 32
 
 Place = Callable[[int, BlockKey], tuple[Node, ...]]  # a block's holders; () for this node
+# A piece of a body: bytes, or a region of a block file that the HTTP server sends itself.
+Chunk = bytes | FileRegion
+C = TypeVar("C", bytes, Chunk)
+# Set by the S3 front end for a GetObject whose HTTP server sends files (the ASGI extension
+# http.response.zerocopysend): blocks of this node's cache are then given as FileRegions.
+ZERO_COPY: ContextVar[bool] = ContextVar("zero_copy", default=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +72,7 @@ class ObjectResult:
     start: int
     end: int
     partial: bool  # a Range was asked for and satisfied (206)
-    body: bytes | AsyncGenerator[bytes, None] | None  # None for HEAD
+    body: bytes | FileRegion | AsyncGenerator[Chunk, None] | None  # None for HEAD
     cache: str  # "hit", "miss", "forward" or "bypass"
 
 
@@ -229,6 +236,12 @@ class PageSource:
         return self.pages.read(
             span.key, span.length, span.start, span.end, fetch or self.store.fetch(span),
             pinned=self.pinned, retired_ok=sent,
+        )  # fmt: skip
+
+    async def region(self, span: Span) -> FileRegion | None:
+        """The span as a region of its block's file, when the page store can give one."""
+        return await self.pages.region(
+            span.key, span.length, span.start, span.end, self.pinned
         )  # fmt: skip
 
     def ahead(self, span: Span) -> bool:
@@ -641,13 +654,18 @@ class Reader:
         raise errors.ServiceUnavailable("The object changed while it was read.")
 
     async def _body(
-        self, handle: MountHandle, info: ObjectInfo, start: int, end: int
-    ) -> tuple[bytes | AsyncGenerator[bytes, None], str]:
+        self, handle: MountHandle, info: ObjectInfo, start: int, end: int,
+        zero_copy: bool | None = None,
+    ) -> tuple[bytes | FileRegion | AsyncGenerator[Chunk, None], str]:  # fmt: skip
         """The bytes [start, end) and how they were found (hit, miss, bypass, forward).
 
         A streamed body has already produced its first chunk, so that what the store says
         first (gone, changed, unavailable) becomes an S3 error before any header is sent.
+        With `zero_copy` (by default: as ZERO_COPY says), blocks read from this node's files
+        come as FileRegions.
         """
+        if zero_copy is None:
+            zero_copy = ZERO_COPY.get()
         if not handle.cache_enabled:
             return await _primed(StoreSource(handle, info).range(start, end)), "bypass"
         if start >= end:
@@ -661,14 +679,18 @@ class Reader:
             # Within one block of our own: a hit is one read, answered as one body.
             length = min(size, info.size - first * size)
             offset = first * size
-            data = await self.pages.read_hit(
-                bkey, length, start - offset, end - offset, pinned=handle.pinned(info.key)
-            )
-            if data is not None:
+            pinned = handle.pinned(info.key)
+            a, b = start - offset, end - offset
+            found: bytes | FileRegion | None = None
+            if zero_copy:
+                found = await self.pages.region(bkey, length, a, b, pinned)
+            if found is None:
+                found = await self.pages.read_hit(bkey, length, a, b, pinned=pinned)
+            if found is not None:
                 self._note_sequential(handle, info, first)
-                return data, "hit"
+                return found, "hit"
         spans = self._plan(handle, info, start, end, place)
-        body = await _primed(self._stream(handle, info, spans))
+        body = await _primed(self._stream(handle, info, spans, regions=zero_copy))
         if not local:
             return body, "forward"
         # Once its first bytes are in, a block read from the disk is known; a fill is still
@@ -704,8 +726,11 @@ class Reader:
         self, handle: MountHandle, info: ObjectInfo, start: int, end: int
     ) -> AsyncGenerator[bytes, None]:
         """Bytes [start, end) of a known version, from the cache where it can (copies)."""
-        body, _ = await self._body(handle, info, start, end)
-        return _once(body) if isinstance(body, bytes) else body
+        body, _ = await self._body(handle, info, start, end, zero_copy=False)
+        if isinstance(body, bytes):
+            return _once(body)
+        # Without zero_copy every piece is bytes.
+        return cast(AsyncGenerator[bytes, None], body)
 
     async def _stream(
         self,
@@ -713,10 +738,12 @@ class Reader:
         info: ObjectInfo,
         spans: Iterator[Span],
         head: AsyncGenerator[bytes, None] | None = None,
-    ) -> AsyncGenerator[bytes, None]:
+        regions: bool = False,
+    ) -> AsyncGenerator[Chunk, None]:
         """The bytes of the spans, in order, each from its source, the next `readahead` blocks
         fetched ahead of the reader. `head`, if given, is the first span's bytes, already
-        opened (a cold read's one request)."""
+        opened (a cold read's one request). With `regions`, a block this node's page store
+        can hand over as a region of its file (PageStore.region) comes as that."""
         store = StoreSource(handle, info)
         pages = PageSource(self.pages, store, handle.pinned(info.key))
         peers = PeerSource(self.fleet, pages, store) if self.fleet is not None else None
@@ -746,6 +773,19 @@ class Reader:
                 if ahead is not None:
                     yield await ahead
                     continue
+                if regions and not span.owners and head is None:
+                    region = await pages.region(span)
+                    if region is not None:
+                        if unsure:
+                            try:
+                                await self._confirm(unsure)
+                            except BaseException:
+                                region.close()
+                                raise
+                            unsure = []
+                        sent = True
+                        yield region
+                        continue
                 source: BlockSource = pages if not span.owners else peers  # type: ignore[assignment]
                 chunks = source.read(span, sent) if head is None else head
                 head = None
@@ -948,7 +988,7 @@ async def _once(data: bytes) -> AsyncGenerator[bytes, None]:
     yield data
 
 
-async def _primed(gen: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+async def _primed(gen: AsyncGenerator[C, None]) -> AsyncGenerator[C, None]:
     """`gen` with its first chunk in hand: what a source says first (gone, changed,
     unavailable) is known before any header is sent. Closing it closes `gen`, read or not."""
     try:
@@ -961,21 +1001,21 @@ async def _primed(gen: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, Non
     return _Primed(first, gen)
 
 
-class _Primed(AsyncGenerator[bytes, None]):
+class _Primed(AsyncGenerator[C, None], Generic[C]):
     __slots__ = ("_first", "_rest")
 
-    def __init__(self, first: bytes, rest: AsyncGenerator[bytes, None]) -> None:
-        self._first: bytes | None = first
-        self._rest = rest
+    def __init__(self, first: C, rest: AsyncGenerator[C, None]) -> None:
+        self._first: C | None = first
+        self._rest: AsyncGenerator[C, None] = rest
 
-    async def asend(self, value: None) -> bytes:
+    async def asend(self, value: None) -> C:
         first = self._first
         if first is not None:
             self._first = None
             return first
         return await self._rest.asend(value)
 
-    async def athrow(self, *args: Any) -> bytes:
+    async def athrow(self, *args: Any) -> C:
         return await self._rest.athrow(*args)
 
     async def aclose(self) -> None:

@@ -1,21 +1,26 @@
 """The node's own HTTP/1.1 server (gateway/server.py), over real loopback sockets: the
 exchange between a raw client and a small ASGI application, byte for byte where the bytes
 are the point (keep-alive, pipelining, chunked answers, 100-continue, HEAD, errors, a client
-that goes away, a graceful stop). The attacks on the edge's limits are tried against whole
-nodes in tests/e2e/test_edge.py, on this server and on uvicorn's."""
+that goes away, a graceful stop, bodies sent from files). The attacks on the edge's limits
+are tried against whole nodes in tests/e2e/test_edge.py, on this server and on uvicorn's."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import random
 import socket
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+import uvloop
 
 from gateway.edge import EdgeLimits
-from gateway.server import BODY_HIGH_WATER, Server, ServerConfig
+from gateway.server import BODY_HIGH_WATER, ZEROCOPY, Server, ServerConfig
+from tests.support.net import eventually_async
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -336,3 +341,165 @@ def test_a_body_that_stops_coming_is_answered_408_and_the_application_told() -> 
             writer.close()
 
     asyncio.run(main())
+
+
+# -- bodies sent from files (http.response.zerocopysend) -------------------------------------
+
+
+def _file(tmp_path: Any, name: str, size: int, seed: int) -> tuple[str, bytes]:
+    data = random.Random(seed).randbytes(size)
+    path = tmp_path / name
+    path.write_bytes(data)
+    return str(path), data
+
+
+async def _send_file(send: Send, path: str, offset: int, count: int, more: bool) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        await send(
+            {"type": ZEROCOPY, "file": fd, "offset": offset, "count": count, "more_body": more}
+        )
+    finally:
+        os.close(fd)
+
+
+def test_a_body_sent_from_a_file_arrives_byte_exact(tmp_path: Any) -> None:
+    path, data = _file(tmp_path, "f", 5 * (1 << 20) + 7, 1)
+    extensions: list[Any] = []
+
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        extensions.append(scope.get("extensions", {}))
+        headers = [] if scope["path"] == "/chunked" else [(b"content-length", b"%d" % 3_000_010)]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await _send_file(send, path, 100, 1_000_000, True)
+        await send({"type": "http.response.body", "body": b"0123456789", "more_body": True})
+        await _send_file(send, path, 2_000_000, 2_000_000, False)
+
+    async def main() -> None:
+        async with serving(app) as (_, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            want = data[100:1_000_100] + b"0123456789" + data[2_000_000:4_000_000]
+            for path_ in (b"/", b"/chunked", b"/"):
+                writer.write(b"GET " + path_ + b" HTTP/1.1\r\nHost: h\r\n\r\n")
+                status, fields, body = await _read_answer(reader)
+                assert status == b"HTTP/1.1 200 OK"
+                assert (b"transfer-encoding" in fields) == (path_ == b"/chunked")
+                assert body == want
+            writer.close()
+
+    uvloop.run(main())
+    assert all(ZEROCOPY in e for e in extensions)
+
+
+def test_a_slow_reader_holds_the_sender_back_and_gets_every_byte(tmp_path: Any) -> None:
+    path, data = _file(tmp_path, "f", 24 << 20, 2)
+    sent = asyncio.Event()
+
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await _send_file(send, path, 0, len(data), False)
+        sent.set()
+
+    async def main() -> None:
+        async with serving(app) as (_, port):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+            reader, writer = await asyncio.open_connection(sock=sock, limit=64 << 10)
+            writer.write(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+            await reader.readuntil(b"\r\n\r\n")
+            got = await reader.readexactly(1 << 20)
+            # Socket buffers hold a few MiB at most: the rest waits for the reader.
+            assert not sent.is_set()
+            while len(got) < len(data):
+                got += await reader.read(64 << 10)
+                await asyncio.sleep(0)
+            assert got == data
+            await asyncio.wait_for(sent.wait(), 30)
+            writer.close()
+
+    uvloop.run(main())
+
+
+def test_a_client_gone_in_the_middle_of_a_file_ends_the_send(tmp_path: Any) -> None:
+    path, data = _file(tmp_path, "f", 32 << 20, 3)
+    ended = asyncio.Event()
+    told: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        try:
+            await _send_file(send, path, 0, len(data), False)
+            told.append((await receive())["type"])
+        finally:
+            ended.set()
+
+    async def main() -> None:
+        async with serving(app) as (server, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+            await reader.readuntil(b"\r\n\r\n")
+            await reader.readexactly(1 << 20)
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.close()  # a reset: the server's next sendfile fails, or it hears the loss
+            await asyncio.wait_for(ended.wait(), 30)
+            assert told == ["http.disconnect"]
+            await eventually_async(lambda: not server.connections, timeout=30)
+            # The server goes on serving.
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+            await reader.readuntil(b"\r\n\r\n")
+            assert await reader.readexactly(1000) == data[:1000]
+            writer.close()
+
+    uvloop.run(main())
+
+
+def test_a_client_that_reads_nothing_is_cut_off_after_the_body_timeout(tmp_path: Any) -> None:
+    path, data = _file(tmp_path, "f", 32 << 20, 4)
+    ended = asyncio.Event()
+
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        try:
+            await _send_file(send, path, 0, len(data), False)
+        finally:
+            ended.set()
+
+    async def main() -> None:
+        async with serving(app, body_timeout=0.5) as (server, port):
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+            await asyncio.wait_for(ended.wait(), 30)  # nothing read: the send gives up
+            await eventually_async(lambda: not server.connections, timeout=30)
+            writer.close()
+
+    uvloop.run(main())
+
+
+def test_pipelined_requests_answered_from_files_keep_their_order(tmp_path: Any) -> None:
+    files = [_file(tmp_path, f"f{i}", (i + 1) * 700_001, 10 + i) for i in range(3)]
+
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        i = int(scope["path"][1:])
+        if i == 3:
+            await _answer(send, 200, b"bytes")
+            return
+        path, data = files[i]
+        headers = [(b"content-length", b"%d" % (len(data) - 5))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await _send_file(send, path, 5, len(data) - 5, False)
+
+    async def main() -> None:
+        async with serving(app) as (_, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            order = [2, 0, 3, 1, 2]
+            writer.write(b"".join(b"GET /%d HTTP/1.1\r\nHost: h\r\n\r\n" % i for i in order))
+            for i in order:
+                _, _, body = await _read_answer(reader)
+                assert body == (b"bytes" if i == 3 else files[i][1][5:])
+            writer.close()
+
+    uvloop.run(main())
