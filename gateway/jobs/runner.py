@@ -38,10 +38,15 @@ from gateway.stores.etags import same
 
 log = logging.getLogger("gateway.jobs")
 
-# Fetches from the store by this node's clients in flight at which preload waits (a client's
-# miss never queues behind preload work: it has slots of its own; this keeps preload from
-# taking the store's bandwidth while clients wait on it).
+# Fetches from the store by this node's clients in flight at which preload slows down to its
+# floor (a client's miss never queues behind preload work: it has slots of its own; this keeps
+# preload from taking most of the store's bandwidth while clients wait on it).
 FOREGROUND_BUSY = 4
+# The share of a job's concurrency that goes on while clients fetch: a store far away is
+# bound by its round trip, not its bandwidth, so a preload that stopped for every busy moment
+# of an epoch warmed nothing ahead of it (the load moved 0.08x the WAN during epoch 1:
+# docs/performance.md, "epochs --preload").
+PRELOAD_FLOOR = 0.5
 
 LIST_PAGE = 1000
 REPORT_INTERVAL = 0.5  # seconds between a share's lease renewals at the latest
@@ -113,13 +118,18 @@ class JobRunner:
         """Look for work now (a job was submitted through this node)."""
         self._wake.set()
 
-    async def yield_to_clients(self) -> None:
+    async def yield_to_clients(self, floor: int = 0) -> None:
         """Clients' reads first: while this node's clients have FOREGROUND_BUSY fetches or
-        more from the store in flight, no new preload fetch starts here (one already under
-        way goes on); it starts when one of theirs ends."""
+        more from the store in flight and this process's preloads have `floor` or more of
+        theirs, no new preload fetch starts here (one already under way goes on); it starts
+        when one of them ends."""
         pages = self.reader.pages
         yielded = False
-        while not self.stopping and pages.fills_in_flight - self.own_fills >= FOREGROUND_BUSY:
+        while (
+            not self.stopping
+            and self.own_fills >= floor
+            and pages.fills_in_flight - self.own_fills >= FOREGROUND_BUSY
+        ):
             if not yielded:
                 counters.job_yielded()
                 yielded = True
@@ -426,6 +436,7 @@ class _Job:
         self.tally = row.tally
         self.me = runner.me
         self.slots = asyncio.Semaphore(spec.concurrency)
+        self.floor = max(1, int(spec.concurrency * PRELOAD_FLOOR))  # loads beside busy clients
         self.progressed = asyncio.Event()  # an object is done: the reporter writes it down
         self.ended = False  # the work is over: the reporter stops
         self.halt: str | None = None  # why the work must stop (the job ended, lease lost)
@@ -607,7 +618,7 @@ class _Job:
                 if self.runner.stopping or self.halt is not None:
                     await self.runner._usage.add(job_id, -on_disk)
                     self.check()
-            await self.runner.yield_to_clients()
+            await self.runner.yield_to_clients(self.floor)
             self.check()
             self.runner.own_fills += 1
             try:

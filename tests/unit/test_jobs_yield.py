@@ -1,6 +1,6 @@
-"""Preload yields to a node's clients: no new preload fetch starts while the node's clients
-have FOREGROUND_BUSY fetches from the store in flight (gateway/jobs/runner.py); it starts as
-soon as one of theirs ends."""
+"""Preload yields to a node's clients: while the node's clients have FOREGROUND_BUSY fetches
+from the store in flight, no new preload fetch starts beyond the job's floor (half its
+concurrency: gateway/jobs/runner.py); the next starts as soon as one of them ends."""
 
 from __future__ import annotations
 
@@ -48,3 +48,19 @@ async def test_preload_does_not_wait_for_its_own_fetches() -> None:
     pages = Pages(FOREGROUND_BUSY + 3)
     runner = SimpleNamespace(reader=SimpleNamespace(pages=pages), own_fills=4, stopping=False)
     await asyncio.wait_for(JobRunner.yield_to_clients(runner), 5)  # type: ignore[arg-type]
+
+
+async def test_preload_keeps_its_floor_while_clients_fetch() -> None:
+    """A store far away is bound by its round trip: a preload that stopped whenever clients
+    were busy warmed nothing ahead of an epoch. Below its floor it goes on beside them."""
+    pages = Pages(FOREGROUND_BUSY + 10 + 2)  # clients' fetches, and 2 of the job's own
+    runner = SimpleNamespace(reader=SimpleNamespace(pages=pages), own_fills=2, stopping=False)
+    await asyncio.wait_for(JobRunner.yield_to_clients(runner, 3), 5)  # type: ignore[arg-type]
+    runner.own_fills = 3  # at its floor: it waits for a fetch to end
+    waiting = asyncio.create_task(JobRunner.yield_to_clients(runner, 3))  # type: ignore[arg-type]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not waiting.done()
+    runner.own_fills = 2
+    pages.end_one()  # one of the job's own ended
+    await asyncio.wait_for(waiting, 5)
