@@ -8,7 +8,9 @@ none of them; this one is kept working and tested as the fallback.
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing
+import os
 import socket
 from collections import Counter
 from collections.abc import Callable
@@ -20,6 +22,8 @@ from uvicorn.server import ServerState
 
 from gateway import errors
 from gateway.edge import EdgeLimits, FastAnswer, HeadGuard, fast_path, write_fast_answer
+
+log = logging.getLogger(__name__)
 
 
 class EdgeConfig(uvicorn.Config):
@@ -40,6 +44,16 @@ class EdgeConfig(uvicorn.Config):
         self.open_connections: Counter[int] = Counter()
 
 
+class EdgeServer(uvicorn.Server):
+    """uvicorn's server for one process, which says when it serves as the node's own server's
+    workers do ("worker PID started"): operators and tests read one log for both servers."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:
+            log.info("worker %d started", os.getpid())
+
+
 def run_workers(
     config: EdgeConfig, sockets: list[socket.socket], started: Callable[[], None]
 ) -> None:
@@ -51,7 +65,15 @@ def run_workers(
     are, and the supervisor itself runs none. The supervisor forks again to replace a worker
     that dies, from the same quiet state."""
     from uvicorn import _subprocess
-    from uvicorn.supervisors.multiprocess import Multiprocess
+    from uvicorn.supervisors import multiprocess
+    from uvicorn.supervisors.multiprocess import Multiprocess, Process
+
+    class Worker(Process):
+        @property
+        def server(self) -> uvicorn.Server:
+            if self._server is None:
+                self._server = EdgeServer(config=self.config)
+            return self._server
 
     class Supervisor(Multiprocess):
         def init_processes(self) -> None:
@@ -61,6 +83,8 @@ def run_workers(
     if "fork" in multiprocessing.get_all_start_methods() and hasattr(_subprocess, "spawn"):
         # uvicorn spawns its workers through this context (uvicorn/_subprocess.py).
         setattr(_subprocess, "spawn", multiprocessing.get_context("fork"))  # noqa: B010
+    # The supervisor makes its workers (at start, and to replace one that died) by this name.
+    setattr(multiprocess, "Process", Worker)  # noqa: B010
     Supervisor(config, sockets=sockets).run()
 
 
