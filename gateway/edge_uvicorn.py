@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
@@ -76,9 +77,39 @@ def run_workers(
             return self._server
 
     class Supervisor(Multiprocess):
+        ever_started = False  # whether a worker has served: then the node runs, come what may
+
         def init_processes(self) -> None:
             super().init_processes()
             started()
+
+        def keep_subprocess_alive(self) -> None:
+            """uvicorn's, but as the node's own server does it (gateway/server.py): a worker
+            that exits before it serves stops the node only if none has served yet (the app,
+            TLS or the socket is broken). Once the node has served, a replacement that cannot
+            start (its database down, say) is replaced in turn until one can: uvicorn's own
+            would stop the whole node, every worker and the listening sockets with it."""
+            if self.should_exit.is_set():
+                return
+            for idx, process in enumerate(self.processes):
+                if process.process.is_alive():
+                    # None: no answer in time (hung); else whether its server has started.
+                    answer = process._healthcheck(self.config.timeout_worker_healthcheck)
+                    if answer is not None:
+                        self.ever_started = self.ever_started or answer
+                        continue
+                process.kill()  # hung, or gone
+                process.join()
+                if process.exitcode == STARTUP_FAILURE and not self.ever_started:
+                    log.error("the node's workers could not start")
+                    self.should_exit.set()
+                    return
+                if self.should_exit.is_set():
+                    return
+                log.warning("a worker died; starting another")
+                replacement = Worker(self.config, self.sockets)
+                replacement.start()
+                self.processes[idx] = replacement
 
     if "fork" in multiprocessing.get_all_start_methods() and hasattr(_subprocess, "spawn"):
         # uvicorn spawns its workers through this context (uvicorn/_subprocess.py).
