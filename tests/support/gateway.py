@@ -222,7 +222,7 @@ def start_gateway(
 ) -> GatewayNode:
     """A `gateway serve` subprocess, once it answers. With `tls` (certificate, key) it serves
     HTTPS, and clients trust `ca` (default: the certificate itself, self-signed). Its HTTP
-    server is `server`, else the one `args` name, else GATEWAY_TEST_SERVER's (server_args)."""
+    server is the one `args` name (`--server`), else `server`, else GATEWAY_TEST_SERVER's."""
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     cmd = [
