@@ -334,9 +334,8 @@ def _serve_uvicorn(
     settings: Settings, limits: Any, sockets: list[socket.socket], announce: threading.Thread
 ) -> None:
     """`--server uvicorn`: the plain-ASGI fallback (gateway/edge_uvicorn.py)."""
-    import uvicorn
 
-    from gateway.edge_uvicorn import EdgeConfig, run_workers
+    from gateway.edge_uvicorn import EdgeConfig, EdgeServer, run_workers
     from gateway.node import Node
 
     # uvicorn says "running" when it binds, seconds before the workers answer: the node says
@@ -367,7 +366,7 @@ def _serve_uvicorn(
     else:
         announce.start()
         config.load_app()
-        server = uvicorn.Server(config)
+        server = EdgeServer(config)
         server.run(sockets=sockets)
         if not server.started:
             sys.exit(3)

@@ -8,18 +8,23 @@ none of them; this one is kept working and tested as the fallback.
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing
+import os
 import socket
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from gateway import errors
 from gateway.edge import EdgeLimits, FastAnswer, HeadGuard, fast_path, write_fast_answer
+
+log = logging.getLogger(__name__)
 
 
 class EdgeConfig(uvicorn.Config):
@@ -40,6 +45,16 @@ class EdgeConfig(uvicorn.Config):
         self.open_connections: Counter[int] = Counter()
 
 
+class EdgeServer(uvicorn.Server):
+    """uvicorn's server for one process, which says when it serves as the node's own server's
+    workers do ("worker PID started"): operators and tests read one log for both servers."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:
+            log.info("worker %d started", os.getpid())
+
+
 def run_workers(
     config: EdgeConfig, sockets: list[socket.socket], started: Callable[[], None]
 ) -> None:
@@ -51,16 +66,56 @@ def run_workers(
     are, and the supervisor itself runs none. The supervisor forks again to replace a worker
     that dies, from the same quiet state."""
     from uvicorn import _subprocess
-    from uvicorn.supervisors.multiprocess import Multiprocess
+    from uvicorn.supervisors import multiprocess
+    from uvicorn.supervisors.multiprocess import Multiprocess, Process
+
+    class Worker(Process):
+        @property
+        def server(self) -> uvicorn.Server:
+            if self._server is None:
+                self._server = EdgeServer(config=self.config)
+            return self._server
 
     class Supervisor(Multiprocess):
+        ever_started = False  # whether a worker has served: then the node runs, come what may
+
         def init_processes(self) -> None:
             super().init_processes()
             started()
 
+        def keep_subprocess_alive(self) -> None:
+            """uvicorn's, but as the node's own server does it (gateway/server.py): a worker
+            that exits before it serves stops the node only if none has served yet (the app,
+            TLS or the socket is broken). Once the node has served, a replacement that cannot
+            start (its database down, say) is replaced in turn until one can: uvicorn's own
+            would stop the whole node, every worker and the listening sockets with it."""
+            if self.should_exit.is_set():
+                return
+            for idx, process in enumerate(self.processes):
+                if process.process.is_alive():
+                    # None: no answer in time (hung); else whether its server has started.
+                    answer = process._healthcheck(self.config.timeout_worker_healthcheck)
+                    if answer is not None:
+                        self.ever_started = self.ever_started or answer
+                        continue
+                process.kill()  # hung, or gone
+                process.join()
+                if process.exitcode == STARTUP_FAILURE and not self.ever_started:
+                    log.error("the node's workers could not start")
+                    self.should_exit.set()
+                    return
+                if self.should_exit.is_set():
+                    return
+                log.warning("a worker died; starting another")
+                replacement = Worker(self.config, self.sockets)
+                replacement.start()
+                self.processes[idx] = replacement
+
     if "fork" in multiprocessing.get_all_start_methods() and hasattr(_subprocess, "spawn"):
         # uvicorn spawns its workers through this context (uvicorn/_subprocess.py).
         setattr(_subprocess, "spawn", multiprocessing.get_context("fork"))  # noqa: B010
+    # The supervisor makes its workers (at start, and to replace one that died) by this name.
+    setattr(multiprocess, "Process", Worker)  # noqa: B010
     Supervisor(config, sockets=sockets).run()
 
 

@@ -27,7 +27,15 @@ from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
 from gateway.s3.local import PER_UID
-from tests.support.gateway import ACCESS_KEY, BIN, SECRET_KEY, GatewayNode, run_cli, start_gateway
+from tests.support.gateway import (
+    ACCESS_KEY,
+    BIN,
+    SECRET_KEY,
+    GatewayNode,
+    run_cli,
+    server_args,
+    start_gateway,
+)
 from tests.support.net import eventually
 from tests.support.postgres import temp_database
 
@@ -140,8 +148,9 @@ def test_a_node_that_cannot_make_its_data_dir_private_says_so(host_dir: Path) ->
     data.mkdir()
     data.chmod(0o755)  # root's, readable by all: a process of another uid cannot repair it
     out = _as_nobody(
-        str(BIN / "gateway"), "serve", "--data-dir", str(data), "--port", "1", "--workers", "1"
-    )
+        str(BIN / "gateway"), "serve", "--data-dir", str(data), "--port", "1", "--workers", "1",
+        *server_args(),
+    )  # fmt: skip
     assert out.returncode != 0
     assert f"{data} is mode 0755" in out.stderr and "chmod -R go=" in out.stderr, out.stderr
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.support.gateway import BIN, GatewayNode, run_cli, start_gateway
+from tests.support.gateway import BIN, GatewayNode, run_cli, server_args, start_gateway
 from tests.support.net import eventually
 from tests.support.origin import CountingProxy
 from tests.support.postgres import database_outage, temp_database
@@ -197,7 +197,8 @@ def test_first_start_creates_and_prints_a_key(tmp_path: Path) -> None:
     log = tmp_path / "out.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [str(BIN / "gateway"), "serve", "--port", str(port), "--data-dir", str(tmp_path)],
+            [str(BIN / "gateway"), "serve", "--port", str(port), "--data-dir", str(tmp_path),
+             *server_args()],
             stdout=out, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
     try:

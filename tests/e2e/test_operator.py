@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.gateway import BIN, GatewayNode, _env, start_gateway
+from tests.support.gateway import BIN, GatewayNode, _env, server_args, start_gateway
 from tests.support.net import eventually, free_port
 from tests.support.postgres import database_outage, temp_database
 
@@ -31,7 +31,8 @@ class Served:
         self.url = f"http://127.0.0.1:{port}"
         self.data_dir = data_dir
         self.proc = subprocess.Popen(
-            [str(REPO / "scripts" / "serve"), "--port", str(port), "--workers", "2"],
+            [str(REPO / "scripts" / "serve"), "--port", str(port), "--workers", "2",
+             *server_args()],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
         self.lines: queue.Queue[str] = queue.Queue()

@@ -15,13 +15,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.support.gateway import GatewayNode, start_gateway
+from tests.support.gateway import SERVERS, GatewayNode, start_gateway
 from tests.support.net import eventually
 from tests.support.origin import CountingProxy
-from tests.support.postgres import temp_database
+from tests.support.postgres import database_outage, temp_database
 
 MiB = 1 << 20
 ORIGIN = "origin-workers"
@@ -237,3 +238,44 @@ def test_a_worker_killed_is_replaced_and_the_replacement_answers_as_the_node(
         s3 = node.client()
         assert "after-a-crash" in {b["Name"] for b in s3.list_buckets()["Buckets"]}
         assert s3.get_object(Bucket="after-a-crash", Key="k")["Body"].read() == b"still one node"
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_a_worker_that_dies_while_the_database_is_down_is_replaced_once_it_is_back(
+    tmp_path: Path, server: str
+) -> None:
+    """A worker's replacement cannot start while the database is down (it reads the mounts
+    and keys); the node goes on serving on the others, and replaces it again until one starts.
+    On both servers: uvicorn's supervisor stops the whole node when a replacement fails to
+    start, unless the node's (gateway/edge_uvicorn.py) does as the own server does."""
+    with temp_database() as url:
+        node = start_gateway(
+            tmp_path / "n", database_url=url, args=("--workers", "2"), server=server
+        )
+        try:
+            node.wait_workers()
+            before = set(node.workers())
+            victim = min(before)
+            with database_outage(url):
+                os.kill(victim, signal.SIGKILL)
+                # A replacement has tried to start and could not.
+                eventually(lambda: _failed_starts(node.log()) > 0, timeout=60)
+                assert node.proc.poll() is None
+                assert httpx.get(node.url + "/healthz", timeout=10).status_code == 200
+
+            def replaced() -> bool:
+                now = set(node.workers())
+                return victim not in now and len(now) == len(before)
+
+            eventually(replaced, timeout=60)
+            node.wait_workers()
+            for _ in range(TRIES):
+                assert node.client().list_buckets()["ResponseMetadata"]["HTTPStatusCode"] == 200
+        finally:
+            node.stop()
+
+
+def _failed_starts(log: str) -> int:
+    """Workers that could not start, as the own server ("the node did not start") and uvicorn
+    ("Application startup failed") log them."""
+    return log.count("the node did not start") + log.count("Application startup failed")

@@ -25,6 +25,27 @@ ACCESS_KEY = "GKTESTACCESSKEY00001"
 SECRET_KEY = "test-secret-key-0123456789abcdefghijklmn"
 # A fixed Fernet key so that the CLI and the server agree without sharing a key file.
 ENCRYPTION_KEY = "1wDQwpdCma37OnLa2U7kZwPGbp7KgCGXbcz5nb-BPIA="
+# Which HTTP server the gateway processes the tests start use, unless a test names one with
+# `--server` itself: `gateway` (the node's own, the default) or `uvicorn` (the plain-ASGI
+# fallback), e.g. `GATEWAY_TEST_SERVER=uvicorn pytest tests/e2e` runs the suite on uvicorn.
+SERVER_ENV = "GATEWAY_TEST_SERVER"
+SERVERS = ("gateway", "uvicorn")
+
+
+def chosen_server() -> str:
+    """The server named by GATEWAY_TEST_SERVER (default: the node's own)."""
+    server = os.environ.get(SERVER_ENV, "") or "gateway"
+    if server not in SERVERS:
+        raise ValueError(f"{SERVER_ENV} must be one of {', '.join(SERVERS)}: {server!r}")
+    return server
+
+
+def server_args(args: tuple[str, ...] | list[str] = (), server: str | None = None) -> list[str]:
+    """`--server NAME` to add to a `gateway serve` command line whose arguments are `args`:
+    `server` if given, else GATEWAY_TEST_SERVER's; nothing if `args` name a server already."""
+    if any(a == "--server" or a.startswith("--server=") for a in args):
+        return []
+    return ["--server", server or chosen_server()]
 
 
 # Nodes still running: stopped at exit too, so that a fixture failing between start and yield
@@ -178,6 +199,8 @@ def run_cli(
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     cmd = [str(BIN / "gateway"), *args, "--data-dir", str(data_dir)]
+    if args[:1] == ("serve",):
+        cmd += server_args(args)
     if database_url:
         cmd += ["--database-url", database_url]
     out = subprocess.run(cmd, capture_output=True, text=True, env=_env(env), timeout=120)
@@ -195,15 +218,17 @@ def start_gateway(
     port: int | None = None,
     tls: tuple[Path, Path] | None = None,
     ca: Path | None = None,
+    server: str | None = None,
 ) -> GatewayNode:
     """A `gateway serve` subprocess, once it answers. With `tls` (certificate, key) it serves
-    HTTPS, and clients trust `ca` (default: the certificate itself, self-signed)."""
+    HTTPS, and clients trust `ca` (default: the certificate itself, self-signed). Its HTTP
+    server is the one `args` name (`--server`), else `server`, else GATEWAY_TEST_SERVER's."""
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     cmd = [
         str(BIN / "gateway"), "serve", "--host", "127.0.0.1", "--port", str(port),
         "--data-dir", str(data_dir), "--admin-access-key", ACCESS_KEY,
-        "--admin-secret-key", SECRET_KEY, *args,
+        "--admin-secret-key", SECRET_KEY, *args, *server_args(args, server),
     ]  # fmt: skip
     # The node's default worker count (one per core) and refresh interval unless a test is
     # about one worker or another interval: what users run is what the tests run. (A change
