@@ -73,6 +73,7 @@ def open_pages(settings: Settings) -> PageStore:
         memory_object_max=settings.cache_memory_object_max,
         fill_concurrency=settings.fill_concurrency,
         verify_sample=settings.verify_sample,
+        sub_block_size=settings.cache_sub_block_size,
     )
 
 
