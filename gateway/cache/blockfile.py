@@ -318,11 +318,16 @@ MISSING = "missing"
 CORRUPT = "corrupt"
 
 
-def read_each(reads: list[tuple[str, int, int, int, bool]]) -> list[bytes | str]:
+def read_each(
+    reads: list[tuple[str, int, int, int, bool]], first_wins: bool = False
+) -> list[bytes | str]:
     """read() of several files in one go, as (path, data length, start, length, verify): the
-    bytes, or MISSING (no such file, or unreadable now), or CORRUPT (damaged: removed)."""
+    bytes, or MISSING (no such file, or unreadable now), or CORRUPT (damaged: removed).
+    `first_wins`: if the first file is read, the others are not (the list has one entry)."""
     out: list[bytes | str] = []
     for path, data_len, start, length, verify in reads:
+        if first_wins and len(out) == 1 and isinstance(out[0], bytes):
+            break
         try:
             out.append(read(path, data_len, start, length, verify))
         except Corrupt as exc:

@@ -415,6 +415,19 @@ class PageStore:
         name = bkey.name
         return name in self.memory or name in self._verified
 
+    def known_range(self, bkey: BlockKey, length: int, start: int, end: int) -> bool:
+        """known() of the block, or of every sub-block holding bytes [start, end) of it (read
+        or filled by this process, and no longer filling)."""
+        if self.known(bkey):
+            return True
+        if not self.sparse(length, start, end):
+            return False
+        for index in subblocks.covering(start, end, self.sub_size):
+            name = SubKey(bkey.mount_id, bkey.digest, index).name
+            if name not in self._verified or name in self._fills:
+                return False
+        return True
+
     def sparse(self, length: int, start: int, end: int) -> bool:
         """Whether a sparse read of bytes [start, end) of a block of `length` bytes that misses
         fills sub-blocks rather than the block (subblocks.applies)."""
@@ -488,6 +501,14 @@ class PageStore:
                 return
         fill = self._fills.get(bkey.name)
         if fill is None:
+            if sparse and not cold and self.sparse(length, start, end):
+                # The block's file and the sub-blocks' files looked for in one hop.
+                async with aclosing(
+                    self._read_subs(bkey, length, start, end, fetch, pinned)
+                ) as subs:
+                    async for chunk in subs:
+                        yield chunk
+                return
             if not cold:
                 data = await self._read_disk(bkey, length, start, end, pinned)
                 if data is not None:
@@ -495,13 +516,6 @@ class PageStore:
                     return
                 fill = self._fills.get(bkey.name)
             if fill is None:
-                if sparse and self.sparse(length, start, end):
-                    async with aclosing(
-                        self._read_subs(bkey, length, start, end, fetch, pinned)
-                    ) as subs:
-                        async for chunk in subs:
-                            yield chunk
-                    return
                 fill = self._start_fill(bkey, length, fetch, pinned)
             else:
                 self.stats.joins += 1
@@ -826,9 +840,10 @@ class PageStore:
     async def _read_subs(
         self, bkey: BlockKey, length: int, start: int, end: int, fetch: Fetch, pinned: bool
     ) -> AsyncGenerator[bytes, None]:
-        """Bytes [start, end) of the block from the sub-blocks that hold them: those on disk
-        read in one hop, those in flight here joined, the others filled (one store request
-        per run of them, one fill for concurrent readers)."""
+        """Bytes [start, end) of the block: from its file if it is there, else from the
+        sub-blocks that hold them (both looked for in one hop): those on disk read, those in
+        flight here joined, the others filled (one store request per run of them, one fill for
+        concurrent readers)."""
         size = self.sub_size
         subs = self._subs(bkey, subblocks.covering(start, end, size))
         cut = []  # (sub-block, [a, b) of it that the range wants)
@@ -836,19 +851,28 @@ class PageStore:
             lo, hi = subblocks.bounds(length, size, sub.index)
             cut.append((sub, hi - lo, max(start, lo) - lo, min(end, hi) - lo))
         todo = [c for c in cut if c[0].name not in self._fills]
-        found: list[bytes | str] = []
-        if todo:
-            reads = [
-                (
-                    block_path(self.root, s.mount_id, s.name),
-                    n,
-                    a,
-                    b - a,
-                    self._verifies(s.name, False),
-                )
-                for s, n, a, b in todo
-            ]
-            found = await self._hop(blockfile.read_each, reads)
+        whole = block_path(self.root, bkey.mount_id, bkey.name)
+        reads = [(whole, length, start, end - start, self._verifies(bkey.name, False))]
+        reads += [
+            (block_path(self.root, s.mount_id, s.name), n, a, b - a, self._verifies(s.name, False))
+            for s, n, a, b in todo
+        ]
+        try:
+            found = await self._hop(blockfile.read_each, reads, True)
+        except OSError as exc:
+            self._disk_trouble(f"could not read block {bkey.name}", exc)
+            found = [blockfile.MISSING] * len(reads)
+        got_block = found.pop(0)
+        if isinstance(got_block, bytes):
+            self._disk_hit(bkey, pinned)
+            self.stats.hit_bytes += len(got_block)
+            yield got_block
+            return
+        if got_block == blockfile.CORRUPT:
+            self.stats.corrupt += 1
+            self._verified.pop(bkey.name, None)
+            if self._journal is not None:
+                self._journal.drop(bkey.digest, bkey.mount_id)
         data: dict[int, bytes] = {}
         for (sub, _, _, _), got in zip(todo, found, strict=True):
             if isinstance(got, bytes):
@@ -1006,20 +1030,33 @@ class PageStore:
         pinned: bool,
     ) -> None:
         """Consecutive sub-blocks claimed by this process (claims[at:at + len(run)]): one store
-        request for all of them, cut at their bounds, each committed as its bytes end."""
+        request for all of them, cut at their bounds, each committed as its bytes end while
+        the next one's arrive."""
         lo = subblocks.bounds(length, self.sub_size, run[0].index)[0]
         hi = subblocks.bounds(length, self.sub_size, run[-1].index)[1]
         source = fetch(lo, hi)
         split = _Split(source)
+
+        async def lead(sub: SubKey, fd: int, part: Fetch) -> None:
+            try:
+                await self._lead(fills[sub.index], sub, fd, part, pinned)
+            except BaseException:
+                split.break_()
+                raise
+
+        leads = []
+        for k, sub in enumerate(run):
+            fd = claims[at + k][1]
+            claims[at + k] = (blockfile.CLAIMED, None)  # the lead owns it now
+            assert fd is not None
+            leads.append(lead(sub, fd, split.fetch(fills[sub.index].length)))
         try:
-            for k, sub in enumerate(run):
-                fill = fills[sub.index]
-                fd = claims[at + k][1]
-                claims[at + k] = (blockfile.CLAIMED, None)  # _lead owns it now
-                assert fd is not None
-                await self._lead(fill, sub, fd, split.fetch(fill.length), pinned)
+            done = await asyncio.gather(*leads, return_exceptions=True)
         finally:
             await source.aclose()
+        for result in done:
+            if isinstance(result, BaseException):
+                raise result
 
     async def _subs_present(self, bkey: BlockKey, length: int, fd: int) -> list[bool] | None:
         """Which sub-blocks of the block (claimed by this process: `fd`) are committed or being
@@ -1209,31 +1246,58 @@ class PageStore:
 
 
 class _Split:
-    """One stream of bytes handed out in consecutive pieces of given lengths."""
+    """One stream of bytes handed out in consecutive parts of given lengths, each part read by
+    its own consumer when the one before it has had its bytes (so that one part is committed
+    while the next one arrives). A part left unread, or read short, breaks the split: the
+    parts after it end at once, short (their fills fail), never misaligned."""
 
-    __slots__ = ("_rest", "_source")
+    __slots__ = ("_broken", "_moved", "_parts", "_rest", "_source", "_turn")
 
     def __init__(self, source: AsyncGenerator[bytes, None]) -> None:
         self._source = source
         self._rest = b""
+        self._parts = 0
+        self._turn = 0
+        self._broken = False
+        self._moved = asyncio.Event()
 
     def fetch(self, n: int) -> Fetch:
+        """The next part, of `n` bytes."""
+        k = self._parts
+        self._parts += 1
+
         def take(skip: int, stop: int | None = None) -> AsyncGenerator[bytes, None]:
-            return self._take(n)
+            return self._take(k, n)
 
         return take
 
-    async def _take(self, n: int) -> AsyncGenerator[bytes, None]:
-        while n > 0:
-            if not self._rest:
-                try:
-                    self._rest = await self._source.__anext__()
-                except StopAsyncIteration:
-                    return  # short: the fill says so
-                continue
-            chunk, self._rest = self._rest[:n], self._rest[n:]
-            n -= len(chunk)
-            yield chunk
+    def break_(self) -> None:
+        self._broken = True
+        self._wake()
+
+    def _wake(self) -> None:
+        moved, self._moved = self._moved, asyncio.Event()
+        moved.set()
+
+    async def _take(self, k: int, n: int) -> AsyncGenerator[bytes, None]:
+        while self._turn != k and not self._broken:
+            await self._moved.wait()
+        try:
+            while n > 0 and not self._broken:
+                if not self._rest:
+                    try:
+                        self._rest = await self._source.__anext__()
+                    except StopAsyncIteration:
+                        break  # short: the fill says so
+                    continue
+                chunk, self._rest = self._rest[:n], self._rest[n:]
+                n -= len(chunk)
+                yield chunk
+        finally:
+            if n > 0:
+                self._broken = True
+            self._turn = k + 1
+            self._wake()
 
 
 def _names(version: Version, size: int) -> list[str]:

@@ -671,7 +671,14 @@ class Reader:
             return body, "forward"
         # Once its first bytes are in, a block read from the disk is known; a fill is still
         # in flight (it ends after its file is written).
-        hit = self.pages.known(bkey) and not self.pages.filling(bkey)
+        if sequential:
+            hit = self.pages.known(bkey) and not self.pages.filling(bkey)
+        else:  # a random reader's range: its first block, or its sub-blocks there
+            offset = first * size
+            length = min(size, info.size - offset)
+            hit = not self.pages.filling(bkey) and self.pages.known_range(
+                bkey, length, start - offset, min(end - offset, length)
+            )
         return body, "hit" if hit else "miss"
 
     def _placer(self, handle: MountHandle, info: ObjectInfo) -> Place:

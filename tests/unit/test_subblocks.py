@@ -38,6 +38,7 @@ class Ranged:
         self.asked: list[tuple[int, int]] = []
         self.sent = 0
         self.gate: asyncio.Event | None = None
+        self.fail_at = -1  # the request fails once it has sent this many bytes
         self._asked: asyncio.Event | None = None
 
     def __call__(self, skip: int, stop: int | None = None) -> AsyncIterator[bytes]:
@@ -57,6 +58,8 @@ class Ranged:
         if self.gate is not None:
             await self.gate.wait()
         for pos in range(skip, stop, self.chunk):
+            if 0 <= self.fail_at <= pos - skip:
+                raise OSError("the store went away")
             piece = self.data[pos : min(pos + self.chunk, stop)]
             self.sent += len(piece)
             yield piece
@@ -289,3 +292,23 @@ async def test_a_small_range_reads_a_block_another_process_is_filling(tmp_path: 
     finally:
         await first.close()
         await second.close()
+
+
+async def test_a_store_failing_mid_run_fails_its_readers_and_keeps_no_torn_sub_block(
+    pages: PageStore,
+) -> None:
+    data = _data(4 * MiB)
+    src = Ranged(data)
+    src.fail_at = 3 * SUB + 5000  # in the fourth sub-block of the run
+    bkey = BlockKey(1, "k", "e", 4 * MiB, 0)
+    with pytest.raises(OSError, match="went away"):
+        await _read(pages, bkey, len(data), src, MiB, 2 * MiB)
+    await pages.settle()
+    # The three whole ones before the failure are kept; nothing else, nothing in flight.
+    assert _sub_files(pages, bkey, len(data)) == [8, 9, 10]
+    assert not [n for n in os.listdir(os.path.join(pages.root, "inflight")) if n[0] != "."]
+    src.fail_at = -1
+    assert await _read(pages, bkey, len(data), src, MiB, 2 * MiB) == data[MiB : 2 * MiB]
+    assert src.asked[1:] == [(MiB + 3 * SUB, 2 * MiB)]  # only what was not kept
+    await pages.settle()
+    assert _sub_files(pages, bkey, len(data)) == list(range(8, 16))
