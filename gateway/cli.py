@@ -64,6 +64,7 @@ _SERVE_OPTIONS: list[tuple[str, str]] = [
     ("cache_dir", "Cache folder; default <data-dir>/cache."),
     ("cache_capacity", "Cache size budget, e.g. 10GiB."),
     ("cache_block_size", "Objects are cached in blocks of this size, e.g. 4MiB."),
+    ("cache_sub_block_size", "Random small ranges fill pieces of a block this size (0: off)."),
     ("readahead_blocks", "Blocks fetched ahead of a sequential reader."),
     ("fill_concurrency", "Read-ahead fills in flight per worker process."),
     ("verify_sample", "Share of cache reads that re-check a block's checksum (0..1)."),

@@ -51,6 +51,8 @@ class Settings:
     cache_memory: int = 64 << 20
     cache_memory_object_max: int = 256 << 10
     cache_block_size: int = 4 << 20  # objects are cached in blocks of this size (per mount too)
+    # A random reader's small range of a block not cached fills only these pieces of it (0: off)
+    cache_sub_block_size: int = 128 << 10
     readahead_blocks: int = 4  # blocks fetched ahead of a sequential reader
     fill_concurrency: int = 16  # store fetches for the cache in flight per process
     verify_sample: float = 1.0  # share of cache reads from disk that check their checksums

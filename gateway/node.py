@@ -74,6 +74,7 @@ def open_pages(settings: Settings) -> PageStore:
         fill_concurrency=settings.fill_concurrency,
         verify_sample=settings.verify_sample,
         zero_copy_recheck=settings.zero_copy_recheck,
+        sub_block_size=settings.cache_sub_block_size,
     )
 
 

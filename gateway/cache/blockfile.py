@@ -333,6 +333,74 @@ def claim(root: str, mount_id: int, name: str) -> tuple[str, int | None]:
     raise OSError(f"could not claim the fill of block {name}")
 
 
+def claim_all(
+    root: str, mount_id: int, names: list[str], block: str | None = None
+) -> tuple[list[tuple[str, int | None]], bool]:
+    """claim() of each of `names` (the sub-blocks of one block), then whether `block` is being
+    filled or is committed: a sub-block fill that finds so gives its claims up and reads the
+    block instead. Claiming first and looking second (a block fill does the opposite: claims
+    the block, then looks for sub-blocks) means that of a block fill and a sub-block fill
+    racing, at least one sees the other, so no byte is fetched by both."""
+    claims: list[tuple[str, int | None]] = []
+    try:
+        for name in names:
+            claims.append(claim(root, mount_id, name))
+    except BaseException:
+        release_all(root, names, claims)
+        raise
+    busy = block is not None and (
+        os.path.exists(inflight_path(root, block))
+        or os.path.exists(block_path(root, mount_id, block))
+    )
+    return claims, busy
+
+
+def release_all(root: str, names: list[str], claims: list[tuple[str, int | None]]) -> None:
+    """Give up claims made by claim_all: our fills' files removed, others' descriptors closed."""
+    for name, (how, fd) in zip(names, claims, strict=False):
+        if fd is None:
+            continue
+        if how == CLAIMED:
+            discard(fd, root, name)
+        else:
+            close(fd)
+
+
+def present_all(root: str, mount_id: int, names: list[str]) -> list[bool]:
+    """For each name, whether it is committed or being filled (a sub-block a block fill can
+    take instead of fetching its bytes)."""
+    return [
+        os.path.exists(block_path(root, mount_id, name))
+        or os.path.exists(inflight_path(root, name))
+        for name in names
+    ]
+
+
+MISSING = "missing"
+CORRUPT = "corrupt"
+
+
+def read_each(
+    reads: list[tuple[str, int, int, int, bool]], first_wins: bool = False
+) -> list[bytes | str]:
+    """read() of several files in one go, as (path, data length, start, length, verify): the
+    bytes, or MISSING (no such file, or unreadable now), or CORRUPT (damaged: removed).
+    `first_wins`: if the first file is read, the others are not (the list has one entry)."""
+    out: list[bytes | str] = []
+    for path, data_len, start, length, verify in reads:
+        if first_wins and len(out) == 1 and isinstance(out[0], bytes):
+            break
+        try:
+            out.append(read(path, data_len, start, length, verify))
+        except Corrupt as exc:
+            log.warning("cache: dropped damaged block %s: %s", path, exc)
+            remove(path)
+            out.append(CORRUPT)
+        except OSError:
+            out.append(MISSING)
+    return out
+
+
 def filler_alive(fd: int) -> bool:
     """Whether a process holds the fill lock of this in-flight file."""
     try:

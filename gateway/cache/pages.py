@@ -32,9 +32,9 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from gateway.cache import blockfile
+from gateway.cache import blockfile, subblocks
 from gateway.cache.janitor import Janitor, JanitorStats, read_stats
 from gateway.cache.journal import JournalWriter
 from gateway.cache.layout import (
@@ -42,6 +42,7 @@ from gateway.cache.layout import (
     FLAG_PINNED,
     INFLIGHT_DIR,
     JOURNAL_DIR,
+    PIECE,
     RETIRED_DIR,
     Checksums,
     block_path,
@@ -49,6 +50,7 @@ from gateway.cache.layout import (
     retired_path,
 )
 from gateway.cache.memory import MemoryTier
+from gateway.cache.subblocks import SubKey
 
 log = logging.getLogger("gateway.cache")
 T = TypeVar("T")
@@ -156,8 +158,13 @@ class FillFailed(Exception):
     """The fill of a block ended without all its bytes (the store failed, or its filler died)."""
 
 
-# The block's bytes from an offset in it to its end, from the store.
-Fetch = Callable[[int], AsyncGenerator[bytes, None]]
+class Fetch(Protocol):
+    """The block's bytes [skip, stop) from the store (`stop` None: to the block's end)."""
+
+    def __call__(self, skip: int, stop: int | None = None, /) -> AsyncGenerator[bytes, None]: ...
+
+
+Entry = BlockKey | SubKey  # what has a file of its own in blocks/: a block, or a sub-block
 
 
 class _Fill:
@@ -243,9 +250,12 @@ class PageStore:
         janitor_interval: float = 0.5,
         sweep_interval: float = 60.0,
         drop_delay: float = 30.0,
+        sub_block_size: int = 0,
     ) -> None:
         if min(capacity_bytes, min_free_bytes, memory_bytes) < 0:
             raise ValueError("cache sizes must not be negative")
+        if sub_block_size and sub_block_size < PIECE:
+            raise ValueError(f"a sub-block is at least {PIECE} bytes (0: none)")
         if not 0.0 <= verify_sample <= 1.0:
             raise ValueError("verify_sample is a share between 0 and 1")
         self.root = os.path.abspath(os.fspath(root))
@@ -256,6 +266,7 @@ class PageStore:
         self._verify_sample = verify_sample
         self._recheck = zero_copy_recheck if blockfile.CACHESTAT else 0.0
         self._drop_delay = drop_delay
+        self.sub_size = sub_block_size  # 0: reads of a few random bytes fill whole blocks
         self.memory = MemoryTier(memory_bytes, memory_object_max)
         self.stats = PageStats()
         self._fills: dict[str, _Fill] = {}
@@ -512,6 +523,24 @@ class PageStore:
         name = bkey.name
         return name in self.memory or name in self._verified
 
+    def known_range(self, bkey: BlockKey, length: int, start: int, end: int) -> bool:
+        """known() of the block, or of every sub-block holding bytes [start, end) of it (read
+        or filled by this process, and no longer filling)."""
+        if self.known(bkey):
+            return True
+        if not self.sparse(length, start, end):
+            return False
+        for index in subblocks.covering(start, end, self.sub_size):
+            name = SubKey(bkey.mount_id, bkey.digest, index).name
+            if name not in self._verified or name in self._fills:
+                return False
+        return True
+
+    def sparse(self, length: int, start: int, end: int) -> bool:
+        """Whether a sparse read of bytes [start, end) of a block of `length` bytes that misses
+        fills sub-blocks rather than the block (subblocks.applies)."""
+        return subblocks.applies(length, start, end, self.sub_size)
+
     def filling(self, bkey: BlockKey) -> bool:
         """Whether the block is being fetched (or followed) in this process."""
         return bkey.name in self._fills
@@ -555,9 +584,14 @@ class PageStore:
         pinned: bool = False,
         retired_ok: bool = False,
         cold: bool = False,
+        sparse: bool = False,
     ) -> AsyncGenerator[bytes, None]:
         """Bytes [start, end) of the block (`length` bytes in all), from the cache or, on a
         miss, from `fetch` (the block from the store), caching it on the way.
+
+        `sparse`: the reader is not sequential, so a miss of a range covering at most half the
+        block fills only the sub-blocks that hold it (subblocks.applies), unless the block is
+        being filled already, here or in another process.
 
         `retired_ok`: the caller has begun sending this version, so a retired block of it (the
         version was invalidated since) is good, and better than the store's new version.
@@ -575,6 +609,14 @@ class PageStore:
                 return
         fill = self._fills.get(bkey.name)
         if fill is None:
+            if sparse and not cold and self.sparse(length, start, end):
+                # The block's file and the sub-blocks' files looked for in one hop.
+                async with aclosing(
+                    self._read_subs(bkey, length, start, end, fetch, pinned)
+                ) as subs:
+                    async for chunk in subs:
+                        yield chunk
+                return
             if not cold:
                 data = await self._read_disk(bkey, length, start, end, pinned)
                 if data is not None:
@@ -656,10 +698,10 @@ class PageStore:
         return None if fill is None else await fill.started()
 
     async def _read_disk(
-        self, bkey: BlockKey, length: int, start: int, end: int, pinned: bool = False
+        self, bkey: Entry, length: int, start: int, end: int, pinned: bool = False
     ) -> bytes | None:
         name = bkey.name
-        small = self.memory.accepts(length)
+        small = isinstance(bkey, BlockKey) and self.memory.accepts(length)
         first, size = (0, length) if small else (start, end - start)
         path = block_path(self.root, bkey.mount_id, name)
         verify = self._verifies(name, small)
@@ -698,7 +740,7 @@ class PageStore:
             or random.random() < self._verify_sample
         )
 
-    def _disk_hit(self, bkey: BlockKey, pinned: bool) -> None:
+    def _disk_hit(self, bkey: Entry, pinned: bool) -> None:
         """A block served from its file: known as checked here, its use told to the janitor."""
         if len(self._verified) >= _VERIFIED_MAX:
             self._verified.clear()
@@ -762,13 +804,19 @@ class PageStore:
             assert fd is not None
             if how == blockfile.FOLLOW:
                 await self._follow(fill, fd, fetch)
-            else:
+                return
+            present = await self._subs_present(bkey, fill.length, fd)
+            if present is None:
                 await self._lead(fill, bkey, fd, fetch, pinned)
+                return
+            assembled = self._assembled(bkey, fill.length, fetch, present, pinned)
+            if await self._lead(fill, bkey, fd, assembled, pinned):
+                self.spawn(self._drop_subs(bkey, fill.length, present))
             return
         self.stats.unkept += 1
         await self._stream(fill, fetch)
 
-    async def _from_disk(self, fill: _Fill, bkey: BlockKey, pinned: bool) -> bool:
+    async def _from_disk(self, fill: _Fill, bkey: Entry, pinned: bool) -> bool:
         data = await self._read_disk(bkey, fill.length, 0, fill.length, pinned)
         if data is None:
             return False
@@ -776,7 +824,10 @@ class PageStore:
         fill.finish()
         return True
 
-    async def _lead(self, fill: _Fill, bkey: BlockKey, fd: int, fetch: Fetch, pinned: bool) -> None:
+    async def _lead(self, fill: _Fill, bkey: Entry, fd: int, fetch: Fetch, pinned: bool) -> bool:
+        """Fetch the entry from `fetch(0)` into `fill` and its claimed file `fd`, and commit it;
+        whether it was kept."""
+        block = isinstance(bkey, BlockKey)
         owned: int | None = fd  # ours to write, until committed or given up
         kept = False
         try:
@@ -804,13 +855,17 @@ class PageStore:
                             owned = None
             if fill.received != fill.length:
                 raise FillFailed(f"the store sent {fill.received} of {fill.length} bytes")
-            if self.memory.accepts(fill.length):
+            if block and self.memory.accepts(fill.length):
                 # At once: the next read of a small block is a hit, not a join of this fill
                 # while its file is written.
                 self.memory.put(bkey.name, b"".join(fill.chunks))
             if owned is not None:
                 committing, owned = owned, None  # commit closes it whatever happens
-                record = key_name(bkey.mount_id, bkey.key) if bkey.index == 0 else None
+                record = (
+                    key_name(bkey.mount_id, bkey.key)
+                    if isinstance(bkey, BlockKey) and bkey.index == 0
+                    else None
+                )
                 try:
                     kept = await self._hop(
                         blockfile.commit,
@@ -835,14 +890,15 @@ class PageStore:
         fill.finish()
         if not kept:
             self.stats.unkept += 1
-            return
+            return False
         self.stats.fills += 1
         self._verified[bkey.name] = None
         self._checked_now(bkey.name)  # its bytes are the ones this process wrote
         if self._journal is not None:
             self._journal.fill(bkey.digest, file_size(fill.length), bkey.mount_id, pinned)
+        return True
 
-    async def _give_up(self, bkey: BlockKey, fd: int) -> None:
+    async def _give_up(self, bkey: Entry, fd: int) -> None:
         await asyncio.shield(self._hop(blockfile.discard, fd, self.root, bkey.name))
 
     async def _stream(self, fill: _Fill, fetch: Fetch) -> None:
@@ -886,6 +942,317 @@ class PageStore:
             await self._stream(fill, fetch)
         else:
             fill.finish()
+
+    # -- sub-blocks -----------------------------------------------------------------------------
+
+    def _subs(self, bkey: BlockKey, indices: range | list[int]) -> list[SubKey]:
+        return [SubKey(bkey.mount_id, bkey.digest, i) for i in indices]
+
+    async def _read_subs(
+        self, bkey: BlockKey, length: int, start: int, end: int, fetch: Fetch, pinned: bool
+    ) -> AsyncGenerator[bytes, None]:
+        """Bytes [start, end) of the block: from its file if it is there, else from the
+        sub-blocks that hold them (both looked for in one hop): those on disk read, those in
+        flight here joined, the others filled (one store request per run of them, one fill for
+        concurrent readers)."""
+        size = self.sub_size
+        subs = self._subs(bkey, subblocks.covering(start, end, size))
+        cut = []  # (sub-block, [a, b) of it that the range wants)
+        for sub in subs:
+            lo, hi = subblocks.bounds(length, size, sub.index)
+            cut.append((sub, hi - lo, max(start, lo) - lo, min(end, hi) - lo))
+        todo = [c for c in cut if c[0].name not in self._fills]
+        whole = block_path(self.root, bkey.mount_id, bkey.name)
+        reads = [(whole, length, start, end - start, self._verifies(bkey.name, False))]
+        reads += [
+            (block_path(self.root, s.mount_id, s.name), n, a, b - a, self._verifies(s.name, False))
+            for s, n, a, b in todo
+        ]
+        try:
+            found = await self._hop(blockfile.read_each, reads, True)
+        except OSError as exc:
+            self._disk_trouble(f"could not read block {bkey.name}", exc)
+            found = [blockfile.MISSING] * len(reads)
+        got_block = found.pop(0)
+        if isinstance(got_block, bytes):
+            self._disk_hit(bkey, pinned)
+            self.stats.hit_bytes += len(got_block)
+            yield got_block
+            return
+        if got_block == blockfile.CORRUPT:
+            self.stats.corrupt += 1
+            self._verified.pop(bkey.name, None)
+            if self._journal is not None:
+                self._journal.drop(bkey.digest, bkey.mount_id)
+        data: dict[int, bytes] = {}
+        for (sub, _, _, _), got in zip(todo, found, strict=True):
+            if isinstance(got, bytes):
+                data[sub.index] = got
+                self._disk_hit(sub, pinned)
+                self.stats.hit_bytes += len(got)
+            elif got == blockfile.CORRUPT:
+                self.stats.corrupt += 1
+                self._verified.pop(sub.name, None)
+                if self._journal is not None:
+                    self._journal.drop(sub.digest, sub.mount_id)
+        fills: dict[int, _Fill] = {}
+        new = []
+        for sub in subs:
+            if sub.index in data:
+                continue
+            fill = self._fills.get(sub.name)
+            if fill is None:
+                new.append(sub)
+            else:
+                fills[sub.index] = fill
+                self.stats.joins += 1
+        if new:
+            fills.update(self._start_subs(bkey, length, new, fetch, pinned))
+        if fills:
+            self.stats.misses += 1
+        for sub, _, a, b in cut:
+            held = data.get(sub.index)
+            if held is not None:
+                yield held
+                continue
+            async for chunk in fills[sub.index].read(a, b):
+                yield chunk
+
+    def _start_subs(
+        self,
+        bkey: BlockKey,
+        length: int,
+        subs: list[SubKey],
+        fetch: Fetch,
+        pinned: bool,
+        in_block: bool = False,
+    ) -> dict[int, _Fill]:
+        """One task filling these sub-blocks (in order); `in_block`: for the block's own fill,
+        which must not wait for itself."""
+        fills = {}
+        for sub in subs:
+            lo, hi = subblocks.bounds(length, self.sub_size, sub.index)
+            fill = fills[sub.index] = self._fills[sub.name] = _Fill(sub.name, hi - lo)
+        task = asyncio.create_task(
+            self._fill_subs(bkey, length, subs, fills, fetch, pinned, in_block)
+        )
+        for fill in fills.values():
+            fill.task = task
+        return fills
+
+    async def _fill_subs(
+        self,
+        bkey: BlockKey,
+        length: int,
+        subs: list[SubKey],
+        fills: dict[int, _Fill],
+        fetch: Fetch,
+        pinned: bool,
+        in_block: bool,
+    ) -> None:
+        """Claim the sub-blocks on the node; follow those another process fills, read those
+        committed meanwhile, fetch the rest with one store request per run and commit each. If
+        the block itself is being filled (or is there), give the claims up and read it."""
+        names = [sub.name for sub in subs]
+        claims: list[tuple[str, int | None]] = []
+        size = self.sub_size
+
+        def part(index: int) -> Fetch:
+            lo, hi = subblocks.bounds(length, size, index)
+
+            def rest(skip: int, stop: int | None = None) -> AsyncGenerator[bytes, None]:
+                return fetch(lo + skip, hi if stop is None else lo + stop)
+
+            return rest
+
+        try:
+            try:
+                claims, busy = await self._hop(
+                    blockfile.claim_all, self.root, bkey.mount_id, names,
+                    None if in_block else bkey.name,
+                )  # fmt: skip
+            except OSError as exc:
+                self._disk_trouble(f"could not claim sub-blocks of {bkey.name}", exc)
+                for sub in subs:
+                    self.stats.unkept += 1
+                    await self._stream(fills[sub.index], part(sub.index))
+                return
+            if busy:
+                await self._hop(blockfile.release_all, self.root, names, claims)
+                claims = []
+                for sub in subs:
+                    lo, hi = subblocks.bounds(length, size, sub.index)
+                    fill = fills[sub.index]
+                    async with aclosing(
+                        self.read(bkey, length, lo, hi, fetch, pinned=pinned)
+                    ) as got:
+                        async for chunk in got:
+                            fill.append(chunk)
+                    fill.finish()
+                return
+            i = 0
+            while i < len(subs):
+                sub, (how, fd) = subs[i], claims[i]
+                fill = fills[sub.index]
+                if how == blockfile.CLAIMED:
+                    j = i + 1
+                    while (
+                        j < len(subs)
+                        and claims[j][0] == blockfile.CLAIMED
+                        and subs[j].index == subs[j - 1].index + 1
+                    ):
+                        j += 1
+                    await self._lead_run(subs[i:j], claims, i, fills, fetch, length, pinned)
+                    i = j
+                    continue
+                claims[i] = (how, None)  # handed on
+                if how == blockfile.FOLLOW:
+                    assert fd is not None
+                    await self._follow(fill, fd, part(sub.index))
+                elif not await self._from_disk(fill, sub, pinned):
+                    self.stats.unkept += 1  # committed, then gone at once: from the store
+                    await self._stream(fill, part(sub.index))
+                i += 1
+        except BaseException as exc:
+            for fill in fills.values():
+                if not fill.done:
+                    self.stats.fill_failures += 1
+                    fill.finish(exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            if any(fd is not None for _, fd in claims):
+                await asyncio.shield(self._hop(blockfile.release_all, self.root, names, claims))
+            for sub in subs:
+                if self._fills.get(sub.name) is fills[sub.index]:
+                    del self._fills[sub.name]
+            ended, self._fill_ended = self._fill_ended, None
+            if ended is not None and not ended.done():
+                ended.set_result(None)
+
+    async def _lead_run(
+        self,
+        run: list[SubKey],
+        claims: list[tuple[str, int | None]],
+        at: int,
+        fills: dict[int, _Fill],
+        fetch: Fetch,
+        length: int,
+        pinned: bool,
+    ) -> None:
+        """Consecutive sub-blocks claimed by this process (claims[at:at + len(run)]): one store
+        request for all of them, cut at their bounds, each committed as its bytes end while
+        the next one's arrive."""
+        lo = subblocks.bounds(length, self.sub_size, run[0].index)[0]
+        hi = subblocks.bounds(length, self.sub_size, run[-1].index)[1]
+        source = fetch(lo, hi)
+        split = _Split(source)
+
+        async def lead(sub: SubKey, fd: int, part: Fetch) -> None:
+            try:
+                await self._lead(fills[sub.index], sub, fd, part, pinned)
+            except BaseException:
+                split.break_()
+                raise
+
+        leads = []
+        for k, sub in enumerate(run):
+            fd = claims[at + k][1]
+            claims[at + k] = (blockfile.CLAIMED, None)  # the lead owns it now
+            assert fd is not None
+            leads.append(lead(sub, fd, split.fetch(fills[sub.index].length)))
+        try:
+            done = await asyncio.gather(*leads, return_exceptions=True)
+        finally:
+            await source.aclose()
+        for result in done:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _subs_present(self, bkey: BlockKey, length: int, fd: int) -> list[bool] | None:
+        """Which sub-blocks of the block (claimed by this process: `fd`) are committed or being
+        filled, here or in another process; None when none is (the common case)."""
+        if not subblocks.applies(length, 0, 1, self.sub_size):
+            return None
+        subs = self._subs(bkey, range(subblocks.count(length, self.sub_size)))
+        try:
+            present = await self._hop(
+                blockfile.present_all, self.root, bkey.mount_id, [s.name for s in subs]
+            )
+        except OSError:
+            return None  # the disk's trouble shows at the block's own write
+        except BaseException:
+            await self._give_up(bkey, fd)
+            raise
+        present = [p or s.name in self._fills for p, s in zip(present, subs, strict=True)]
+        return present if any(present) else None
+
+    def _assembled(
+        self, bkey: BlockKey, length: int, fetch: Fetch, present: list[bool], pinned: bool
+    ) -> Fetch:
+        """The block's bytes from its sub-blocks where they are (on disk, or joined, or followed
+        while they are filled) and from the store for the runs between them."""
+        size = self.sub_size
+
+        async def whole() -> AsyncGenerator[bytes, None]:
+            i, n = 0, len(present)
+            while i < n:
+                lo, hi = subblocks.bounds(length, size, i)
+                if present[i]:
+                    sub = SubKey(bkey.mount_id, bkey.digest, i)
+                    async with aclosing(
+                        self._sub_bytes(bkey, length, sub, hi - lo, fetch, pinned)
+                    ) as got:
+                        async for chunk in got:
+                            yield chunk
+                    i += 1
+                    continue
+                j = i
+                while j < n and not present[j]:
+                    j += 1
+                stop = subblocks.bounds(length, size, j - 1)[1]
+                async with aclosing(fetch(lo, stop)) as got:
+                    async for chunk in got:
+                        yield chunk
+                i = j
+
+        def assembled(skip: int, stop: int | None = None) -> AsyncGenerator[bytes, None]:
+            if skip == 0 and stop in (None, length):
+                return whole()
+            return fetch(skip, stop)
+
+        return assembled
+
+    async def _sub_bytes(
+        self, bkey: BlockKey, length: int, sub: SubKey, n: int, fetch: Fetch, pinned: bool
+    ) -> AsyncGenerator[bytes, None]:
+        """All of a sub-block, for its block's fill: joined, read, or claimed and filled."""
+        fill = self._fills.get(sub.name)
+        if fill is None:
+            data = await self._read_disk(sub, n, 0, n, pinned)
+            if data is not None:
+                yield data
+                return
+            fill = self._fills.get(sub.name)
+            if fill is None:
+                fill = self._start_subs(bkey, length, [sub], fetch, pinned, in_block=True)[
+                    sub.index
+                ]
+        async for chunk in fill.read(0, n):
+            yield chunk
+
+    async def _drop_subs(self, bkey: BlockKey, length: int, present: list[bool]) -> None:
+        """The block is committed: its sub-blocks hold nothing it does not, so they go now
+        rather than take room until the janitor evicts them."""
+        subs = [s for s in self._subs(bkey, range(len(present))) if present[s.index]]
+        for sub in subs:
+            self._verified.pop(sub.name, None)
+        await self._hop(
+            blockfile.remove_all, [block_path(self.root, s.mount_id, s.name) for s in subs]
+        )
+        if self._journal is not None:
+            for sub in subs:
+                self._journal.drop(sub.digest, sub.mount_id)
 
     def _disk_trouble(self, what: str, exc: OSError) -> None:
         now = time.monotonic()
@@ -987,6 +1354,61 @@ class PageStore:
                 await self._hop(journal.flush)
             except OSError as exc:
                 self._disk_trouble("could not write the journal", exc)
+
+
+class _Split:
+    """One stream of bytes handed out in consecutive parts of given lengths, each part read by
+    its own consumer when the one before it has had its bytes (so that one part is committed
+    while the next one arrives). A part left unread, or read short, breaks the split: the
+    parts after it end at once, short (their fills fail), never misaligned."""
+
+    __slots__ = ("_broken", "_moved", "_parts", "_rest", "_source", "_turn")
+
+    def __init__(self, source: AsyncGenerator[bytes, None]) -> None:
+        self._source = source
+        self._rest = b""
+        self._parts = 0
+        self._turn = 0
+        self._broken = False
+        self._moved = asyncio.Event()
+
+    def fetch(self, n: int) -> Fetch:
+        """The next part, of `n` bytes."""
+        k = self._parts
+        self._parts += 1
+
+        def take(skip: int, stop: int | None = None) -> AsyncGenerator[bytes, None]:
+            return self._take(k, n)
+
+        return take
+
+    def break_(self) -> None:
+        self._broken = True
+        self._wake()
+
+    def _wake(self) -> None:
+        moved, self._moved = self._moved, asyncio.Event()
+        moved.set()
+
+    async def _take(self, k: int, n: int) -> AsyncGenerator[bytes, None]:
+        while self._turn != k and not self._broken:
+            await self._moved.wait()
+        try:
+            while n > 0 and not self._broken:
+                if not self._rest:
+                    try:
+                        self._rest = await self._source.__anext__()
+                    except StopAsyncIteration:
+                        break  # short: the fill says so
+                    continue
+                chunk, self._rest = self._rest[:n], self._rest[n:]
+                n -= len(chunk)
+                yield chunk
+        finally:
+            if n > 0:
+                self._broken = True
+            self._turn = k + 1
+            self._wake()
 
 
 def _names(version: Version, size: int) -> list[str]:

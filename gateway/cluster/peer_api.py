@@ -37,8 +37,10 @@ class BlockServer(Protocol):
         start: int,
         end: int,
         pinned: bool,
+        sparse: bool = False,
     ) -> bytes | AsyncGenerator[bytes, None]:
-        """Bytes [start, end) of block `index`; errors (S3 or VersionChanged) before any byte."""
+        """Bytes [start, end) of block `index`; errors (S3 or VersionChanged) before any byte.
+        `sparse`: the asking reader is not sequential (a small range may fill sub-blocks)."""
         ...
 
     async def serve_open(
@@ -94,8 +96,9 @@ class PeerApi:
         start, end = int(q["a"]), int(q["z"])
         try:
             body = await self._server.serve_block(
-                int(q["m"]), info, int(q["b"]), int(q["i"]), start, end, q.get("p") == "1"
-            )
+                int(q["m"]), info, int(q["b"]), int(q["i"]), start, end, q.get("p") == "1",
+                q.get("r") == "1",
+            )  # fmt: skip
         except (VersionChanged, errors.S3Error) as exc:
             await _refuse(send, exc)
             return

@@ -102,17 +102,18 @@ async def fill_from(
         "b": size, "i": index, "p": int(pinned),
     }  # fmt: skip
 
-    async def fetch(skip: int) -> AsyncGenerator[bytes, None]:
+    async def fetch(skip: int, stop: int | None = None) -> AsyncGenerator[bytes, None]:
         got = skip
+        stop = length if stop is None else stop
         try:
-            async with aclosing(fleet.read_block(node, params, skip, length)) as chunks:
+            async with aclosing(fleet.read_block(node, params, skip, stop)) as chunks:
                 async for chunk in chunks:
                     got += len(chunk)
                     yield chunk
             return
         except PeerUnavailable:
             pass
-        rest = StoreSource(handle, info).range(offset + got, offset + length)
+        rest = StoreSource(handle, info).range(offset + got, offset + stop)
         async with aclosing(rest) as chunks:
             async for chunk in chunks:
                 yield chunk

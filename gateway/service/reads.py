@@ -48,7 +48,8 @@ log = logging.getLogger("gateway.service")
 # The stores' answer checks are counted in this process's metrics (stores import no counters).
 store_base.answer_report = counters.store_answer
 
-_WALKS_MAX = 4096  # versions whose last read block is remembered, to spot sequential readers
+_WALKS_MAX = 4096  # versions whose last reads' ends are remembered, to spot sequential readers
+_WALK_ENDS = 4  # ends remembered per version: as many sequential readers of it at once
 _READ_TRIES = 4  # reads of an object that changes under them, before 503
 OPEN_POLL = 0.001  # first look again at a sibling worker's open of a key (doubling to 20 ms)
 OPEN_WAIT = 60.0  # a sibling's open taking longer than this: open the key here as well
@@ -177,10 +178,13 @@ class StoreSource:
         return self.range(span.offset + span.start, span.offset + span.end)
 
     def fetch(self, span: Span) -> Fetch:
-        """The span's block from an offset in it on: what the page store fills it with."""
+        """Bytes [skip, stop) of the span's block (to its end by default): what the page store
+        fills it (or its sub-blocks) with."""
 
-        def rest(skip: int) -> AsyncGenerator[bytes, None]:
-            return self.range(span.offset + skip, span.offset + span.length)
+        def rest(skip: int, stop: int | None = None) -> AsyncGenerator[bytes, None]:
+            return self.range(
+                span.offset + skip, span.offset + (span.length if stop is None else stop)
+            )
 
         return rest
 
@@ -219,14 +223,18 @@ async def _counted(
 
 class PageSource:
     """Blocks from this node's page store: one read on a hit; on a miss fetched from the store
-    while they are kept, one fetch for all the readers of a block."""
+    while they are kept, one fetch for all the readers of a block. `sparse`: the reader is not
+    sequential, so a miss of less than half a block fills only the sub-blocks that hold it."""
 
-    __slots__ = ("pages", "pinned", "store")
+    __slots__ = ("pages", "pinned", "sparse", "store")
 
-    def __init__(self, pages: PageStore, store: StoreSource, pinned: bool) -> None:
+    def __init__(
+        self, pages: PageStore, store: StoreSource, pinned: bool, sparse: bool = False
+    ) -> None:
         self.pages = pages
         self.store = store
         self.pinned = pinned
+        self.sparse = sparse
 
     def read(
         self, span: Span, sent: bool = False, fetch: Fetch | None = None
@@ -235,7 +243,7 @@ class PageSource:
         # a cut response.
         return self.pages.read(
             span.key, span.length, span.start, span.end, fetch or self.store.fetch(span),
-            pinned=self.pinned, retired_ok=sent,
+            pinned=self.pinned, retired_ok=sent, sparse=self.sparse,
         )  # fmt: skip
 
     async def region(self, span: Span) -> FileRegion | None:
@@ -245,8 +253,12 @@ class PageSource:
         )  # fmt: skip
 
     def ahead(self, span: Span) -> bool:
-        """Start fetching a block a reader will want soon; whether it was not cached."""
+        """Start fetching a block a reader will want soon; whether it was not cached. Not the
+        next span of a sparse read (a range across a block boundary) that fills sub-blocks:
+        those are filled when it is read."""
         if self.pages.known(span.key):
+            return False
+        if self.sparse and span.wanted and self.pages.sparse(span.length, span.start, span.end):
             return False
         self.pages.prefetch(span.key, span.length, self.store.fetch(span), pinned=self.pinned)
         return True
@@ -270,6 +282,8 @@ class PeerSource:
         }  # fmt: skip
         if info.version_id is not None:
             self.params["v"] = info.version_id
+        if pages.sparse:
+            self.params["r"] = 1  # the owner fills sub-blocks for a small range, as we would
 
     async def read(self, span: Span, sent: bool = False) -> AsyncGenerator[bytes, None]:
         pos = span.start
@@ -308,7 +322,7 @@ class Reader:
         self.fleet: Fleet | None = shared.fleet
         self.readahead = readahead
         self._opening: dict[tuple[int, str], asyncio.Future[None]] = {}
-        self._walks: OrderedDict[tuple[int, str, str], int] = OrderedDict()
+        self._walks: OrderedDict[tuple[int, str, str], tuple[int, ...]] = OrderedDict()
 
     def mount(self, bucket: str) -> MountHandle:
         return self.shared.mount(bucket)
@@ -467,7 +481,7 @@ class Reader:
             data = self.pages.peek_disk(bkey, info.size, pinned) if disk else None
             if data is None:
                 return None
-        self._note_sequential(handle, info, 0)
+        self._note_walk(handle, info, 0, info.size)
         return info, data
 
     async def _get_cold(self, handle: MountHandle, key: str, cond: Conditions) -> ObjectResult:
@@ -485,7 +499,7 @@ class Reader:
             raise
         if not handle.cache_enabled:
             return ObjectResult(info, 0, info.size, False, head, how)
-        spans = self._plan(handle, info, 0, info.size, self._placer(handle, info))
+        spans, _ = self._plan(handle, info, 0, info.size, self._placer(handle, info))
         body = await _primed(self._stream(handle, info, spans, head))
         return ObjectResult(info, 0, info.size, False, body, how)
 
@@ -571,12 +585,12 @@ class Reader:
         store = StoreSource(handle, info)
         used = False
 
-        def fetch(skip: int) -> AsyncGenerator[bytes, None]:
+        def fetch(skip: int, stop: int | None = None) -> AsyncGenerator[bytes, None]:
             nonlocal used
-            if skip == 0 and not used:
+            if skip == 0 and stop in (None, span.length) and not used:
                 used = True
                 return opened
-            return store.fetch(span)(skip)
+            return store.fetch(span)(skip, stop)
 
         try:
             # The version was opened just now: its block 0 is not on disk but for a race, which
@@ -687,15 +701,24 @@ class Reader:
             if found is None:
                 found = await self.pages.read_hit(bkey, length, a, b, pinned=pinned)
             if found is not None:
-                self._note_sequential(handle, info, first)
+                self._note_walk(handle, info, start, end)
                 return found, "hit"
-        spans = self._plan(handle, info, start, end, place)
-        body = await _primed(self._stream(handle, info, spans, regions=zero_copy))
+        spans, sequential = self._plan(handle, info, start, end, place)
+        body = await _primed(
+            self._stream(handle, info, spans, regions=zero_copy, sparse=not sequential)
+        )
         if not local:
             return body, "forward"
         # Once its first bytes are in, a block read from the disk is known; a fill is still
         # in flight (it ends after its file is written).
-        hit = self.pages.known(bkey) and not self.pages.filling(bkey)
+        if sequential:
+            hit = self.pages.known(bkey) and not self.pages.filling(bkey)
+        else:  # a random reader's range: its first block, or its sub-blocks there
+            offset = first * size
+            length = min(size, info.size - offset)
+            hit = not self.pages.filling(bkey) and self.pages.known_range(
+                bkey, length, start - offset, min(end - offset, length)
+            )
         return body, "hit" if hit else "miss"
 
     def _placer(self, handle: MountHandle, info: ObjectInfo) -> Place:
@@ -717,10 +740,13 @@ class Reader:
 
     def _plan(
         self, handle: MountHandle, info: ObjectInfo, start: int, end: int, place: Place
-    ) -> Iterator[Span]:
+    ) -> tuple[Iterator[Span], bool]:
+        """The read's spans, and whether its reader is sequential (it is read ahead of then)."""
         size = handle.block_size
-        horizon = self._note_sequential(handle, info, (end - 1) // size, start // size)
-        return plan(handle.id, info, size, start, end, horizon, place)
+        last = (end - 1) // size
+        sequential = self._note_walk(handle, info, start, end)
+        horizon = last + self.readahead if sequential else last
+        return plan(handle.id, info, size, start, end, horizon, place), sequential
 
     async def open_body(
         self, handle: MountHandle, info: ObjectInfo, start: int, end: int
@@ -739,13 +765,15 @@ class Reader:
         spans: Iterator[Span],
         head: AsyncGenerator[bytes, None] | None = None,
         regions: bool = False,
+        sparse: bool = False,
     ) -> AsyncGenerator[Chunk, None]:
         """The bytes of the spans, in order, each from its source, the next `readahead` blocks
         fetched ahead of the reader. `head`, if given, is the first span's bytes, already
         opened (a cold read's one request). With `regions`, a block this node's page store
-        can hand over as a region of its file (PageStore.region) comes as that."""
+        can hand over as a region of its file (PageStore.region) comes as that. `sparse`: the
+        reader is not sequential (small ranges of a block missed are filled as sub-blocks)."""
         store = StoreSource(handle, info)
-        pages = PageSource(self.pages, store, handle.pinned(info.key))
+        pages = PageSource(self.pages, store, handle.pinned(info.key), sparse)
         peers = PeerSource(self.fleet, pages, store) if self.fleet is not None else None
         pending: deque[Span] = deque()
         fetched: dict[int, asyncio.Task[bytes]] = {}  # peers' blocks fetched ahead
@@ -815,11 +843,11 @@ class Reader:
 
     async def serve_block(
         self, mount_id: int, info: ObjectInfo, block_size: int, index: int, start: int, end: int,
-        pinned: bool,
+        pinned: bool, sparse: bool = False,
     ) -> bytes | AsyncGenerator[bytes, None]:  # fmt: skip
         """For a peer: bytes [start, end) of a block this node owns, from its page store (one
         read on a hit), fetched from the store on a miss. Primed, so that errors come before
-        any byte."""
+        any byte. `sparse`: the peer's reader is not sequential (sub-blocks, as here)."""
         handle = await self._mount_by_id(mount_id)
         offset = index * block_size
         length = min(block_size, info.size - offset)
@@ -830,7 +858,8 @@ class Reader:
         if data is not None:
             return data
         span = Span(index, bkey, offset, length, start, end)
-        return await _primed(PageSource(self.pages, StoreSource(handle, info), pinned).read(span))
+        source = PageSource(self.pages, StoreSource(handle, info), pinned, sparse)
+        return await _primed(source.read(span))
 
     async def local_blocks(self, bucket: str, key: str, first: int, count: int) -> LocalBlocks:
         """For a client on this host: the key's current version, and (index, length, path) of
@@ -879,20 +908,18 @@ class Reader:
         """A peer wrote `key`: drop what this node knows of its old version."""
         self.versions.forget(mount_id, key, self.namespace.by_id(mount_id))
 
-    def _note_sequential(
-        self, handle: MountHandle, info: ObjectInfo, last: int, first: int | None = None
-    ) -> int:
-        """Remember where a reader of this version stopped; returns how far to read ahead:
-        past `last` when this read starts where the previous one ended (a sequential reader
-        of ranges), else `last`."""
+    def _note_walk(self, handle: MountHandle, info: ObjectInfo, start: int, end: int) -> bool:
+        """Remember where a read of bytes [start, end) of this version ends; whether it starts
+        exactly where one of the last few reads of it ended (a sequential reader of ranges,
+        or several at once): it is read ahead of then, and fills whole blocks. Byte-exact, so
+        that a random reader landing near where another stopped is not taken for one (each
+        such guess cost a block and `readahead` more)."""
         walk = (handle.id, info.key, info.etag)
-        previous = self._walks.pop(walk, None)
-        self._walks[walk] = last
+        ends = self._walks.pop(walk, ())
+        self._walks[walk] = (*[e for e in ends if e != start][-(_WALK_ENDS - 1) :], end)
         if len(self._walks) > _WALKS_MAX:
             del self._walks[next(iter(self._walks))]
-        if first is not None and previous is not None and previous <= first <= previous + 1:
-            return last + self.readahead
-        return last
+        return start > 0 and start in ends
 
     async def local_files(
         self, bucket: str, keys: list[str], count: int

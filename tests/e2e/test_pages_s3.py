@@ -15,6 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.cache import blockfile
+from gateway.cache.layout import PIECE, TRAILER_SIZE, file_size
 from tests.support.gateway import GatewayNode, start_gateway
 from tests.support.net import eventually
 from tests.support.origin import CountingProxy
@@ -72,21 +74,84 @@ def _get(node: GatewayNode, bucket: str, key: str, rng: str | None = None) -> by
     return bytes(node.client().get_object(Bucket=bucket, Key=key, **kw)["Body"].read())
 
 
-def test_a_range_in_a_large_object_fetches_only_its_block(
+def test_a_range_in_a_large_object_fetches_only_its_sub_blocks(
     node: GatewayNode, origin: CountingProxy
 ) -> None:
     node.client().head_object(Bucket="pages", Key="big.bin")  # metadata; no bytes
     origin.reset()
-    start = 18 * MiB + MiB // 2  # inside block 4: [16 MiB, 20 MiB)
+    start = 18 * MiB + MiB // 2  # inside block 4: [16 MiB, 20 MiB), on a sub-block's bound
     got = _get(node, "pages", "big.bin", f"bytes={start}-{start + MiB - 1}")
     assert got == BIG_BODY[start : start + MiB]
-    assert origin.bytes_sent("GET") == 4 * MiB
+    # Not the whole 4 MiB block: the 128 KiB sub-blocks that hold the range, in one request.
+    assert origin.bytes_sent("GET") == MiB
     assert origin.count("GET") == 1
-    # The same block again, another range of it: a hit.
+    # A range inside it again: a hit.
     origin.reset()
-    got = _get(node, "pages", "big.bin", f"bytes={16 * MiB}-{17 * MiB - 1}")
-    assert got == BIG_BODY[16 * MiB : 17 * MiB]
+    got = _get(node, "pages", "big.bin", f"bytes={start + 100_000}-{start + 600_000}")
+    assert got == BIG_BODY[start + 100_000 : start + 600_001]
     assert origin.count() == 0
+    # Another, unaligned range of the same block: its own sub-blocks, at most 1.2x its bytes.
+    origin.reset()
+    other = 16 * MiB + 100_000
+    got = _get(node, "pages", "big.bin", f"bytes={other}-{other + MiB - 1}")
+    assert got == BIG_BODY[other : other + MiB]
+    assert origin.count("GET") == 1
+    assert MiB <= origin.bytes_sent("GET") <= 1.2 * MiB
+
+
+# Unaligned 1 MiB ranges far apart (never starting where another ended, so the node takes no
+# reader for a sequential one), one across the boundary of blocks 5 and 6.
+SCATTERED = [5 * MiB + 12_345, 33 * MiB + 777, 13 * MiB + 99_999, 24 * MiB - 300_000,
+             37 * MiB + 100, MiB + 3, 29 * MiB + 65_536]  # fmt: skip
+
+
+def test_random_ranges_fetch_little_more_than_their_bytes_and_a_whole_read_only_the_rest(
+    node: GatewayNode, origin: CountingProxy, origin_s3: Any
+) -> None:
+    origin_s3.put_object(Bucket=BUCKET, Key="scattered.bin", Body=BIG_BODY)
+    node.client().head_object(Bucket="pages", Key="scattered.bin")
+    origin.reset()
+    for start in SCATTERED:
+        got = _get(node, "pages", "scattered.bin", f"bytes={start}-{start + MiB - 1}")
+        assert got == BIG_BODY[start : start + MiB]
+    ranged = origin.bytes_sent("GET")
+    assert ranged <= 1.2 * len(SCATTERED) * MiB, [(r.method, r.range) for r in origin.requests]
+    assert origin.count("GET") == len(SCATTERED) + 1  # one request a block touched
+    # The whole object: each block made of the sub-blocks held and the rest, no byte twice.
+    assert _get(node, "pages", "scattered.bin") == BIG_BODY
+    assert origin.bytes_sent("GET") == BIG, origin.requests
+    origin.reset()
+    assert _get(node, "pages", "scattered.bin") == BIG_BODY
+    assert origin.count() == 0
+
+
+def test_concurrent_readers_of_a_range_make_one_fetch_across_the_workers(
+    node: GatewayNode, origin: CountingProxy, origin_s3: Any
+) -> None:
+    origin_s3.put_object(Bucket=BUCKET, Key="together.bin", Body=BIG_BODY)
+    for _ in range(4):  # each worker learns the version (HEADs only)
+        node.client().head_object(Bucket="pages", Key="together.bin")
+    origin.reset()
+    gate = origin.hold_bodies("together.bin")  # the fill stays in flight until all have come
+    start = 9 * MiB + 4321
+    misses = node.metric("gateway_cache_misses")
+
+    def read(_: int) -> bytes:
+        return _get(node, "pages", "together.bin", f"bytes={start}-{start + MiB - 1}")
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            results = pool.map(read, range(8))
+            # Every reader has missed (published by each worker within a second): all are
+            # waiting on the one fill in flight, in whichever worker they came to.
+            eventually(lambda: node.metric("gateway_cache_misses") - misses >= 8)
+            gate.set()
+            assert all(r == BIG_BODY[start : start + MiB] for r in results)
+    finally:
+        gate.set()
+    assert origin.count("GET") == 1, origin.requests
+    assert origin.bytes_sent("GET") <= 1.2 * MiB
+    assert len(node.workers()) >= 2
 
 
 def test_a_sequential_reader_of_ranges_is_read_ahead_and_nothing_is_fetched_twice(
@@ -181,6 +246,76 @@ def test_restart_keeps_the_cache_and_a_kill_mid_fill_serves_no_torn_block(
         assert _get(again, "pages", "small/001") == _blob(MiB, 101)
         assert origin.count() == 0  # metadata from the database, bytes from the old cache
         assert _get(again, "pages", "crash.bin") == BIG_BODY
+    finally:
+        again.stop()
+
+
+def _whole_files(cache: Path) -> list[Path]:
+    """Every committed file of the page store, each checked whole (size, trailer, CRC32C)."""
+    files = [p for p in (cache / "blocks").rglob("*") if p.is_file()]
+    for path in files:
+        tail = path.read_bytes()
+        length = int.from_bytes(tail[-TRAILER_SIZE - 4 * pieces_of(path) :][8:16], "big")
+        blockfile.read(str(path), length, 0, length, True)  # raises Corrupt if torn
+    return files
+
+
+def pieces_of(path: Path) -> int:
+    """How many checksum-table entries the file at `path` has (the table ends the file)."""
+    size = path.stat().st_size
+    for n in range(size // PIECE + 2):
+        if file_size(size - TRAILER_SIZE - 4 * n) == size:
+            return n
+    raise AssertionError(f"{path}: no length fits its size {size}")
+
+
+@pytest.mark.slow
+def test_a_kill_mid_sub_block_fill_leaves_no_torn_sub_block(
+    tmp_path: Path, origin: CountingProxy, origin_s3: Any, origin_bucket: str
+) -> None:
+    origin_s3.put_object(Bucket=BUCKET, Key="torn.bin", Body=BIG_BODY)
+    node = start_gateway(tmp_path / "n", args=("--cache-block-size", "4MiB"))
+    held = 21 * MiB + 5000
+    gate = origin.hold_bodies("torn.bin", from_byte=20 * MiB)
+    try:
+        _mount(node, origin, "torn", "metadata_ttl=-1")
+        done = 2 * MiB + 77
+        assert (
+            _get(node, "torn", "torn.bin", f"bytes={done}-{done + MiB - 1}")
+            == BIG_BODY[done : done + MiB]
+        )
+        cache = node.data_dir / "cache"
+        eventually(lambda: len(_whole_files(cache)) == 9)  # its sub-blocks, committed
+        origin.reset()
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(_get, node, "torn", "torn.bin", f"bytes={held}-{held + MiB - 1}")
+            # Its sub-blocks claimed, the first bytes sent: kill -9 mid-fill.
+            eventually(lambda: origin.bytes_sent("GET") > 0)
+            assert any(p.name[0] != "." for p in (cache / "inflight").iterdir())
+            node.crash()
+            gate.set()
+            with pytest.raises(Exception):  # noqa: B017 - the connection dies, however it says so
+                pending.result()
+    finally:
+        gate.set()
+        node.stop()
+    files = _whole_files(cache)  # nothing torn in blocks/
+    assert len(files) == 9  # only the first range's sub-blocks
+    again = start_gateway(tmp_path / "n", port=node.port, args=("--cache-block-size", "4MiB"))
+    try:
+        origin.reset()
+        assert (
+            _get(again, "torn", "torn.bin", f"bytes={done}-{done + MiB - 1}")
+            == BIG_BODY[done : done + MiB]
+        )
+        assert origin.count("GET") == 0  # kept across the restart
+        got = _get(again, "torn", "torn.bin", f"bytes={held}-{held + MiB - 1}")
+        assert got == BIG_BODY[held : held + MiB]
+        assert origin.count("GET") == 1 and origin.bytes_sent("GET") <= 1.2 * MiB
+        # The crash's leftovers were swept at the start; the fill just made commits (after its
+        # last byte reached the client) and leaves nothing in flight either.
+        eventually(lambda: not [p for p in (cache / "inflight").iterdir() if p.name[0] != "."])
+        assert len(_whole_files(cache)) == 9 + 9
     finally:
         again.stop()
 
