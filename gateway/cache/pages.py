@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -57,6 +58,7 @@ T = TypeVar("T")
 
 _NAME_DOMAIN = b"gateway.cache.block.v1\x00"
 _KEY_DOMAIN = b"gateway.cache.key.v1\x00"
+_FROM_BLOCK = "from block"  # a sub-block claim given up: its bytes come from the block
 WRITE_BATCH = 1 << 20  # a fill writes to its file in batches of this size
 FOLLOW_POLL = 0.005  # seconds between looks at another process's fill that has no new bytes
 FOLLOW_STALL = 120.0  # a fill that shows no progress this long is given up on
@@ -170,11 +172,18 @@ Entry = BlockKey | SubKey  # what has a file of its own in blocks/: a block, or 
 class _Fill:
     """A block on its way in: its bytes so far, shared with every reader in this process."""
 
-    __slots__ = ("_event", "chunks", "done", "error", "length", "name", "received", "task")
+    __slots__ = (
+        "_event", "chunks", "deciding", "done", "error", "length", "name", "received", "subs",
+        "task",
+    )  # fmt: skip
 
     def __init__(self, name: str, length: int) -> None:
         self.name = name
         self.length = length
+        # A block's fill: whether it may still take sub-blocks being filled in this process
+        # (it has not looked yet), and which it takes (their fills it then waits for).
+        self.deciding = True
+        self.subs: list[bool] | None = None
         self.chunks: list[bytes] = []
         self.received = 0
         self.done = False
@@ -531,7 +540,7 @@ class PageStore:
         if not self.sparse(length, start, end):
             return False
         for index in subblocks.covering(start, end, self.sub_size):
-            name = SubKey(bkey.mount_id, bkey.digest, index).name
+            name = _sub_key(bkey.mount_id, bkey.digest, index).name
             if name not in self._verified or name in self._fills:
                 return False
         return True
@@ -803,9 +812,11 @@ class PageStore:
                 continue
             assert fd is not None
             if how == blockfile.FOLLOW:
+                fill.deciding = False
                 await self._follow(fill, fd, fetch)
                 return
             present = await self._subs_present(bkey, fill.length, fd)
+            fill.subs, fill.deciding = present, False
             if present is None:
                 await self._lead(fill, bkey, fd, fetch, pinned)
                 return
@@ -813,10 +824,12 @@ class PageStore:
             if await self._lead(fill, bkey, fd, assembled, pinned):
                 self.spawn(self._drop_subs(bkey, fill.length, present))
             return
+        fill.deciding = False
         self.stats.unkept += 1
         await self._stream(fill, fetch)
 
     async def _from_disk(self, fill: _Fill, bkey: Entry, pinned: bool) -> bool:
+        fill.deciding = False
         data = await self._read_disk(bkey, fill.length, 0, fill.length, pinned)
         if data is None:
             return False
@@ -946,7 +959,7 @@ class PageStore:
     # -- sub-blocks -----------------------------------------------------------------------------
 
     def _subs(self, bkey: BlockKey, indices: range | list[int]) -> list[SubKey]:
-        return [SubKey(bkey.mount_id, bkey.digest, i) for i in indices]
+        return [_sub_key(bkey.mount_id, bkey.digest, i) for i in indices]
 
     async def _read_subs(
         self, bkey: BlockKey, length: int, start: int, end: int, fetch: Fetch, pinned: bool
@@ -1056,6 +1069,7 @@ class PageStore:
         names = [sub.name for sub in subs]
         claims: list[tuple[str, int | None]] = []
         size = self.sub_size
+        from_block: asyncio.Task[None] | None = None
 
         def part(index: int) -> Fetch:
             lo, hi = subblocks.bounds(length, size, index)
@@ -1078,18 +1092,31 @@ class PageStore:
                     await self._stream(fills[sub.index], part(sub.index))
                 return
             if busy:
-                await self._hop(blockfile.release_all, self.root, names, claims)
-                claims = []
-                for sub in subs:
-                    lo, hi = subblocks.bounds(length, size, sub.index)
-                    fill = fills[sub.index]
-                    async with aclosing(
-                        self.read(bkey, length, lo, hi, fetch, pinned=pinned)
-                    ) as got:
-                        async for chunk in got:
-                            fill.append(chunk)
-                    fill.finish()
-                return
+                # The block is being filled (or is there). A fill of it in this process that
+                # takes (or may still take) one of these sub-blocks waits for its fill here:
+                # those are led here as claimed. The others are given up and read from the
+                # block, their fills out of reach of a block fill that starts later (which
+                # would wait for them while they wait for it).
+                block = self._fills.get(bkey.name)
+                off = []
+                for i, sub in enumerate(subs):
+                    if block is None or not (
+                        block.deciding or (block.subs is not None and block.subs[sub.index])
+                    ):
+                        off.append(i)
+                if off:
+                    await self._hop(
+                        blockfile.release_all, self.root, [names[i] for i in off],
+                        [claims[i] for i in off],
+                    )  # fmt: skip
+                    for i in off:
+                        claims[i] = (_FROM_BLOCK, None)
+                        if self._fills.get(names[i]) is fills[subs[i].index]:
+                            del self._fills[names[i]]
+                    # Apart from the claimed ones' fills, which a block fill may wait for.
+                    from_block = asyncio.create_task(
+                        self._from_block(bkey, length, [subs[i] for i in off], fills, fetch, pinned)
+                    )
             i = 0
             while i < len(subs):
                 sub, (how, fd) = subs[i], claims[i]
@@ -1106,14 +1133,20 @@ class PageStore:
                     i = j
                     continue
                 claims[i] = (how, None)  # handed on
-                if how == blockfile.FOLLOW:
+                if how == _FROM_BLOCK:
+                    pass  # by the task reading the block
+                elif how == blockfile.FOLLOW:
                     assert fd is not None
                     await self._follow(fill, fd, part(sub.index))
                 elif not await self._from_disk(fill, sub, pinned):
                     self.stats.unkept += 1  # committed, then gone at once: from the store
                     await self._stream(fill, part(sub.index))
                 i += 1
+            if from_block is not None:
+                await from_block
         except BaseException as exc:
+            if from_block is not None and not from_block.done():
+                from_block.cancel()
             for fill in fills.values():
                 if not fill.done:
                     self.stats.fill_failures += 1
@@ -1129,6 +1162,32 @@ class PageStore:
             ended, self._fill_ended = self._fill_ended, None
             if ended is not None and not ended.done():
                 ended.set_result(None)
+
+    async def _from_block(
+        self,
+        bkey: BlockKey,
+        length: int,
+        subs: list[SubKey],
+        fills: dict[int, _Fill],
+        fetch: Fetch,
+        pinned: bool,
+    ) -> None:
+        """Sub-blocks whose claims were given up for the block being filled: their bytes from
+        it (joined, followed or read)."""
+        try:
+            for sub in subs:
+                lo, hi = subblocks.bounds(length, self.sub_size, sub.index)
+                fill = fills[sub.index]
+                got = self.read(bkey, length, lo, hi, fetch, pinned=pinned)
+                async with aclosing(got):
+                    async for chunk in got:
+                        fill.append(chunk)
+                fill.finish()
+        except BaseException as exc:
+            for sub in subs:
+                if not fills[sub.index].done:
+                    fills[sub.index].finish(exc)
+            raise
 
     async def _lead_run(
         self,
@@ -1199,7 +1258,7 @@ class PageStore:
             while i < n:
                 lo, hi = subblocks.bounds(length, size, i)
                 if present[i]:
-                    sub = SubKey(bkey.mount_id, bkey.digest, i)
+                    sub = _sub_key(bkey.mount_id, bkey.digest, i)
                     async with aclosing(
                         self._sub_bytes(bkey, length, sub, hi - lo, fetch, pinned)
                     ) as got:
@@ -1354,6 +1413,12 @@ class PageStore:
                 await self._hop(journal.flush)
             except OSError as exc:
                 self._disk_trouble("could not write the journal", exc)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _sub_key(mount_id: int, block: bytes, index: int) -> SubKey:
+    """A sub-block's key, hashed once while it is hot (as reads.block_key does for blocks)."""
+    return SubKey(mount_id, block, index)
 
 
 class _Split:

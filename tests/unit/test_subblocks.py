@@ -312,3 +312,22 @@ async def test_a_store_failing_mid_run_fails_its_readers_and_keeps_no_torn_sub_b
     assert src.asked[1:] == [(MiB + 3 * SUB, 2 * MiB)]  # only what was not kept
     await pages.settle()
     assert _sub_files(pages, bkey, len(data)) == list(range(8, 16))
+
+
+async def test_a_block_fill_a_crash_left_in_flight_is_taken_over_not_waited_for(
+    pages: PageStore,
+) -> None:
+    """A sub-block fill that finds the block's in-flight file gives its claims up and reads
+    the block; when that file is a dead filler's leftover, the block is fetched afresh, and
+    nothing waits for itself."""
+    data = _data(4 * MiB)
+    src = Ranged(data)
+    bkey = BlockKey(1, "k", "e", 4 * MiB, 0)
+    leftover = os.path.join(pages.root, "inflight", bkey.name)
+    await asyncio.to_thread(Path(leftover).write_bytes, data[:1000])  # unlocked: filler gone
+    assert await _read(pages, bkey, len(data), src, MiB, 2 * MiB) == data[MiB : 2 * MiB]
+    assert src.asked == [(0, 4 * MiB)]
+    await pages.settle()
+    assert os.path.exists(block_path(pages.root, 1, bkey.name))
+    assert _sub_files(pages, bkey, len(data)) == []
+    assert not [n for n in os.listdir(os.path.join(pages.root, "inflight")) if n[0] != "."]
