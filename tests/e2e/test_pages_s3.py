@@ -16,7 +16,8 @@ import httpx
 import pytest
 
 from gateway.cache import blockfile
-from gateway.cache.layout import PIECE, TRAILER_SIZE, file_size
+from gateway.cache.layout import PIECE, TRAILER_SIZE, block_path, file_size
+from gateway.cache.pages import BlockKey
 from tests.support.gateway import GatewayNode, start_gateway
 from tests.support.net import eventually
 from tests.support.origin import CountingProxy
@@ -50,6 +51,16 @@ def _mount(node: GatewayNode, origin: CountingProxy, bucket: str, *options: str)
         opts += ["-o", option]
     node.cli("mount", "add", bucket, f"s3://{BUCKET}", *opts)
     eventually(lambda: bucket in node.buckets())
+
+
+def _block_file(node: GatewayNode, origin_s3: Any, bucket: str, key: str) -> Path:
+    """Where the node keeps block 0 of the key's current version (1 MiB blocks)."""
+    db = node.data_dir / "gateway.db"
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        [(mount_id,)] = conn.execute("SELECT id FROM mounts WHERE bucket = ?", (bucket,))
+    etag = origin_s3.head_object(Bucket=BUCKET, Key=key)["ETag"]
+    name = BlockKey(mount_id, key, etag, MiB, 0).name
+    return Path(block_path(str(node.data_dir / "cache"), mount_id, name))
 
 
 def recorded(node: GatewayNode, key: str) -> bool:
@@ -377,14 +388,18 @@ def test_quota_pins_and_scan_resistance(
             and node.metric("gateway_cache_bytes") <= 12 * MiB + 12 * 64
             and 0 < node.metric("gateway_cache_mount_bytes", 'mount="2"') <= 3 * MiB + 3 * 64
         )
+        # Scan resistance itself: the pinned and the hot blocks are still on disk.
+        kept = ["small/000", "small/001", *hot]
+        gone = [key for key in kept if not _block_file(node, origin_s3, "pinned", key).exists()]
+        assert gone == [], f"evicted by a sweep: {gone}"
+        # And they are read from there: nothing asked of the origin but HEADs (versions past
+        # the mount's TTL are asked again).
         origin.reset()
-        for key in ["small/000", "small/001", *hot]:
+        for key in kept:
             assert _get(node, "pinned", key) == _blob(MiB, 100 + int(key[-3:]))
         fetched = [(r.path, r.range) for r in origin.requests if r.method == "GET"]
         assert fetched == [], (
-            f"the pinned and the hot set were evicted by a sweep: {fetched};"
-            f" protected {node.metric('gateway_cache_protected_bytes')};"
-            f" the node's log:\n{node.log()[-6000:]}"
+            f"blocks on disk were fetched again: {fetched}; the node's log:\n{node.log()[-6000:]}"
         )
         quota_bytes = node.metric("gateway_cache_mount_bytes", 'mount="2"')
         assert 0 < quota_bytes <= 3 * MiB + 3 * 64
