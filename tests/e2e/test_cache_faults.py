@@ -328,9 +328,15 @@ def test_an_overwrite_behind_the_gateways_back_is_served_whole_within_the_ttl(
 def test_a_flipped_byte_in_a_verified_block_is_never_served(
     tmp_path: Path, origin: CountingProxy, origin_s3: Any, origin_bucket: str
 ) -> None:
+    """With zero-copy sends off (`zero_copy_recheck=0`), every byte served from disk is
+    checked: a flipped one never reaches a client. By default a block checked whole is sent
+    from its file unread for up to 60 s (docs/cache.md, "Zero-copy sends"): that bounded window
+    is tested in tests/e2e/test_zero_copy.py."""
     body = blob(3 * MiB, 8)
     origin_s3.put_object(Bucket=BUCKET, Key="flipped.bin", Body=body)
-    node = start_gateway(tmp_path / "n", args=("--cache-block-size", "1MiB"))
+    node = start_gateway(
+        tmp_path / "n", args=("--cache-block-size", "1MiB", "--zero-copy-recheck", "0")
+    )
     try:
         mount(node, origin, "faults")
         for _ in range(2):  # read and verified, then read again from the disk
