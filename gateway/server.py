@@ -643,15 +643,8 @@ class Exchange:
             raise RuntimeError("the answer is complete already")
         body: bytes = message.get("body", b"")
         more = bool(message.get("more_body", False))
-        conn = self.conn
-        if not conn.writable.is_set():
-            await conn.writable.wait()
-            if self.disconnected:
-                return
-        transport = conn.transport
-        if transport.is_closing():  # the client is going; its loss is told next
-            if not more:
-                self.complete = True
+        transport = await self._writable(more)
+        if transport is None:
             return
         out = self._framed(len(body), more)
         if body and not self._bodyless:
@@ -667,6 +660,21 @@ class Exchange:
         if not more:
             self.complete = True
             self.arrived.set()
+
+    async def _writable(self, more: bool) -> asyncio.Transport | None:
+        """The connection's transport once it takes more bytes (backpressure), or None when
+        the client is going (its loss is told next; a last body part completes the answer)."""
+        conn = self.conn
+        if not conn.writable.is_set():
+            await conn.writable.wait()
+            if self.disconnected:
+                return None
+        transport = conn.transport
+        if transport.is_closing():
+            if not more:
+                self.complete = True
+            return None
+        return transport
 
     def _framed(self, size: int, more: bool) -> list[bytes]:
         """What goes before `size` bytes of body: the head, if not written yet (with the
@@ -725,20 +733,13 @@ class Exchange:
         count = message.get("count")
         if count is None:
             count = os.fstat(fd).st_size - offset
-        conn = self.conn
-        if not conn.writable.is_set():
-            await conn.writable.wait()
-            if self.disconnected:
-                return
-        transport = conn.transport
-        if transport.is_closing():
-            if not more:
-                self.complete = True
+        transport = await self._writable(more)
+        if transport is None:
             return
         out = self._framed(count, more)
         if out:
             transport.writelines(out)
-        if count and not self._bodyless and not await conn.send_file(fd, offset, count):
+        if count and not self._bodyless and not await self.conn.send_file(fd, offset, count):
             self.keep_alive = False
             if not more:
                 self.complete = True

@@ -500,12 +500,7 @@ class PageStore:
                 return None
         except blockfile.Corrupt as exc:
             os.close(fd)
-            log.warning("cache: dropped damaged block %s: %s", name, exc)
-            self.stats.corrupt += 1
-            self._unverify(name)
-            await self._hop(blockfile.remove, path)
-            if self._journal is not None:
-                self._journal.drop(bkey.digest, bkey.mount_id)
+            await self._drop_damaged(bkey, path, exc)
             return None
         except OSError:
             os.close(fd)
@@ -719,12 +714,7 @@ class PageStore:
         except FileNotFoundError:
             return None
         except blockfile.Corrupt as exc:
-            log.warning("cache: dropped damaged block %s: %s", name, exc)
-            self.stats.corrupt += 1
-            self._unverify(name)
-            await self._hop(blockfile.remove, path)
-            if self._journal is not None:
-                self._journal.drop(bkey.digest, bkey.mount_id)
+            await self._drop_damaged(bkey, path, exc)
             return None
         except OSError as exc:
             # Unreadable now (EIO, out of descriptors): not served, fetched; kept for later.
@@ -738,6 +728,16 @@ class PageStore:
             data = data if (start, end) == (0, length) else data[start:end]
         self.stats.hit_bytes += len(data)
         return data
+
+    async def _drop_damaged(self, bkey: Entry, path: str, exc: Exception) -> None:
+        """A block file failed its checksums: no longer counted as checked, removed, and the
+        janitor told; the caller fetches it again."""
+        log.warning("cache: dropped damaged block %s: %s", bkey.name, exc)
+        self.stats.corrupt += 1
+        self._unverify(bkey.name)
+        await self._hop(blockfile.remove, path)
+        if self._journal is not None:
+            self._journal.drop(bkey.digest, bkey.mount_id)
 
     def _verifies(self, name: str, small: bool) -> bool:
         """Whether a read of a block from disk checks its checksum: always for a block going

@@ -311,12 +311,6 @@ class MetaStore(MultipartUploads, Tenants):
             for statement in also:
                 await conn.execute(statement)
 
-    async def apply(self, statements: Sequence[sa.Executable]) -> None:
-        """Run statements in one transaction: all of them are committed, or none."""
-        async with self._connect() as conn:
-            for statement in statements:
-                await conn.execute(statement)
-
     @functools.cached_property
     def _version_upsert(self) -> sa.TextClause:
         """The upsert of a version row, as SQL text both dialects read alike. SQLAlchemy
