@@ -71,10 +71,8 @@ def open_pages(settings: Settings) -> PageStore:
         min_free_bytes=settings.cache_min_free,
         memory_bytes=settings.cache_memory,
         memory_object_max=settings.cache_memory_object_max,
-        fill_concurrency=settings.fill_concurrency,
         verify_sample=settings.verify_sample,
         zero_copy_recheck=settings.zero_copy_recheck,
-        sub_block_size=settings.cache_sub_block_size,
     )
 
 
@@ -169,8 +167,9 @@ class Node:
         if s.fleet_secret:
             fleet = Fleet(local_node(s), s.fleet_secret, s.forward_timeout, fleet_tls(s))
         shared = Shared.build(
-            meta, pages, s.metadata_ttl, s.cache_block_size, fleet, workers=s.workers
-        )
+            meta, pages, s.metadata_ttl, s.cache_block_size, fleet, workers=s.workers,
+            fill_concurrency=s.fill_concurrency, sub_block_size=s.cache_sub_block_size,
+        )  # fmt: skip
         service = S3Service(
             shared,
             readahead=s.readahead_blocks,

@@ -323,7 +323,7 @@ async def _cold(node: Any, targets: list[str], size: int, readers: int, profile:
         wall, cpu = time.monotonic(), time.process_time()
         await asyncio.gather(*(reader() for _ in range(readers)))
         # What a miss leaves behind is its cost too: the fill on disk, the metadata written.
-        await node.shared.pages.settle()
+        await node.shared.fills.settle()
         rows = node.shared.versions.rows
         while (writing := rows._task) is not None:
             await asyncio.wait([writing])

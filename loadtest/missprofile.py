@@ -3,6 +3,7 @@ crossings of one cold GET, and the top functions by own CPU.
 
     python -m loadtest.missprofile [--objects 2000] [--size 100KiB] [--origin rclone|moto]
         [--readers 4] [--ttl -1] [--profile-objects 300] [--traced 20] [--top 25] [--json F]
+        [--load [--load-concurrency 32]]
 
 An S3 origin on loopback (`rclone serve s3` over a folder, which keeps connections open as a
 real store does; or loadtest.moto_origin, which closes every one) holds `--objects` objects of
@@ -36,6 +37,12 @@ read to its end).
   apart. Each function's idle rate times the window's length is taken off its count (never
   below zero): per GET = (window - idle) / GETs. "One GET" is the median of the 7 windows.
   The hooked node is slower; its CPU is not measured.
+
+With `--load`, the measured and the profiled objects are not read by clients but loaded by
+`gateway load` (a preload job over their prefix, `--load-concurrency` blocks in flight): the
+node's CPU per object loaded, the event loop's share and the top functions, measured as for
+GETs from the job's start to its end (the `gateway load` process itself is not counted);
+no calls are traced. A loaded object against a client's cold GET shows what the job adds.
 
 Each run prints its figures and writes them as JSON (`--json`, default
 loadtest/results/missprofile-<time>.json). docs/architecture.md, "Counting the miss path",
@@ -94,6 +101,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--top", type=int, default=25, help="functions listed (25)")
     p.add_argument("--json", type=Path, default=None, help="where to write the figures")
     p.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
+    p.add_argument("--load", action="store_true", help="objects loaded by `gateway load`")
+    p.add_argument("--load-concurrency", type=int, default=32, help="the load's (32)")
     args = p.parse_args(argv)
     from loadtest.procs import Cleanup
     from loadtest.sizes import parse_size
@@ -118,14 +127,20 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _run(cleanup: Any, work: Path, args: argparse.Namespace, size: int) -> dict[str, Any]:
-    total = _WARM + args.objects + args.profile_objects
-    keys = [f"obj/{i:07d}.bin" for i in range(total)]
+    # Three prefixes: the warm-up, the measured and the profiled objects (each loaded whole
+    # by one `gateway load` in --load mode).
+    keys = [f"w/{i:07d}.bin" for i in range(_WARM)]
+    keys += [f"m/{i:07d}.bin" for i in range(args.objects)]
+    keys += [f"p/{i:07d}.bin" for i in range(args.profile_objects)]
+    total = len(keys)
     origin = _start_origin(cleanup, work, args.origin, keys, size)
     print(f"origin: {args.origin} at {origin}, {total} objects of {size} bytes")
     report: dict[str, Any] = {
         "commit": _commit(), "objects": args.objects, "size": size, "origin": args.origin,
         "readers": args.readers, "ttl": args.ttl,
+        "load_concurrency": args.load_concurrency if args.load else None,
     }  # fmt: skip
+    what = "object loaded" if args.load else "cold GET"
 
     node = _Node(cleanup, work, "cpu", "profile", origin, args.ttl)
     urls = node.presign(keys)
@@ -140,7 +155,10 @@ def _run(cleanup: Any, work: Path, args: argparse.Namespace, size: int) -> dict[
     idle_rate = (_cpu(node.pid) - idle0) / _IDLE_SECONDS
     threads0 = _threads(node.pid)
     t0, cpu0, loop0 = time.monotonic(), _cpu(node.pid), _cpu(node.pid, node.pid)
-    _get_all(node.port, measured, args.readers)
+    if args.load:
+        node.load("m", args.objects, args.load_concurrency)
+    else:
+        _get_all(node.port, measured, args.readers)
     seconds = time.monotonic() - t0
     time.sleep(_SETTLE)
     cpu = _cpu(node.pid) - cpu0
@@ -159,20 +177,30 @@ def _run(cleanup: Any, work: Path, args: argparse.Namespace, size: int) -> dict[
         "idle_cores": round(idle_rate, 4),
     }
     print(
-        f"\nCPU per cold GET: {report['cpu']['us_per_get']:.0f} us "
+        f"\nCPU per {what}: {report['cpu']['us_per_get']:.0f} us "
         f"({report['cpu']['us_per_get_net_of_idle']:.0f} us net of the node's idle "
         f"{idle_rate * 100:.1f} % of a core), of it the event loop's thread "
-        f"{loop / args.objects * 1e6:.0f} us; {args.objects} GETs in {seconds:.1f} s, "
-        f"{args.readers} connections; the other threads, each: "
+        f"{loop / args.objects * 1e6:.0f} us; {args.objects} objects in {seconds:.1f} s, "
+        + (
+            f"{args.load_concurrency} blocks in flight"
+            if args.load
+            else f"{args.readers} connections"
+        )
+        + "; the other threads, each: "
         f"{', '.join(f'{x:g}' for x in others if x > 0)} us"
     )
     if profiled:
         node.switch(signal.SIGUSR1)
-        _get_all(node.port, profiled, args.readers)
+        if args.load:
+            node.load("p", len(profiled), args.load_concurrency)
+        else:
+            _get_all(node.port, profiled, args.readers)
         time.sleep(0.5)
         node.switch(signal.SIGUSR2)
         report["top"] = _top(node.control / "profile.pstats", len(profiled), args.top)
     node.stop()
+    if args.load:
+        return report
 
     # Its periodic re-read of mounts, users and policies (~600 calls every 2 s) would fall
     # in a window now and then: once every 10 minutes here.
@@ -322,6 +350,7 @@ class _Node:
         self.proc = cleanup.spawn(f"node {name}", [*cmd, *serve], work / f"{name}.log", env)
         self.pid = self.proc.pid
         wait_http(f"http://127.0.0.1:{self.port}/healthz", self.proc, timeout=120)
+        self.data, self.env = data, env
 
     def presign(self, keys: list[str]) -> list[str]:
         client = _s3(f"http://127.0.0.1:{self.port}", _ACCESS_KEY, _SECRET)
@@ -332,6 +361,17 @@ class _Node:
             for k in keys
         ]
         return [urllib.parse.urlsplit(u)._replace(scheme="", netloc="").geturl() for u in urls]
+
+    def load(self, prefix: str, objects: int, concurrency: int) -> None:
+        """`gateway load` of the objects under `prefix`, to the job's end."""
+        cmd = [
+            str(_BIN / "gateway"), "load", f"{_BUCKET}/{prefix}/", "--data-dir", str(self.data),
+            "--format", "json", "--concurrency", str(concurrency),
+        ]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=3600)
+        job = json.loads(done.stdout) if done.stdout.strip() else {}
+        if done.returncode != 0 or job.get("loaded_objects") != objects:
+            raise RuntimeError(f"gateway load {prefix}: {done.returncode} {job} {done.stderr}")
 
     def switch(self, signum: int) -> None:
         """Switch the wrapper's profiler on (SIGUSR1) or off and write it out (SIGUSR2); wait

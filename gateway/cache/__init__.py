@@ -1,7 +1,9 @@
 """The local page store on SSD: objects cached as fixed-size blocks per version, shared by the
-worker processes of one node, evicted by one janitor. Imports nothing from the rest of the
+worker processes of one node, evicted by one janitor (`PageStore`, storage), and filled from
+the stores one fetch per block on the node (`Fills`). Imports nothing from the rest of the
 gateway."""
 
+from gateway.cache.fills import Arrival, Fetch, Fills
 from gateway.cache.pages import (
     BlockKey,
     BlockWriter,
@@ -11,4 +13,7 @@ from gateway.cache.pages import (
     PageStore,
 )
 
-__all__ = ["BlockKey", "BlockWriter", "FileRegion", "FillFailed", "PageStats", "PageStore"]
+__all__ = [
+    "Arrival", "BlockKey", "BlockWriter", "Fetch", "FileRegion", "FillFailed", "Fills", "PageStats",
+    "PageStore",
+]  # fmt: skip

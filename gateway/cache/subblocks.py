@@ -7,7 +7,7 @@ trailer, its own name, claim, single-flight fill and janitor accounting). A whol
 later takes the sub-blocks already there and fetches only the rest, then drops them.
 
 Named "sub-blocks", not "pieces": a piece is the 16 KiB unit of a block file's checksum table.
-This module is the arithmetic and the names; the fills are the page store's (pages.py).
+This module is the arithmetic and the names; the fills are fills.py's.
 """
 
 from __future__ import annotations

@@ -113,6 +113,9 @@ class JobRunner:
         self._wake = asyncio.Event()
         self.stopping = False
         self.own_fills = 0  # the page store's fills in flight that are this node's preloads
+        # A node without a fleet places every block on itself: built once, since building a
+        # placement ranks its partitions (~25 ms), and the reporter asks for it every 0.1 s.
+        self._alone = Placement([me])
 
     def wake(self) -> None:
         """Look for work now (a job was submitted through this node)."""
@@ -123,17 +126,17 @@ class JobRunner:
         more from the store in flight and this process's preloads have `floor` or more of
         theirs, no new preload fetch starts here (one already under way goes on); it starts
         when one of them ends."""
-        pages = self.reader.pages
+        fills = self.reader.fills
         yielded = False
         while (
             not self.stopping
             and self.own_fills >= floor
-            and pages.fills_in_flight - self.own_fills >= FOREGROUND_BUSY
+            and fills.in_flight - self.own_fills >= FOREGROUND_BUSY
         ):
             if not yielded:
                 counters.job_yielded()
                 yielded = True
-            await pages.any_fill_ended()
+            await fills.any_ended()
 
     async def run(self) -> None:
         while True:
@@ -338,7 +341,7 @@ class JobRunner:
 
     def _placement(self) -> Placement:
         fleet = self.reader.fleet
-        return Placement([self.me]) if fleet is None else fleet.placement
+        return self._alone if fleet is None else fleet.placement
 
     def _placement_ids(self) -> set[str]:
         return {n.id for n in self._placement().nodes}
@@ -370,6 +373,8 @@ class JobRunner:
             job.ended = True
             job.progressed.set()
             await asyncio.wait([reporter])
+            with contextlib.suppress(OSError):  # kept counted: the budget is only lower
+                await self._usage.release(row.job_id)  # what this worker holds unused
         reporter.result()
         stand_in = row.node_id != self.me.id
         if job.halt is not None:
@@ -595,12 +600,12 @@ class _Job:
     ) -> tuple[bool, bool]:  # fmt: skip
         pages, job_id = self.reader.pages, self.row.job_id
         on_disk = file_size(length)  # as the janitor counts it: with its checksums
-        if await warm.present(pages, bkey):
+        if warm.present(pages, bkey):
             if self.spec.pin:
                 # Read once as pinned: the janitor pins a cached block on its next use.
-                await pages.read_hit(bkey, length, 0, length, pinned=True)
+                await self.reader.fills.read_hit(bkey, length, 0, length, pinned=True)
             if not self.spec.verify:
-                await self.runner._usage.add(job_id, on_disk)
+                await self.runner._usage.add(job_id, on_disk, self.budget)
             t.cached_bytes += length
             return True, False
         if self.spec.verify:

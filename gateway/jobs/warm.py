@@ -37,21 +37,24 @@ def owners(
     return where.owners(placed, min(replicas, where.max_replicas))
 
 
-async def present(pages: PageStore, bkey: BlockKey) -> bool:
-    """Whether the block's file is committed on this node's disk (one stat, off the loop)."""
-    path = block_path(pages.root, bkey.mount_id, bkey.name)
-    return await asyncio.to_thread(os.path.exists, path)
+def present(pages: PageStore, bkey: BlockKey) -> bool:
+    """Whether the block's file is committed on this node's disk: one stat, made on the event
+    loop as the page store's look for a key's record is (PageStore.cached_version: a few µs
+    there, where a thread hop costs ~50 µs of CPU; a preload asks it of every block)."""
+    return os.path.exists(block_path(pages.root, bkey.mount_id, bkey.name))
 
 
 async def kept(pages: PageStore, bkey: BlockKey, patience: float = 2.0) -> bool:
-    """Whether a block just filled was kept. Its fill may have been another worker
-    process's, which this one followed to the last byte: that one commits it a moment later,
-    and until then its in-flight file is there."""
+    """Whether a block just filled was kept: at once when this process committed it. Its
+    fill may have been another worker process's, which this one followed to the last byte:
+    that one commits it a moment later, and until then its in-flight file is there."""
+    if pages.verified(bkey):
+        return True
     inflight = inflight_path(pages.root, bkey.name)
     waited = 0.0
-    while not await present(pages, bkey):
-        if waited >= patience or not await asyncio.to_thread(os.path.exists, inflight):
-            return await present(pages, bkey)
+    while not present(pages, bkey):
+        if waited >= patience or not os.path.exists(inflight):
+            return present(pages, bkey)
         await asyncio.sleep(0.01)
         waited += 0.01
     return True
@@ -68,7 +71,7 @@ async def fill_here(
             async for _ in chunks:
                 pass
     # The bytes are all in before the block is committed: wait for that, to tell if it was.
-    await reader.pages.fill_ended(block_key(mount_id, info.key, info.etag, block_size, index))
+    await reader.fills.fill_ended(block_key(mount_id, info.key, info.etag, block_size, index))
 
 
 async def fill_first(reader: Reader, handle: MountHandle, listed: ObjectInfo, pinned: bool) -> None:
@@ -84,7 +87,7 @@ async def fill_first(reader: Reader, handle: MountHandle, listed: ObjectInfo, pi
                 pass
     if not same(info.etag, listed.etag):
         raise VersionChanged(f"{listed.key} changed since it was listed")
-    await reader.pages.fill_ended(block_key(handle.id, info.key, info.etag, handle.block_size, 0))
+    await reader.fills.fill_ended(block_key(handle.id, info.key, info.etag, handle.block_size, 0))
 
 
 async def fill_from(
@@ -119,11 +122,11 @@ async def fill_from(
                 yield chunk
 
     with store_errors(info.key):
-        chunks = reader.pages.read(bkey, length, 0, length, fetch, pinned=pinned)
+        chunks = reader.fills.read(bkey, length, 0, length, fetch, pinned=pinned)
         async with aclosing(chunks):
             async for _ in chunks:
                 pass
-    await reader.pages.fill_ended(bkey)
+    await reader.fills.fill_ended(bkey)
 
 
 async def fill_at(

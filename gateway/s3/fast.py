@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from typing import Literal, TypeVar
-from urllib.parse import parse_qsl, unquote
+from urllib.parse import unquote
 
 import httptools
 
@@ -22,7 +22,7 @@ from gateway import counters, errors
 from gateway.logs import AccessLog
 from gateway.s3 import limits
 from gateway.s3.handlers import checksum_headers, object_headers
-from gateway.s3.http import Reply, new_request_id
+from gateway.s3.http import Reply, new_request_id, parse_query
 from gateway.s3.routing import AUTH_PARAMS
 from gateway.s3.sigv2 import SigV2Verifier, is_sigv2
 from gateway.s3.sigv4 import AuthResult, SigV4Verifier
@@ -236,7 +236,7 @@ def object_target(
         return False
     raw_path = url.path.decode("latin-1")
     qs = url.query.decode("latin-1") if url.query else ""
-    query = dict(parse_qsl(qs, keep_blank_values=True)) if qs else {}
+    query = parse_query(qs)
     if not _FAST_PARAMS.issuperset(query):
         return False
     try:

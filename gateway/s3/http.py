@@ -50,6 +50,23 @@ class S3Request:
         return f"/{self.bucket}/{self.key}" if self.key is not None else f"/{self.bucket}"
 
 
+_last_query: tuple[str, tuple[tuple[str, str], ...]] = ("", ())
+
+
+def parse_query(qs: str) -> dict[str, str]:
+    """The query string's parameters, decoded (a repeated name: its last value). The last
+    query parsed is kept, so that a request the edge's try at a hit (fast.py) passes on to
+    the full path (a miss) has its query parsed once between them."""
+    global _last_query
+    if not qs:
+        return {}
+    last, pairs = _last_query
+    if qs != last:
+        pairs = tuple(parse_qsl(qs, keep_blank_values=True))
+        _last_query = (qs, pairs)
+    return dict(pairs)
+
+
 def parse_request(scope: Scope, base_domain: str | None) -> S3Request:
     raw = scope.get("raw_path")
     raw_path = raw.decode("latin-1") if raw else scope["path"]
@@ -59,7 +76,7 @@ def parse_request(scope: Scope, base_domain: str | None) -> S3Request:
         n = name.decode("latin-1").lower()
         v = value.decode("latin-1")
         headers[n] = f"{headers[n]},{v}" if n in headers else v
-    query = dict(parse_qsl(qs, keep_blank_values=True)) if qs else {}
+    query = parse_query(qs)
     path = raw_path.split("?", 1)[0]
     if not path.isascii():  # raw UTF-8 bytes on the request line, not percent-encoded
         path = path.encode("latin-1").decode("utf-8")

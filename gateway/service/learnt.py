@@ -82,7 +82,9 @@ class LearntVersions:
 
     def publish(
         self, mount_id: int, key: str, info: ObjectInfo, at: float, generation: int
-    ) -> None:
+    ) -> bool:
+        """Record the version; False when it could not be now (a sibling's write held the
+        file longer than _BUSY_MS): the caller may try again."""
         try:
             self._db.execute(
                 "INSERT OR REPLACE INTO versions VALUES (?, ?, ?, ?, ?)",
@@ -90,6 +92,8 @@ class LearntVersions:
             )
         except sqlite3.Error as exc:
             log.debug("learnt versions: not kept: %s", exc)
+            return False
+        return True
 
     def forget(self, mount_id: int, key: str) -> None:
         try:

@@ -8,6 +8,7 @@ not know the key themselves: a version is asked of the store once per node, not 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -16,6 +17,10 @@ from gateway.generations import Generations
 from gateway.service.learnt import LearntVersions
 from gateway.stores.base import ObjectInfo
 
+# A version the shared record could not take is published again this often by shared(),
+# pausing SHARE_PAUSE seconds before the first try (doubling, at most 50 ms): ~0.4 s in all.
+SHARE_TRIES = 8
+SHARE_PAUSE = 0.002
 _ASKED_MAX = 65_536  # keys looked up and not yet answered, whose generation is kept
 
 
@@ -46,6 +51,9 @@ class MetadataCache:
         self._versions: OrderedDict[tuple[int, str], dict[str, tuple[ObjectInfo, int]]] = (
             OrderedDict()
         )
+        # Versions put here that the node's shared record was too busy to take: (info, wall
+        # time learnt, generation), published again by published().
+        self._unshared: dict[tuple[int, str], tuple[ObjectInfo, float, int]] = {}
 
     def fresh(self, mount_id: int, key: str, ttl: float, now: float) -> ObjectInfo | None:
         item = self._items.get((mount_id, key))
@@ -98,6 +106,8 @@ class MetadataCache:
         return info, checked
 
     def put(self, mount_id: int, key: str, info: ObjectInfo, now: float) -> None:
+        """Remember the key's version, learnt now, and share it with the node's other workers
+        (a record the shared file could not take now is kept for published())."""
         generation = 0
         gens = self._generations
         if gens is not None:
@@ -108,7 +118,33 @@ class MetadataCache:
         while len(self._items) > self._max:
             self._items.popitem(last=False)
         if self._learnt is not None:
-            self._learnt.publish(mount_id, key, info, self._wall(), generation)
+            at = self._wall()
+            if self._learnt.publish(mount_id, key, info, at, generation):
+                self._unshared.pop((mount_id, key), None)
+            else:
+                if len(self._unshared) >= _ASKED_MAX:
+                    self._unshared.clear()  # those not waited for by published(): hints lost
+                self._unshared[(mount_id, key)] = (info, at, generation)
+
+    async def published(self, mount_id: int, key: str) -> bool:
+        """Wait until the key's version put here is in the node's shared record, publishing
+        it again (SHARE_TRIES, pausing between) if a sibling's write kept the file busy: a
+        sibling waiting on this worker's open of the key finds it there, rather than open
+        the key again. False when it could not be shared (the siblings then ask themselves)."""
+        pause = SHARE_PAUSE
+        for _ in range(SHARE_TRIES):
+            record = self._unshared.get((mount_id, key))
+            if record is None or self._learnt is None:
+                return record is None
+            await asyncio.sleep(pause)
+            if self._unshared.get((mount_id, key)) is not record:
+                continue  # put again meanwhile: that put published (or kept) its own
+            if self._learnt.publish(mount_id, key, *record):
+                del self._unshared[(mount_id, key)]
+                return True
+            pause = min(pause * 2, 0.05)
+        self._unshared.pop((mount_id, key), None)
+        return False
 
     def generation(self, mount_id: int, key: str) -> int:
         """The key's change counter now (0 with one worker): what a version asked of the store
@@ -143,6 +179,7 @@ class MetadataCache:
         workers it changed."""
         self._items.pop((mount_id, key), None)
         self._versions.pop((mount_id, key), None)
+        self._unshared.pop((mount_id, key), None)
         gens = self._generations
         if gens is not None:
             self._asked.pop((mount_id, key), None)

@@ -29,9 +29,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar, cast
 
 from gateway import counters, errors
-from gateway.cache import BlockKey, FileRegion, FillFailed, PageStore
+from gateway.cache import Arrival, BlockKey, Fetch, FileRegion, FillFailed, Fills, PageStore
 from gateway.cache.layout import block_path
-from gateway.cache.pages import Fetch
 from gateway.cluster.peers import Fleet, PeerUnavailable
 from gateway.cluster.placement import Node
 from gateway.generations import OpenClaims
@@ -226,12 +225,12 @@ class PageSource:
     while they are kept, one fetch for all the readers of a block. `sparse`: the reader is not
     sequential, so a miss of less than half a block fills only the sub-blocks that hold it."""
 
-    __slots__ = ("pages", "pinned", "sparse", "store")
+    __slots__ = ("fills", "pinned", "sparse", "store")
 
     def __init__(
-        self, pages: PageStore, store: StoreSource, pinned: bool, sparse: bool = False
+        self, fills: Fills, store: StoreSource, pinned: bool, sparse: bool = False
     ) -> None:
-        self.pages = pages
+        self.fills = fills
         self.store = store
         self.pinned = pinned
         self.sparse = sparse
@@ -241,27 +240,28 @@ class PageSource:
     ) -> AsyncGenerator[bytes, None]:
         # Once bytes of this version are out, a block of it invalidated since is better than
         # a cut response.
-        return self.pages.read(
+        return self.fills.read(
             span.key, span.length, span.start, span.end, fetch or self.store.fetch(span),
             pinned=self.pinned, retired_ok=sent, sparse=self.sparse,
         )  # fmt: skip
 
     async def region(self, span: Span) -> FileRegion | None:
         """The span as a region of its block's file, when the page store can give one."""
-        return await self.pages.region(
+        return await self.fills.pages.region(
             span.key, span.length, span.start, span.end, self.pinned
         )  # fmt: skip
 
-    def ahead(self, span: Span) -> bool:
-        """Start fetching a block a reader will want soon; whether it was not cached. Not the
-        next span of a sparse read (a range across a block boundary) that fills sub-blocks:
-        those are filled when it is read."""
-        if self.pages.known(span.key):
-            return False
-        if self.sparse and span.wanted and self.pages.sparse(span.length, span.start, span.end):
-            return False
-        self.pages.prefetch(span.key, span.length, self.store.fetch(span), pinned=self.pinned)
-        return True
+    def ahead(self, span: Span) -> Arrival | None:
+        """Start fetching a block a reader will want soon; its fill in flight here, if any
+        (Fills.ahead). Not the next span of a sparse read (a range across a block boundary)
+        that fills sub-blocks: those are filled when it is read."""
+        if self.fills.pages.known(span.key):
+            return None
+        if self.sparse and span.wanted and self.fills.sparse(span.length, span.start, span.end):
+            return None
+        return self.fills.ahead(
+            span.key, span.length, self.store.fetch(span), pinned=self.pinned
+        )  # fmt: skip
 
 
 class PeerSource:
@@ -317,6 +317,7 @@ class Reader:
         self.shared = shared
         # The shared parts under the names the read loop uses, one attribute away.
         self.pages: PageStore = shared.pages
+        self.fills: Fills = shared.fills
         self.namespace: Namespace = shared.namespace
         self.versions: Versions = shared.versions
         self.fleet: Fleet | None = shared.fleet
@@ -566,8 +567,8 @@ class Reader:
         self, handle: MountHandle, key: str, pinned: bool | None = None
     ) -> tuple[ObjectInfo, AsyncGenerator[bytes, None]]:
         info, stream = await StoreSource.open(handle, key)
-        await self.versions.opened(handle, key, info)
         if not handle.cache_enabled or info.size == 0:
+            await self.versions.opened(handle, key, info)
             return info, await _primed(stream)
         length = min(handle.block_size, info.size)
         span = Span(
@@ -575,7 +576,16 @@ class Reader:
         )
         if pinned is None:
             pinned = handle.pinned(info.key)
-        return info, await _primed(self._filled(handle, info, span, stream, pinned))
+        # Block 0's fill is claimed (its first bytes in) before the version is told to this
+        # node's other workers: one that learnt it first could claim block 0 itself and fetch
+        # it a second time while this fill, following that one, drops the bytes it opened with.
+        body = await _primed(self._filled(handle, info, span, stream, pinned))
+        try:
+            await self.versions.opened(handle, key, info)
+        except BaseException:
+            await body.aclose()
+            raise
+        return info, body
 
     async def _filled(
         self, handle: MountHandle, info: ObjectInfo, span: Span,
@@ -595,7 +605,7 @@ class Reader:
         try:
             # The version was opened just now: its block 0 is not on disk but for a race, which
             # the fill's claim finds (it reads the block then), so no look at the disk first.
-            chunks = self.pages.read(
+            chunks = self.fills.read(
                 span.key, span.length, span.start, span.end, fetch, pinned=pinned, cold=True
             )
             async with aclosing(chunks):
@@ -699,7 +709,7 @@ class Reader:
             if zero_copy:
                 found = await self.pages.region(bkey, length, a, b, pinned)
             if found is None:
-                found = await self.pages.read_hit(bkey, length, a, b, pinned=pinned)
+                found = await self.fills.read_hit(bkey, length, a, b, pinned=pinned)
             if found is not None:
                 self._note_walk(handle, info, start, end)
                 return found, "hit"
@@ -712,11 +722,11 @@ class Reader:
         # Once its first bytes are in, a block read from the disk is known; a fill is still
         # in flight (it ends after its file is written).
         if sequential:
-            hit = self.pages.known(bkey) and not self.pages.filling(bkey)
+            hit = self.pages.known(bkey) and not self.fills.filling(bkey)
         else:  # a random reader's range: its first block, or its sub-blocks there
             offset = first * size
             length = min(size, info.size - offset)
-            hit = not self.pages.filling(bkey) and self.pages.known_range(
+            hit = not self.fills.filling(bkey) and self.fills.known_range(
                 bkey, length, start - offset, min(end - offset, length)
             )
         return body, "hit" if hit else "miss"
@@ -773,11 +783,11 @@ class Reader:
         can hand over as a region of its file (PageStore.region) comes as that. `sparse`: the
         reader is not sequential (small ranges of a block missed are filled as sub-blocks)."""
         store = StoreSource(handle, info)
-        pages = PageSource(self.pages, store, handle.pinned(info.key), sparse)
+        pages = PageSource(self.fills, store, handle.pinned(info.key), sparse)
         peers = PeerSource(self.fleet, pages, store) if self.fleet is not None else None
         pending: deque[Span] = deque()
         fetched: dict[int, asyncio.Task[bytes]] = {}  # peers' blocks fetched ahead
-        unsure: list[BlockKey] = []  # blocks of this read on their way: confirmed before a byte
+        unsure: list[Arrival] = []  # fills of this read's blocks: confirmed before a byte
         sent = False
         version = (handle.id, info.key, info.etag, handle.block_size)
         self.pages.hold(version)  # what is cached of it stays so while this reader reads it
@@ -792,8 +802,9 @@ class Reader:
                         break
                     pending.append(later)
                     if not later.owners:
-                        if pages.ahead(later) and later.wanted and not sent:
-                            unsure.append(later.key)
+                        arrival = pages.ahead(later)
+                        if arrival is not None and later.wanted and not sent:
+                            unsure.append(arrival)
                     elif later.wanted:
                         assert peers is not None
                         fetched[later.index] = asyncio.create_task(_collect(peers.read(later)))
@@ -831,13 +842,14 @@ class Reader:
             if head is not None:
                 await head.aclose()
 
-    async def _confirm(self, blocks: list[BlockKey]) -> None:
+    async def _confirm(self, fills: list[Arrival]) -> None:
         """Before the first byte of a read goes out: the blocks it fetches ahead from the store
         have begun to arrive, so that a version the store no longer has (overwritten behind
         the gateway's back within the metadata TTL) becomes a new read of the new version
-        rather than a response cut after its first block."""
-        for bkey in blocks:
-            error = await self.pages.started(bkey)
+        rather than a response cut after its first block. A fill that has failed and ended
+        meanwhile (the store answered before the first block was read) still tells why."""
+        for fill in fills:
+            error = await fill.started()
             if isinstance(error, VersionChanged):
                 raise error
 
@@ -854,11 +866,11 @@ class Reader:
         if not 0 <= start <= end <= length:
             raise errors.InvalidRange()
         bkey = block_key(mount_id, info.key, info.etag, block_size, index)
-        data = await self.pages.read_hit(bkey, length, start, end, pinned=pinned)
+        data = await self.fills.read_hit(bkey, length, start, end, pinned=pinned)
         if data is not None:
             return data
         span = Span(index, bkey, offset, length, start, end)
-        source = PageSource(self.pages, StoreSource(handle, info), pinned, sparse)
+        source = PageSource(self.fills, StoreSource(handle, info), pinned, sparse)
         return await _primed(source.read(span))
 
     async def local_blocks(self, bucket: str, key: str, first: int, count: int) -> LocalBlocks:
@@ -879,7 +891,7 @@ class Reader:
             bkey = block_key(handle.id, info.key, info.etag, size, index)
             if place(index, bkey):
                 continue
-            path = await self.pages.block_file(bkey)
+            path = await self.fills.block_file(bkey)
             if path is None:
                 try:
                     body = await self.serve_block(handle.id, info, size, index, 0, length, pinned)
@@ -889,7 +901,7 @@ class Reader:
                                 pass
                 except (FillFailed, VersionChanged) as exc:  # this key's answer, not the request's
                     raise errors.ServiceUnavailable(f"A block was not fetched: {exc}") from None
-                path = await self.pages.block_file(bkey)
+                path = await self.fills.block_file(bkey)
             if path is not None:
                 found.append((index, length, path))
         return LocalBlocks(info, size, handle.ttl, found)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gateway import errors
-from gateway.cache import PageStore
+from gateway.cache import Fills, PageStore
 from gateway.catalog import Catalog
 from gateway.cluster.peers import Fleet
 from gateway.generations import Generations, OpenClaims
@@ -24,6 +24,7 @@ from gateway.stores import ObjectInfo
 class Shared:
     meta: MetaStore
     pages: PageStore
+    fills: Fills  # blocks on their way in from the stores, over `pages`
     namespace: Namespace
     metadata: MetadataCache  # what this node knows of each object's current version
     versions: Versions  # the one authority on each key's current version (versions.py)
@@ -41,6 +42,8 @@ class Shared:
         block_size: int,
         fleet: Fleet | None = None,
         workers: int = 1,
+        fill_concurrency: int = 16,
+        sub_block_size: int = 0,
     ) -> Shared:
         def mounts_changed(handles: list[MountHandle]) -> None:
             pages.set_quotas({h.id: h.quota for h in handles if h.quota is not None})
@@ -58,13 +61,16 @@ class Shared:
             learnt=LearntVersions(pages.root) if several else None,
         )
         versions = Versions(metadata, VersionRows(meta), catalog, pages)
+        fills = Fills(pages, fill_concurrency=fill_concurrency, sub_block_size=sub_block_size)
         return cls(
-            meta, pages, namespace, metadata, versions, fleet, catalog,
+            meta, pages, fills, namespace, metadata, versions, fleet, catalog,
             generations, OpenClaims(pages.root) if several else None,
         )  # fmt: skip
 
     async def close(self) -> None:
-        """Close what build opened; the node closes the metadata and page stores it gave."""
+        """Close what build opened (the fills in flight cancelled); the node closes the
+        metadata and page stores it gave."""
+        await self.fills.close()
         await self.versions.rows.close()  # versions learnt or written, briefly
         await self.namespace.close()
         self.metadata.close()

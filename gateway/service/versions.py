@@ -441,8 +441,10 @@ class Versions:
     # -- what was seen --------------------------------------------------------------------------
 
     async def opened(self, handle: MountHandle, key: str, info: ObjectInfo) -> None:
-        """This node opened the key at its store (the version with its block 0)."""
+        """This node opened the key at its store (the version with its block 0): known to the
+        node's other workers before its open claim goes (reads._open_once)."""
         self.metadata.put(handle.id, key, info, time.monotonic())
+        await self.metadata.published(handle.id, key)
         await self._learnt_row(handle, key, info, None)
 
     def told(self, handle: MountHandle, key: str, info: ObjectInfo) -> None:

@@ -120,9 +120,10 @@ def test_a_kill_during_cold_reads_and_puts_leaves_nothing_in_inflight_after_a_re
 
             def both_kinds_in_flight() -> bool:
                 names = [p.name for p in inflight.iterdir()]
-                return any(n.startswith(".w.") for n in names) and any(
-                    not n.startswith(".") for n in names
-                )
+                spooled = any(n.startswith(".w.") for n in names)
+                filling = any(not n.startswith(".") for n in names)
+                assert spooled and filling, f"in flight: {names}; origin saw {origin.requests}"
+                return True
 
             eventually(both_kinds_in_flight)
             node.crash()

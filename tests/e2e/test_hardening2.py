@@ -26,6 +26,7 @@ from botocore.config import Config
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
+from gateway.cache.layout import file_size
 from gateway.s3.local import PER_UID
 from tests.support.gateway import (
     ACCESS_KEY,
@@ -549,12 +550,23 @@ def test_the_config_file_is_kept_out_of_mounts(tmp_path: Path) -> None:
         node.stop()
 
 
-def test_a_preloads_cache_budget_is_the_nodes_across_its_workers(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("count", "size", "capacity"),
+    [
+        (640, 64 << 10, 8 << 20),  # a lease (1/256 of the budget) is less than a block: exact
+        (1600, 16 << 10, 16 << 20),  # 64 KiB leases: blocks counted in memory, given back
+    ],
+)
+def test_a_preloads_cache_budget_is_the_nodes_across_its_workers(
+    tmp_path: Path, count: int, size: int, capacity: int
+) -> None:
     files = tmp_path / "many"
     files.mkdir()
-    for i in range(640):  # five batches: both workers take some
-        (files / f"{i:04d}.bin").write_bytes(bytes([i % 251]) * (64 << 10))
-    args = ("--cache-capacity", "8MiB", "--cache-memory", "0", "--cache-block-size", "1MiB")
+    for i in range(count):  # five batches or more: both workers take some
+        (files / f"{i:04d}.bin").write_bytes(bytes([i % 251]) * size)
+    args = (
+        "--cache-capacity", str(capacity), "--cache-memory", "0", "--cache-block-size", "1MiB",
+    )  # fmt: skip
     node = start_gateway(tmp_path / "data", args=args)
     try:
         assert len(node.workers()) >= 2
@@ -563,7 +575,11 @@ def test_a_preloads_cache_budget_is_the_nodes_across_its_workers(tmp_path: Path)
         out = node.cli("load", "many/", "--format", "json", check=False)
         ended = json.loads(out.stdout)
         assert ended["state"] == "partial" and "full" in ended["message"], ended
-        assert 0 < ended["loaded_bytes"] <= 8 << 20, ended
+        assert 0 < ended["loaded_bytes"] <= capacity, ended
+        # The node's count of the job's bytes is exactly its blocks' files: every worker's
+        # unused lease was given back when its share ended.
+        usage = node.data_dir / "cache" / "job-usage" / str(ended["id"])
+        assert int(usage.read_text()) == ended["loaded_objects"] * file_size(size), ended
         verify = json.loads(node.cli("load", "many/", "--verify", "--format", "json").stdout)
         assert verify["cached_bytes"] == ended["loaded_bytes"], (ended, verify)
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import re
 import signal
@@ -106,6 +107,18 @@ class GatewayNode:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def warnings(self) -> list[str]:
+        """The node's log lines (JSON, one a line) at warning level or above."""
+        found = []
+        for line in self.log().splitlines():
+            try:
+                level = json.loads(line).get("level")
+            except (ValueError, AttributeError):
+                continue  # the banner and other plain lines
+            if level in ("warning", "error", "critical"):
+                found.append(line)
+        return found
 
     def workers(self) -> list[int]:
         """The node's worker processes (none: it runs in its one process)."""

@@ -307,6 +307,16 @@ class CountingProxy:
                 and (path_contains is None or path_contains in r.path)
             )
 
+    def repeated(self, method: str = "GET") -> list[tuple[ProxiedRequest, ...]]:
+        """The requests for one path and range that came more than once, together: what a
+        test of single flight names when it fails."""
+        with self._lock:
+            seen: dict[tuple[str, str | None], list[ProxiedRequest]] = {}
+            for r in self.requests:
+                if r.method == method:
+                    seen.setdefault((r.path, r.range), []).append(r)
+        return [tuple(rs) for rs in seen.values() if len(rs) > 1]
+
     def reset(self) -> None:
         with self._lock:
             self.requests.clear()

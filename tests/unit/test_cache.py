@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from awscrt.checksums import crc32c
 
-from gateway.cache import BlockKey, FillFailed, PageStore
+from gateway.cache import BlockKey, FillFailed
 from gateway.cache.layout import (
     INFLIGHT_DIR,
     PIECE,
@@ -30,6 +30,7 @@ from gateway.cache.layout import (
     trailer,
 )
 from gateway.cache.pages import key_name
+from tests.support.cache import Cache
 from tests.support.net import eventually_async
 
 pytestmark = pytest.mark.anyio
@@ -74,7 +75,7 @@ Fetch = Callable[[int], AsyncIterator[bytes]]
 
 
 async def _read(
-    pages: PageStore, bkey: BlockKey, length: int, fetch: Fetch, start: int = 0, end: int = -1
+    pages: Cache, bkey: BlockKey, length: int, fetch: Fetch, start: int = 0, end: int = -1
 ) -> bytes:
     end = length if end < 0 else end
     out = bytearray()
@@ -84,15 +85,15 @@ async def _read(
     return bytes(out)
 
 
-def _store(root: Path, **kw: object) -> PageStore:
+def _store(root: Path, **kw: object) -> Cache:
     kw.setdefault("capacity_bytes", 1 << 30)
     kw.setdefault("janitor_interval", 0.05)
     kw.setdefault("drop_delay", 0.0)
-    return PageStore(root, **kw)  # type: ignore[arg-type]
+    return Cache(root, **kw)  # type: ignore[arg-type]
 
 
 @pytest.fixture
-async def pages(tmp_path: Path) -> AsyncIterator[PageStore]:
+async def pages(tmp_path: Path) -> AsyncIterator[Cache]:
     store = _store(tmp_path / "cache")
     await store.open()
     yield store
@@ -123,7 +124,7 @@ async def test_miss_fills_then_hits_from_disk_after_restart(tmp_path: Path) -> N
         await again.close()
 
 
-async def test_first_bytes_reach_the_reader_before_the_block_is_complete(pages: PageStore) -> None:
+async def test_first_bytes_reach_the_reader_before_the_block_is_complete(pages: Cache) -> None:
     data = _data(2 * MiB)
     source = Source(data)
     source.gate, source.hold_after = asyncio.Event(), MiB
@@ -137,7 +138,7 @@ async def test_first_bytes_reach_the_reader_before_the_block_is_complete(pages: 
     assert first + rest == data
 
 
-async def test_concurrent_readers_of_a_missing_block_make_one_fetch(pages: PageStore) -> None:
+async def test_concurrent_readers_of_a_missing_block_make_one_fetch(pages: Cache) -> None:
     data = _data(MiB + 17)
     source = Source(data)
     source.gate, source.hold_after = asyncio.Event(), 256 << 10
@@ -154,7 +155,7 @@ async def test_concurrent_readers_of_a_missing_block_make_one_fetch(pages: PageS
     await pages.settle()
 
 
-async def test_a_failed_fill_wakes_every_reader_and_the_next_read_retries(pages: PageStore) -> None:
+async def test_a_failed_fill_wakes_every_reader_and_the_next_read_retries(pages: Cache) -> None:
     data = _data(MiB)
     source = Source(data)
     source.fail_after = 512 << 10
@@ -170,7 +171,7 @@ async def test_a_failed_fill_wakes_every_reader_and_the_next_read_retries(pages:
     assert source.opened == 2
 
 
-async def test_a_short_store_answer_is_not_kept(pages: PageStore) -> None:
+async def test_a_short_store_answer_is_not_kept(pages: Cache) -> None:
     bkey = BlockKey(1, "k", "e", 4 * MiB, 0)
     short = Source(_data(1000))
     with pytest.raises(FillFailed):
@@ -216,7 +217,7 @@ async def test_a_damaged_block_is_dropped_and_refetched(tmp_path: Path, damage: 
 
 
 async def test_a_fill_that_finds_the_block_committed_but_damaged_fetches_it(
-    pages: PageStore,
+    pages: Cache,
 ) -> None:
     """A read-ahead claims a block another process committed, and the block is gone or
     damaged when read: the fill fetches it for whoever joined, never "vanished"."""
@@ -233,7 +234,7 @@ async def test_a_fill_that_finds_the_block_committed_but_damaged_fetches_it(
     assert await pages.read_hit(bkey, MiB, 0, MiB) == data
 
 
-async def test_write_through_blocks_are_hits_and_invalidation_drops_them(pages: PageStore) -> None:
+async def test_write_through_blocks_are_hits_and_invalidation_drops_them(pages: Cache) -> None:
     data = _data(9 * MiB + 3)
     writer = pages.begin_write(1, 4 * MiB, len(data), pinned=False)
     for pos in range(0, len(data), 700_001):
@@ -253,7 +254,7 @@ async def test_write_through_blocks_are_hits_and_invalidation_drops_them(pages: 
     await eventually_async(all_dropped)
 
 
-async def test_an_aborted_write_leaves_nothing(pages: PageStore) -> None:
+async def test_an_aborted_write_leaves_nothing(pages: Cache) -> None:
     writer = pages.begin_write(1, MiB, 3 * MiB, pinned=False)
     await writer.write(_data(2 * MiB + 5))
     await writer.abort()
@@ -281,6 +282,36 @@ async def test_prefetch_fills_in_the_background_within_its_slots(tmp_path: Path)
         await store.close()
 
 
+async def test_a_read_ahead_fill_that_failed_and_ended_still_tells_its_error(
+    pages: Cache,
+) -> None:
+    # A reader reads blocks ahead and, before its first byte goes out, awaits their first
+    # bytes: a store that refused the version (overwritten) must be heard even when that
+    # answer came, and the fill ended, while the reader was still reading its first block.
+    class Changed(Exception):
+        pass
+
+    async def refused(skip: int, stop: int | None = None) -> AsyncIterator[bytes]:
+        raise Changed("the store has another version now")
+        yield b""  # pragma: no cover - an async generator
+
+    bkey = BlockKey(1, "k", "e", MiB, 1)
+    arrival = pages.ahead(bkey, MiB, refused)
+    assert arrival is not None
+    await pages.settle()  # the fill ended and left this process's fills
+    assert not pages.filling(bkey)
+    assert isinstance(await arrival.started(), Changed)
+    # A block in flight already is joined, not fetched again; one in memory needs no wait.
+    source = Source(_data(MiB))
+    source.gate, source.hold_after = asyncio.Event(), 0
+    first = pages.ahead(bkey, MiB, source)
+    assert first is not None and pages.ahead(bkey, MiB, source) is first
+    source.gate.set()
+    assert await first.started() is None
+    await pages.settle()
+    assert source.opened == 1
+
+
 # -- several processes on one root --------------------------------------------------------------
 
 
@@ -288,7 +319,7 @@ def _worker(root: str, fetch_log: str, barrier: Any, out: str) -> None:
     """One process of a node: read block 0 of an object whose store is slow."""
 
     async def main() -> None:
-        store = PageStore(root, capacity_bytes=1 << 30, janitor_interval=0.05)
+        store = Cache(root, capacity_bytes=1 << 30, janitor_interval=0.05)
         await store.open()
         data = _data(3 * MiB)
 
@@ -325,16 +356,17 @@ def test_worker_processes_share_one_fill(tmp_path: Path) -> None:
     assert len(Path(fetch_log).read_text().split()) == 1
 
 
-_CRASH_SCRIPT = """
-import asyncio, os, sys
-from gateway.cache import BlockKey, PageStore
+_STALLING_FILLER = """
+import asyncio, sys
+from gateway.cache import BlockKey, Fills, PageStore
 
 async def main():
-    store = PageStore(sys.argv[1], capacity_bytes=1 << 30, janitor=False)
-    await store.open()
+    pages = PageStore(sys.argv[1], capacity_bytes=1 << 30, janitor=False)
+    await pages.open()
+    store = Fills(pages)
     async def stalls(skip):
-        yield b"x" * (1 << 20)
-        print("half", flush=True)
+        yield sys.argv[3].encode() * int(sys.argv[2])
+        print("sent", flush=True)
         await asyncio.sleep(3600)
     async for _ in store.read(BlockKey(1, "k", "e", 4 << 20, 0), 2 << 20, 0, 2 << 20, stalls):
         pass
@@ -343,13 +375,26 @@ asyncio.run(main())
 """
 
 
+async def _stalling_filler(root: Path, piece: int, byte: str) -> asyncio.subprocess.Process:
+    """A process filling a 2 MiB block 0 of (1, "k", "e") whose store sends `piece` bytes of
+    `byte` and then stalls: returned once they are sent."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _STALLING_FILLER, str(root), str(piece), byte,
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        assert await asyncio.wait_for(proc.stdout.readline(), 30) == b"sent\n"
+    except BaseException:
+        proc.kill()
+        await proc.wait()
+        raise
+    return proc
+
+
 async def test_a_follower_whose_filler_is_killed_fetches_the_rest_itself(tmp_path: Path) -> None:
     root = tmp_path / "c"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _CRASH_SCRIPT, str(root), stdout=asyncio.subprocess.PIPE
-    )
-    assert proc.stdout is not None
-    assert await asyncio.wait_for(proc.stdout.readline(), 30) == b"half\n"
+    proc = await _stalling_filler(root, MiB, "x")  # half the block, then stalls
     bkey = BlockKey(1, "k", "e", 4 * MiB, 0)
     # A reader in another process follows the live fill...
     store = _store(root)
@@ -372,6 +417,29 @@ async def test_a_follower_whose_filler_is_killed_fetches_the_rest_itself(tmp_pat
         assert await store.read_hit(bkey, len(data), 0, 10) == data[:10]
         assert os.listdir(root / INFLIGHT_DIR) == []
     finally:
+        await store.close()
+
+
+async def test_a_follower_gets_the_first_bytes_of_a_fill_whose_store_stalls(
+    tmp_path: Path,
+) -> None:
+    # A reader in another worker waits for a block's first bytes before it answers (they
+    # confirm the version): the filler puts them in its file at once, not after a batch.
+    root = tmp_path / "c"
+    proc = await _stalling_filler(root, 64 << 10, "y")
+    store = _store(root)
+    try:
+        await store.open()
+        bkey = BlockKey(1, "k", "e", 4 * MiB, 0)
+        source = Source(b"y" * (2 * MiB))
+        chunks = store.read(bkey, 2 * MiB, 0, 2 * MiB, source)
+        first = await asyncio.wait_for(anext(chunks), 30)
+        assert first == b"y" * len(first) and 0 < len(first) <= 64 << 10
+        assert source.opened == 0  # followed, not fetched again
+        await chunks.aclose()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
         await store.close()
 
 
@@ -404,7 +472,7 @@ def flip(path: str, at: int) -> None:
 
 
 async def test_a_read_checks_the_pieces_it_reads_and_drops_a_damaged_block(
-    pages: PageStore,
+    pages: Cache,
 ) -> None:
     data = _data(2 * MiB)
     source = Source(data)
@@ -429,7 +497,7 @@ async def test_a_read_checks_the_pieces_it_reads_and_drops_a_damaged_block(
 
 
 async def test_blocks_written_before_the_piece_table_are_read_and_checked(
-    pages: PageStore,
+    pages: Cache,
 ) -> None:
     data = _data(MiB + 3)
     bkey = BlockKey(1, "old", "e", 4 * MiB, 0)
@@ -457,7 +525,7 @@ class Gone(Source):
 
 
 async def test_a_retired_version_is_read_by_readers_under_way_not_by_new_ones(
-    pages: PageStore,
+    pages: Cache,
 ) -> None:
     data = _data(3 * MiB)
     size = MiB
@@ -600,15 +668,15 @@ async def test_sweeps_remove_what_dead_processes_left_and_nothing_of_live_ones(
         await store.close()
 
 
-async def test_a_waiter_on_any_fill_wakes_when_one_ends(pages: PageStore) -> None:
-    await pages.any_fill_ended()  # none in flight: at once
+async def test_a_waiter_on_any_fill_wakes_when_one_ends(pages: Cache) -> None:
+    await pages.any_ended()  # none in flight: at once
     data = _data(MiB)
     source = Source(data)
     source.gate, source.hold_after = asyncio.Event(), 64 << 10
     chunks = pages.read(BlockKey(1, "k", "e", 4 * MiB, 0), MiB, 0, MiB, source)
     first = await asyncio.wait_for(chunks.__anext__(), 5)  # the fill is under way
-    assert pages.fills_in_flight == 1
-    waiter = asyncio.create_task(pages.any_fill_ended())
+    assert pages.in_flight == 1
+    waiter = asyncio.create_task(pages.any_ended())
     for _ in range(5):
         await asyncio.sleep(0)
     assert not waiter.done()  # the fill is held after its first chunk

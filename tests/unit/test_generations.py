@@ -3,13 +3,15 @@ two metadata caches over one folder's counters stand for two workers."""
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
 import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
 from gateway.generations import SLOTS, Generations, OpenClaims
-from gateway.service.learnt import LearntVersions, reset
+from gateway.service.learnt import FILE, LearntVersions, reset
 from gateway.service.metadata import MetadataCache
 from gateway.stores import ObjectInfo
 
@@ -81,6 +83,38 @@ def _sharing(root: Path, wall: Wall) -> MetadataCache:
     return MetadataCache(
         generations=Generations(str(root)), learnt=LearntVersions(str(root)), wall=wall
     )
+
+
+def test_a_version_the_shared_record_was_too_busy_for_is_published_again(
+    tmp_path: Path,
+) -> None:
+    """A worker that opened a key holds its open claim until its siblings can find the version
+    (they would open the key again otherwise: a second store GET). Another process holding
+    the shared file's write lock past the busy timeout no longer loses the record."""
+    wall = Wall()
+    a, b = _sharing(tmp_path, wall), _sharing(tmp_path, wall)
+    holder = sqlite3.connect(tmp_path / FILE, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # a sibling's write, held
+    a.put(1, "k", info('"v1"'), NOW)  # the write waits _BUSY_MS, then gives up
+    assert a.fresh(1, "k", -1, NOW) == info('"v1"')  # a knows it
+    assert b.peek(1, "k") is None  # b does not: not in the shared record
+
+    async def release_once_retried() -> bool:
+        sharing = asyncio.create_task(a.published(1, "k"))
+        await asyncio.sleep(0)  # it has begun waiting
+        holder.execute("COMMIT")
+        return await sharing
+
+    assert asyncio.run(release_once_retried())
+    assert b.peek(1, "k") == info('"v1"')
+    assert asyncio.run(a.published(1, "k"))  # nothing left to share: at once
+
+    holder.execute("BEGIN IMMEDIATE")
+    a.put(1, "k2", info('"v2"'), NOW)
+    assert not asyncio.run(a.published(1, "k2"))  # held throughout: given up, a hint lost
+    holder.execute("COMMIT")
+    assert b.peek(1, "k2") is None
+    holder.close()
 
 
 def test_a_version_one_worker_learnt_is_fresh_in_another_for_the_ttl_from_learning(

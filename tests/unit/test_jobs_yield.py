@@ -15,46 +15,47 @@ from gateway.jobs.runner import FOREGROUND_BUSY, JobRunner
 pytestmark = pytest.mark.anyio
 
 
-class Pages:
-    """A page store's fill count, moved by the test; waiters wake when it drops."""
+class Fills:
+    """A process's count of fills in flight (gateway/cache/fills.py), moved by the test;
+    waiters wake when it drops."""
 
     def __init__(self, fills: int) -> None:
-        self.fills_in_flight = fills
+        self.in_flight = fills
         self._ended = asyncio.Event()
 
-    async def any_fill_ended(self) -> None:
+    async def any_ended(self) -> None:
         await self._ended.wait()
         self._ended.clear()
 
     def end_one(self) -> None:
-        self.fills_in_flight -= 1
+        self.in_flight -= 1
         self._ended.set()
 
 
 async def test_preload_waits_while_clients_fetch_and_goes_on_when_one_ends() -> None:
-    pages = Pages(FOREGROUND_BUSY + 1)  # one of them the job's own
-    runner = SimpleNamespace(reader=SimpleNamespace(pages=pages), own_fills=1, stopping=False)
+    fills = Fills(FOREGROUND_BUSY + 1)  # one of them the job's own
+    runner = SimpleNamespace(reader=SimpleNamespace(fills=fills), own_fills=1, stopping=False)
     yields = counters.JOB_YIELDS._value.get()
     waiting = asyncio.create_task(JobRunner.yield_to_clients(runner))  # type: ignore[arg-type]
     for _ in range(5):
         await asyncio.sleep(0)
     assert not waiting.done()
     assert counters.JOB_YIELDS._value.get() == yields + 1
-    pages.end_one()  # a client's fetch ends: fewer than FOREGROUND_BUSY of theirs
+    fills.end_one()  # a client's fetch ends: fewer than FOREGROUND_BUSY of theirs
     await asyncio.wait_for(waiting, 5)
 
 
 async def test_preload_does_not_wait_for_its_own_fetches() -> None:
-    pages = Pages(FOREGROUND_BUSY + 3)
-    runner = SimpleNamespace(reader=SimpleNamespace(pages=pages), own_fills=4, stopping=False)
+    fills = Fills(FOREGROUND_BUSY + 3)
+    runner = SimpleNamespace(reader=SimpleNamespace(fills=fills), own_fills=4, stopping=False)
     await asyncio.wait_for(JobRunner.yield_to_clients(runner), 5)  # type: ignore[arg-type]
 
 
 async def test_preload_keeps_its_floor_while_clients_fetch() -> None:
     """A store far away is bound by its round trip: a preload that stopped whenever clients
     were busy warmed nothing ahead of an epoch. Below its floor it goes on beside them."""
-    pages = Pages(FOREGROUND_BUSY + 10 + 2)  # clients' fetches, and 2 of the job's own
-    runner = SimpleNamespace(reader=SimpleNamespace(pages=pages), own_fills=2, stopping=False)
+    fills = Fills(FOREGROUND_BUSY + 10 + 2)  # clients' fetches, and 2 of the job's own
+    runner = SimpleNamespace(reader=SimpleNamespace(fills=fills), own_fills=2, stopping=False)
     await asyncio.wait_for(JobRunner.yield_to_clients(runner, 3), 5)  # type: ignore[arg-type]
     runner.own_fills = 3  # at its floor: it waits for a fetch to end
     waiting = asyncio.create_task(JobRunner.yield_to_clients(runner, 3))  # type: ignore[arg-type]
@@ -62,5 +63,5 @@ async def test_preload_keeps_its_floor_while_clients_fetch() -> None:
         await asyncio.sleep(0)
     assert not waiting.done()
     runner.own_fills = 2
-    pages.end_one()  # one of the job's own ended
+    fills.end_one()  # one of the job's own ended
     await asyncio.wait_for(waiting, 5)
