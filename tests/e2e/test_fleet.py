@@ -157,6 +157,24 @@ def fleet(module_dir: Path, origin: CountingProxy, origin_bucket: str) -> Iterat
             fleet.stop()
 
 
+def _why(fleet: Fleet, origin: CountingProxy) -> tuple[Any, ...]:
+    """What a test of one store request per block names when it fails: the requests made
+    twice, and what the nodes warned of or changed in their fleets (a peer that failed to
+    open a key makes the asking node open it itself; a placement that changed asks another
+    owner)."""
+    return (
+        [(r.method, r.path, r.range) for r in origin.requests],
+        origin.repeated(),
+        [w for node in fleet.nodes for w in node.warnings()],
+        [
+            line
+            for node in fleet.nodes
+            for line in node.log().splitlines()
+            if "fleet changed" in line
+        ],
+    )
+
+
 def _get(node: GatewayNode, key: str, bucket: str = "data") -> bytes:
     return bytes(node.client().get_object(Bucket=bucket, Key=key)["Body"].read())
 
@@ -182,10 +200,7 @@ def test_each_object_is_fetched_once_for_the_whole_fleet(
     # once for the fleet, by its owner.
     # An object fetched twice: which, and what the nodes warned of (a peer that failed to
     # open it makes the asking node open it itself).
-    assert origin.count("GET", "/small/") == OBJECTS, (
-        origin.repeated(),
-        [w for node in fleet.nodes for w in node.warnings()],
-    )
+    assert origin.count("GET", "/small/") == OBJECTS, _why(fleet, origin)
     assert origin.count("HEAD", "/small/") <= OBJECTS * len(fleet.nodes)
 
 
@@ -249,7 +264,7 @@ def test_a_cold_get_through_any_node_is_one_store_request(
     # The other nodes do not know the versions yet: their owner does, and answers.
     for i, (key, body) in enumerate(bodies.items()):
         assert _get(fleet.nodes[(i + 1) % 3], key) == body
-    assert origin.count(None, "/cold/") == len(bodies)
+    assert origin.count(None, "/cold/") == len(bodies), _why(fleet, origin)
     # A large object: one GET per block (the first told the version), none twice.
     origin.reset()
     assert _get(fleet.nodes[1], "cold/big") == _blob(5 * MiB + 7, 599)
