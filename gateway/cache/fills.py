@@ -782,30 +782,67 @@ class Fills:
         self, bkey: BlockKey, length: int, fetch: Fetch, present: list[bool], pinned: bool
     ) -> Fetch:
         """The block's bytes from its sub-blocks where they are (on disk, or joined, or followed
-        while they are filled) and from the store for the runs between them."""
+        while they are filled) and from the store for the runs between them.
+
+        The store's first run is asked for, and its first bytes are in, before any byte of a
+        sub-block goes out: the store's answer (the version gone or changed since the
+        sub-blocks were kept) fails the fill before its first byte, as a fetch of the whole
+        block would, so that a reader waiting for the fill's first bytes (Arrival), or a peer
+        served this block, learns it before it has sent anything."""
         size = self.sub_size
+        n = len(present)
+
+        def run(i: int) -> tuple[int, int, int]:
+            """The run of sub-blocks not held that begins at `i`: its bytes, and its end."""
+            j = i
+            while j < n and not present[j]:
+                j += 1
+            return subblocks.bounds(length, size, i)[0], subblocks.bounds(length, size, j - 1)[1], j
 
         async def whole() -> AsyncGenerator[bytes, None]:
-            i, n = 0, len(present)
-            while i < n:
-                lo, hi = subblocks.bounds(length, size, i)
-                if present[i]:
-                    sub = _sub_key(bkey.mount_id, bkey.digest, i)
-                    async with aclosing(
-                        self._sub_bytes(bkey, length, sub, hi - lo, fetch, pinned)
-                    ) as got:
-                        async for chunk in got:
+            gap = present.index(False) if False in present else n
+            opened: AsyncGenerator[bytes, None] | None = None
+            first = b""
+            if gap < n:
+                lo, stop, _ = run(gap)
+                opened = fetch(lo, stop)
+                try:
+                    first = await opened.__anext__()
+                except StopAsyncIteration:
+                    pass  # short: the fill says so
+                except BaseException:
+                    await opened.aclose()
+                    raise
+            try:
+                i = 0
+                while i < n:
+                    if present[i]:
+                        lo, hi = subblocks.bounds(length, size, i)
+                        sub = _sub_key(bkey.mount_id, bkey.digest, i)
+                        async with aclosing(
+                            self._sub_bytes(bkey, length, sub, hi - lo, fetch, pinned)
+                        ) as got:
+                            async for chunk in got:
+                                yield chunk
+                        i += 1
+                        continue
+                    lo, stop, j = run(i)
+                    head = b""
+                    if i == gap:
+                        assert opened is not None
+                        got, head = opened, first
+                    else:
+                        got = fetch(lo, stop)
+                    async with aclosing(got) as chunks:
+                        opened = None  # closed by the `async with` from here on
+                        if head:
+                            yield head
+                        async for chunk in chunks:
                             yield chunk
-                    i += 1
-                    continue
-                j = i
-                while j < n and not present[j]:
-                    j += 1
-                stop = subblocks.bounds(length, size, j - 1)[1]
-                async with aclosing(fetch(lo, stop)) as got:
-                    async for chunk in got:
-                        yield chunk
-                i = j
+                    i = j
+            finally:
+                if opened is not None:
+                    await opened.aclose()
 
         def assembled(skip: int, stop: int | None = None) -> AsyncGenerator[bytes, None]:
             if skip == 0 and stop in (None, length):

@@ -316,6 +316,25 @@ def test_a_client_sends_each_block_read_to_its_owner(fleet: Fleet) -> None:
     assert forwarded() > before
 
 
+def test_an_object_overwritten_at_the_origin_after_a_range_of_it_is_read_whole_of_the_new(
+    fleet: Fleet, origin_s3: Any
+) -> None:
+    # A range fills a sub-block of the version the node learnt; the object is overwritten at
+    # the origin within its TTL (behind the gateway's back). A whole read then makes its
+    # block of that sub-block and the rest, which the store refuses (If-Match): the refusal
+    # comes before any byte, so the read starts again on the new version, whole, through any
+    # node (the block's owner, or a node a peer serves it to).
+    old, new = _blob(700_000, 41), _blob(650_000, 42)
+    for i, node in enumerate(fleet.nodes):
+        key = f"behind/{i}"
+        origin_s3.put_object(Bucket=BUCKET, Key=key, Body=old)
+        got = node.client().get_object(Bucket="data", Key=key, Range="bytes=0-99")
+        assert got["Body"].read() == old[:100]
+        origin_s3.put_object(Bucket=BUCKET, Key=key, Body=new)
+        assert _get(node, key) == new
+        assert _get(fleet.nodes[(i + 1) % 3], key) == new
+
+
 def test_an_overwrite_through_one_node_is_read_new_through_another(
     fleet: Fleet, origin_s3: Any
 ) -> None:

@@ -208,6 +208,33 @@ async def test_the_whole_block_takes_the_sub_blocks_and_fetches_only_the_rest(
     assert len(src.asked) == len(ranges) + 3
 
 
+async def test_a_store_refusing_the_rest_fails_a_block_assembled_of_sub_blocks_before_a_byte(
+    pages: Cache,
+) -> None:
+    # The sub-blocks held are of the version asked for; the store no longer has it (changed
+    # behind the gateway's back) and refuses the rest. A peer is served such a block, and a
+    # reader confirms it, by its first bytes: the refusal must come before any of them.
+    data = _data(2 * MiB)
+    src = Ranged(data)
+    bkey = BlockKey(1, "k", "e", 2 * MiB, 0)
+    assert await _read(pages, bkey, len(data), src, 5, 1000) == data[5:1000]
+    await pages.settle()
+    assert _sub_files(pages, bkey, len(data)) == [0]
+    src.fail_at = 0
+    chunks = pages.read(bkey, len(data), 0, len(data), src)  # type: ignore[arg-type]
+    async with aclosing(chunks):
+        with pytest.raises(OSError, match="went away"):
+            await chunks.__anext__()
+    assert src.asked[1:] == [(SUB, len(data))]
+    await pages.settle()
+    assert not os.path.exists(block_path(pages.root, 1, bkey.name))
+    assert not [n for n in os.listdir(os.path.join(pages.root, "inflight")) if n[0] != "."]
+    # The store answers again: the block is made of the sub-block held and the rest.
+    src.fail_at = -1
+    assert await _read(pages, bkey, len(data), src, 0, len(data), sparse=False) == data
+    assert src.asked[2:] == [(SUB, len(data))]
+
+
 async def test_concurrent_readers_of_a_range_make_one_fetch(pages: Cache) -> None:
     data = _data(4 * MiB)
     src = Ranged(data)
