@@ -786,7 +786,7 @@ class Reader:
         pages = PageSource(self.fills, store, handle.pinned(info.key), sparse)
         peers = PeerSource(self.fleet, pages, store) if self.fleet is not None else None
         pending: deque[Span] = deque()
-        fetched: dict[int, asyncio.Task[bytes]] = {}  # peers' blocks fetched ahead
+        fetched: dict[int, _Fetched] = {}  # peers' blocks fetched ahead
         unsure: list[Arrival] = []  # fills of this read's blocks: confirmed before a byte
         sent = False
         version = (handle.id, info.key, info.etag, handle.block_size)
@@ -807,10 +807,17 @@ class Reader:
                             unsure.append(arrival)
                     elif later.wanted:
                         assert peers is not None
-                        fetched[later.index] = asyncio.create_task(_collect(peers.read(later)))
+                        fetched[later.index] = peer_ahead = _Fetched(peers.read(later))
+                        if not sent:
+                            unsure.append(peer_ahead)
                 ahead = fetched.pop(span.index, None)
                 if ahead is not None:
-                    yield await ahead
+                    data = await ahead.task
+                    if unsure:
+                        await self._confirm(unsure)
+                        unsure = []
+                    sent = True
+                    yield data
                     continue
                 if regions and not span.owners and head is None:
                     region = await pages.region(span)
@@ -837,17 +844,18 @@ class Reader:
                         yield chunk
         finally:
             self.pages.release(version)
-            for task in fetched.values():
-                task.cancel()
+            for left in fetched.values():
+                left.task.cancel()
             if head is not None:
                 await head.aclose()
 
     async def _confirm(self, fills: list[Arrival]) -> None:
-        """Before the first byte of a read goes out: the blocks it fetches ahead from the store
-        have begun to arrive, so that a version the store no longer has (overwritten behind
-        the gateway's back within the metadata TTL) becomes a new read of the new version
-        rather than a response cut after its first block. A fill that has failed and ended
-        meanwhile (the store answered before the first block was read) still tells why."""
+        """Before the first byte of a read goes out: the blocks it fetches ahead, from the
+        store or from the peers that own them, have begun to arrive, so that a version the
+        store no longer has (overwritten behind the gateway's back within the metadata TTL)
+        becomes a new read of the new version rather than a response cut after its first
+        block. A fill that has failed and ended meanwhile (the store answered before the
+        first block was read) still tells why."""
         for fill in fills:
             error = await fill.started()
             if isinstance(error, VersionChanged):
@@ -1018,9 +1026,38 @@ async def _sibling_opened(claims: OpenClaims, byte: int) -> bool:
     return True
 
 
-async def _collect(body: AsyncGenerator[bytes, None]) -> bytes:
-    async with aclosing(body) as chunks:
-        return b"".join([chunk async for chunk in chunks])
+class _Fetched:
+    """A block a peer serves, fetched ahead whole in a task of its own; as an Arrival, its
+    first bytes or the error it ended with (a peer's error comes before its first byte: the
+    owner primes what it serves)."""
+
+    __slots__ = ("_first", "task")
+
+    def __init__(self, body: AsyncGenerator[bytes, None]) -> None:
+        self._first: asyncio.Future[BaseException | None] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self.task = asyncio.create_task(self._collect(body))
+        self.task.add_done_callback(self._ended)
+
+    async def _collect(self, body: AsyncGenerator[bytes, None]) -> bytes:
+        parts = []
+        async with aclosing(body) as chunks:
+            async for chunk in chunks:
+                if not self._first.done():
+                    self._first.set_result(None)
+                parts.append(chunk)
+        return b"".join(parts)
+
+    def _ended(self, task: asyncio.Task[bytes]) -> None:
+        # Cancelled (the read ended first), or failed before a byte: retrieved here, as the
+        # read that started it may never await it.
+        error = None if task.cancelled() else task.exception()
+        if not self._first.done():
+            self._first.set_result(error)
+
+    async def started(self) -> BaseException | None:
+        return await asyncio.shield(self._first)
 
 
 async def _once(data: bytes) -> AsyncGenerator[bytes, None]:

@@ -21,6 +21,7 @@ from botocore.exceptions import ClientError
 from cryptography.fernet import Fernet
 
 from gateway.client import GatewayFileSystem
+from gateway.client.routing import Routing
 from gateway.cluster.stamps import AUTH_HEADER, auth_value, canonical, sign
 from tests.support.gateway import ACCESS_KEY, SECRET_KEY, GatewayNode, start_gateway
 from tests.support.net import eventually, free_port, tls_context
@@ -316,20 +317,39 @@ def test_a_client_sends_each_block_read_to_its_owner(fleet: Fleet) -> None:
     assert forwarded() > before
 
 
+@pytest.mark.parametrize(
+    ("size", "first"),
+    [(700_000, 100), (6 * MiB + 5, 100), (6 * MiB + 5, MiB)],
+    ids=["a-sub-block-of-one-block", "a-sub-block-of-block-0", "block-0-whole"],
+)
 def test_an_object_overwritten_at_the_origin_after_a_range_of_it_is_read_whole_of_the_new(
-    fleet: Fleet, origin_s3: Any
+    fleet: Fleet, origin_s3: Any, size: int, first: int
 ) -> None:
-    # A range fills a sub-block of the version the node learnt; the object is overwritten at
-    # the origin within its TTL (behind the gateway's back). A whole read then makes its
-    # block of that sub-block and the rest, which the store refuses (If-Match): the refusal
-    # comes before any byte, so the read starts again on the new version, whole, through any
-    # node (the block's owner, or a node a peer serves it to).
-    old, new = _blob(700_000, 41), _blob(650_000, 42)
+    # A range of the version a node learnt is cached: a sub-block (a small range), or all of
+    # block 0. The object is then overwritten at the origin within its TTL, behind the
+    # gateway's back. A whole read makes its blocks of what is cached and the rest, which
+    # the store refuses (If-Match): the refusal of a block (one made of sub-blocks at its
+    # owner, or one fetched ahead, from the store or from the peer that owns it) comes
+    # before the read's first byte, so it starts again on the new version and is whole,
+    # through any node. It was cut after the bytes cached (IncompleteRead).
+    old, new = _blob(size, 41), _blob(size - 9, 42)
+    etag = f'"{hashlib.md5(old).hexdigest()}"'
+    routing = Routing(GatewayFileSystem(
+        skip_instance_cache=True, endpoint_url=fleet.nodes[0].url, key=ACCESS_KEY,
+        secret=SECRET_KEY,
+    )._placement_document)  # fmt: skip
     for i, node in enumerate(fleet.nodes):
-        key = f"behind/{i}"
+        # Of a large object, a key none of whose blocks read ahead (1-4) the entry node owns:
+        # they all come from peers (a fill here would be confirmed anyway).
+        key = next(
+            k
+            for k in (f"behind/{size}-{first}/{i}-{n}" for n in range(256))
+            if size < 2 * MiB
+            or all(routing.owner("data", k, etag, b) != node.url for b in range(1, 5))
+        )
         origin_s3.put_object(Bucket=BUCKET, Key=key, Body=old)
-        got = node.client().get_object(Bucket="data", Key=key, Range="bytes=0-99")
-        assert got["Body"].read() == old[:100]
+        got = node.client().get_object(Bucket="data", Key=key, Range=f"bytes=0-{first - 1}")
+        assert got["Body"].read() == old[:first]
         origin_s3.put_object(Bucket=BUCKET, Key=key, Body=new)
         assert _get(node, key) == new
         assert _get(fleet.nodes[(i + 1) % 3], key) == new
