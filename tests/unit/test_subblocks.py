@@ -102,6 +102,11 @@ def _sub_files(pages: Cache, bkey: BlockKey, length: int) -> list[int]:
     ]
 
 
+def _in_flight(pages: Cache) -> list[str]:
+    """The fills left in flight on disk: the entries of inflight/, its hidden files aside."""
+    return [n for n in os.listdir(os.path.join(pages.root, "inflight")) if n[0] != "."]
+
+
 # -- arithmetic ---------------------------------------------------------------------------------
 
 
@@ -228,7 +233,7 @@ async def test_a_store_refusing_the_rest_fails_a_block_assembled_of_sub_blocks_b
     assert src.asked[1:] == [(SUB, len(data))]
     await pages.settle()
     assert not os.path.exists(block_path(pages.root, 1, bkey.name))
-    assert not [n for n in os.listdir(os.path.join(pages.root, "inflight")) if n[0] != "."]
+    assert not _in_flight(pages)
     # The store answers again: the block is made of the sub-block held and the rest.
     src.fail_at = -1
     assert await _read(pages, bkey, len(data), src, 0, len(data), sparse=False) == data
@@ -334,7 +339,7 @@ async def test_a_store_failing_mid_run_fails_its_readers_and_keeps_no_torn_sub_b
     await pages.settle()
     # The three whole ones before the failure are kept; nothing else, nothing in flight.
     assert _sub_files(pages, bkey, len(data)) == [8, 9, 10]
-    assert not [n for n in os.listdir(os.path.join(pages.root, "inflight")) if n[0] != "."]
+    assert not _in_flight(pages)
     src.fail_at = -1
     assert await _read(pages, bkey, len(data), src, MiB, 2 * MiB) == data[MiB : 2 * MiB]
     assert src.asked[1:] == [(MiB + 3 * SUB, 2 * MiB)]  # only what was not kept
@@ -372,4 +377,4 @@ async def _taken_over(pages: Cache) -> None:
     await pages.settle()
     assert os.path.exists(block_path(pages.root, 1, bkey.name))
     assert _sub_files(pages, bkey, len(data)) == []
-    assert not [n for n in os.listdir(os.path.join(pages.root, "inflight")) if n[0] != "."]
+    assert not _in_flight(pages)
