@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
+from typing import Protocol
 
 import httptools
 from prometheus_client import Counter as MetricCounter
@@ -109,8 +110,9 @@ class HeadGuard:
     connection for the head's time limit, and the refusals. The protocol sets `transport`,
     `loop` and `parser`, calls `guard_start` once connected, `guard_stop` once lost, feeds
     data through `feed`, and counts the head with `message_begun`, `count_url` and
-    `count_header`; it says whether an answer is under way (`answering`) and gives the
-    default header fields of its answers (`default_headers`)."""
+    `count_header`; it says whether an answer is under way (`answering`), drops the request
+    refused (`rejecting`), calls `send_refusal` once the answers before a refusal are out, and
+    gives the default header fields of its answers (`default_headers`)."""
 
     transport: asyncio.Transport
     loop: asyncio.AbstractEventLoop
@@ -122,7 +124,8 @@ class HeadGuard:
         self._max_request_line = limits.max_request_line
         self._max_header_bytes = limits.max_header_bytes
         self._max_headers = limits.max_headers
-        self._answered = False  # a refusal is written: what the client still sends is dropped
+        self._answered = False  # a request is refused: what the client still sends is dropped
+        self._refusal: bytes | None = None  # the refusal, until the answers before it are out
         # One timer per connection, re-armed as it fires, checks the head in progress (arming
         # and cancelling one per request would cost more than the rest of the edge).
         self._head_timer: asyncio.TimerHandle | None = None
@@ -230,19 +233,38 @@ class HeadGuard:
         )
 
     def refuse(self, error: errors.S3Error, reason: str) -> None:
-        """Answer `error` and close. A request whose answer is under way (a pipelined
-        request, trailers of a body being read) has no room for another: its connection is
-        closed."""
+        """Answer `error` and close. Nothing the client sends after the refused request is
+        read, and the requests taken up before it are answered first, in order: a server
+        answers every request it carries out and carries out none after the one it refuses.
+        The refused request itself, when its head was taken up (its body or trailers are
+        what is wrong), is dropped by the protocol (`rejecting`)."""
         self._answered = True
         report_refusal(reason)
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
-        transport = self.transport
+        self._refusal = render_refusal(error, self.default_headers())
+        self.rejecting()
         if self.answering():
-            transport.close()
+            # The protocol calls send_refusal() once its answers are out.
+            self.transport.pause_reading()
             return
-        transport.write(render_refusal(error, self.default_headers()))
+        self.send_refusal()
+
+    def rejecting(self) -> None:
+        """The request being parsed is refused: the protocol drops it if it took it up (it
+        is never carried out, or it is told its client went away), or, if its answer has
+        begun, sets `_refusal` to b"" (the connection closes after that answer)."""
+
+    def send_refusal(self) -> None:
+        """Write the refusal held, once no answer before it is still to go out; half-close
+        and drop what the client still sends; close when it does, or after LINGER."""
+        data, self._refusal = self._refusal, None
+        transport = self.transport
+        if data is None or transport.is_closing():
+            return
+        if data:
+            transport.write(data)
         if not transport.can_write_eof():  # TLS: close_notify follows the answer
             transport.close()
             return
@@ -251,26 +273,45 @@ class HeadGuard:
         self._linger = self.loop.call_later(LINGER, transport.close)
 
 
-# The answers to plain cache hits, by listening port (the S3 port; never the fleet's): set by
-# the node of this process once it has started (gateway/s3/fast.py).
+class FileBody(Protocol):
+    """Bytes of an open file to send as they are (the page store's FileRegion is one): whoever
+    takes it sends them and closes it."""
+
+    fd: int
+    offset: int
+    count: int
+
+    def close(self) -> None: ...
+
+
+# An answer made at the edge: its head (a small body joined to it), and a body apart: bytes in
+# memory (the memory tier's, shared: not copied), or a region of a block file, sent from the
+# page cache by a server that takes files, or None.
+FastReply = tuple[bytes, bytes | memoryview | FileBody | None]
+# The answers to plain hits, by listening port (the S3 port; never the fleet's): set by the
+# node of this process once it has started (gateway/s3/fast.py). Called with the method, the
+# request target, the header fields, whether the connection is kept alive, the default header
+# fields, and whether the server takes a body in a file.
 FastAnswer = Callable[
-    [bytes, bytes, list[tuple[bytes, bytes]], bool, list[tuple[bytes, bytes]]],
-    list[bytes | memoryview] | None,
+    [bytes, bytes, list[tuple[bytes, bytes]], bool, list[tuple[bytes, bytes]], bool],
+    FastReply | None,
 ]
 _FAST: dict[int, FastAnswer] = {}
 
 
-def write_fast_answer(
-    transport: asyncio.Transport, answer: list[bytes | memoryview], keep_alive: bool
-) -> bool:
-    """Write an answer made at the edge, in order (no other answer of the connection is
-    under way); True when the connection goes on to its next request."""
+def write_fast_answer(transport: asyncio.Transport, answer: FastReply, keep_alive: bool) -> bool:
+    """Write an answer made at the edge whose body is in memory, whole, in order (no other
+    answer of the connection is under way); True when the connection goes on to its next
+    request. (The node's own server sends them through its outbox instead.)"""
     if transport.is_closing():
         return False
-    if len(answer) == 1:
-        transport.write(answer[0])
+    head, body = answer
+    if body is None:
+        transport.write(head)
     else:
-        transport.writelines(answer)
+        if not isinstance(body, bytes | memoryview):
+            raise TypeError("a body in a file needs a server that sends files")
+        transport.writelines([head, body])
     FAST_ANSWERS.inc()
     if not keep_alive:
         transport.close()

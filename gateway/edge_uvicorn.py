@@ -22,7 +22,14 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from gateway import errors
-from gateway.edge import EdgeLimits, FastAnswer, HeadGuard, fast_path, write_fast_answer
+from gateway.edge import (
+    EdgeLimits,
+    FastAnswer,
+    FastReply,
+    HeadGuard,
+    fast_path,
+    write_fast_answer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +143,11 @@ class EdgeProtocol(HeadGuard, HttpToolsProtocol):
         self._open = config.open_connections
         self._port: int | None = None  # the listening port this connection is counted on
         self._fast: FastAnswer | None = None  # this port's answer to plain hits, if any
-        self._fast_answer: list[bytes | memoryview] | None = None  # to the request parsed
+        self._fast_answer: FastReply | None = None  # to the request parsed
         self._fast_keep_alive = True
+        # Requests taken up by uvicorn's cycles and not yet answered: the one running and
+        # those pipelined behind it (a refusal is sent once they are).
+        self._unanswered = 0
 
     # -- connection ------------------------------------------------------------------------
 
@@ -197,15 +207,17 @@ class EdgeProtocol(HeadGuard, HttpToolsProtocol):
         ):
             parser = self.parser
             keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
+            # No body from a file: uvicorn's transport is written to whole, by uvicorn too.
             answer = fast(
                 parser.get_method(), self.url, self.headers, keep_alive,
-                self.server_state.default_headers,
+                self.server_state.default_headers, False,
             )  # fmt: skip
             if answer is not None:
                 self._fast_answer = answer
                 self._fast_keep_alive = keep_alive
                 return
         super().on_headers_complete()
+        self._unanswered += 1
 
     def on_body(self, body: bytes) -> None:
         self.progress = True
@@ -222,12 +234,38 @@ class EdgeProtocol(HeadGuard, HttpToolsProtocol):
         if not write_fast_answer(self.transport, answer, self._fast_keep_alive):
             return
         self._unset_keepalive_if_required()
-        self.on_response_complete()
+        HttpToolsProtocol.on_response_complete(self)
+
+    def on_response_complete(self) -> None:
+        """A cycle's answer is complete (uvicorn calls it): the next pipelined request
+        starts, or the refusal that waited for the answers goes out."""
+        self._unanswered = max(0, self._unanswered - 1)
+        super().on_response_complete()
+        if self._refusal is not None and not self._unanswered:
+            self.send_refusal()
 
     # -- the edge's refusals (HeadGuard) ------------------------------------------------
 
     def answering(self) -> bool:
-        return self.cycle is not None and not self.cycle.response_complete
+        return self._unanswered > 0
+
+    def rejecting(self) -> None:
+        cycle = self.cycle
+        if cycle is None or not cycle.more_body or cycle.response_complete:
+            return  # what is wrong is a request's head: nothing of it was taken up
+        # What is wrong is the body of the request uvicorn parsed last.
+        for i, (queued, _app) in enumerate(self.pipeline):
+            if queued is cycle:
+                del self.pipeline[i]  # never run
+                self._unanswered -= 1
+                return
+        if cycle.response_started:
+            self._refusal = b""  # it answered already: the connection closes after it
+            return
+        # Running: the application is told its client went away, and answers nothing.
+        cycle.disconnected = True
+        cycle.message_event.set()
+        self._unanswered -= 1
 
     def default_headers(self) -> list[tuple[bytes, bytes]]:
         return self.server_state.default_headers

@@ -108,14 +108,19 @@ def read_resident(path: str, data_len: int, verify: bool) -> memoryview | None:
     except FileNotFoundError:
         return None
     try:
-        tail_len = tail_size(data_len)
-        buf = bytearray(data_len + tail_len + 1)  # one byte more: a longer file is no block
-        try:
-            got = os.preadv(fd, [buf], 0, os.RWF_NOWAIT)
-        except BlockingIOError:
-            return None
+        return read_resident_fd(fd, data_len, verify)
     finally:
         os.close(fd)
+
+
+def read_resident_fd(fd: int, data_len: int, verify: bool) -> memoryview | None:
+    """read_resident() of an open block file."""
+    tail_len = tail_size(data_len)
+    buf = bytearray(data_len + tail_len + 1)  # one byte more: a longer file is no block
+    try:
+        got = os.preadv(fd, [buf], 0, os.RWF_NOWAIT)
+    except BlockingIOError:
+        return None
     # A read stops at the first page not in memory: too short to be the block is no answer
     # (the read on a thread tells a page out of memory from a file of the wrong size).
     view = memoryview(buf)

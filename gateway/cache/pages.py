@@ -409,6 +409,47 @@ class PageStore:
         self.stats.zero_copy += 1
         return FileRegion(fd, start, end - start)
 
+    def peek_sendable(
+        self, bkey: BlockKey, length: int, pinned: bool = False
+    ) -> FileRegion | memoryview | None:
+        """peek_disk() for a server that sends files: the block checked as peek_disk checks
+        it (read into a buffer dropped at once), then given as a region of its file, sent
+        from the page cache, so that no copy of it is kept while a client reads it. A block
+        the memory tier takes, or any block where zero-copy is off, comes as peek_disk()
+        gives it. None as peek_disk()."""
+        name = bkey.name
+        if self.memory.accepts(length) or self._recheck <= 0:
+            return self.peek_disk(bkey, length, pinned)
+        if name not in self._verified or name in self.busy or self._io is None:
+            return None
+        try:
+            fd = os.open(block_path(self.root, bkey.mount_id, name), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            verify = self._verifies(name, False)
+            if verify:
+                whole = blockfile.read_resident_fd(fd, length, True) is not None
+            else:
+                whole = blockfile.sendable(fd, length, 0, length)
+        except (blockfile.Corrupt, OSError):
+            # As peek_disk(): the full path reads it again and drops it if it is damaged.
+            os.close(fd)
+            self._unverify(name)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        if not whole:
+            os.close(fd)
+            return None
+        if verify:
+            self._checked_now(name)
+        self._disk_hit(bkey, pinned)
+        self.stats.hit_bytes += length
+        self.stats.zero_copy += 1
+        return FileRegion(fd, 0, length)
+
     def _checked_now(self, name: str) -> None:
         if len(self._checked) >= _VERIFIED_MAX:
             self._checked.clear()

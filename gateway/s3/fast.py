@@ -26,7 +26,14 @@ from gateway.s3.http import Reply, new_request_id, parse_query
 from gateway.s3.routing import AUTH_PARAMS
 from gateway.s3.sigv2 import SigV2Verifier, is_sigv2
 from gateway.s3.sigv4 import AuthResult, SigV4Verifier
-from gateway.service import ByteRange, Conditions, ObjectInfo, S3Service, check_conditions
+from gateway.service import (
+    ByteRange,
+    Conditions,
+    FileRegion,
+    ObjectInfo,
+    S3Service,
+    check_conditions,
+)
 
 # Headers that ask for more than the object or a range of it, or carry a body: the full path.
 _NOT_PLAIN = frozenset(
@@ -80,9 +87,13 @@ class FastHits:
         fields: list[tuple[bytes, bytes]],
         keep_alive: bool,
         default_headers: list[tuple[bytes, bytes]],
-    ) -> list[bytes | memoryview] | None:
-        """The whole HTTP response to the request, as buffers to write in turn (the head, and
-        a large body apart), or None for the full path to answer."""
+        files: bool = False,
+    ) -> tuple[bytes, bytes | memoryview | FileRegion | None] | None:
+        """The whole HTTP response to the request: its head (a small body joined to it) and a
+        larger body apart, or None for the full path to answer. The body apart is the memory
+        tier's bytes (not copied), or, when the server takes `files`, a region of a block
+        file on disk (sent from the page cache, closed by the server once sent): a block on
+        disk is never read into memory for a connection, however large it is."""
         started = time.perf_counter()
         if (method != b"GET" and method != b"HEAD") or self._service.state_stale():
             return None  # the full path answers (after a re-read of what changed)
@@ -126,7 +137,7 @@ class FastHits:
         access_key = auth.access_key if auth is not None else None
         if self._service.allowed_quick(access_key, "s3:GetObject", bucket, key) is not True:
             return None
-        hit = self._service.take_hit(at, disk=verb == "GET")
+        hit = self._service.take_hit(at, disk=verb == "GET", zero_copy=files)
         if hit is None:
             return None
         info, data = hit
@@ -146,6 +157,8 @@ class FastHits:
                     start, end = rng.resolve(info.size)
                     partial = True
             except errors.S3Error:
+                if isinstance(data, FileRegion):
+                    data.close()
                 return None
         request_id = new_request_id()
         checksums = (
@@ -158,7 +171,6 @@ class FastHits:
             head += [name, b": ", value, b"\r\n"]
         head += [self._object_head(bucket, key, info, checksums)]
         if partial:
-            data = memoryview(data)[start:end]
             head.append(b"content-range: bytes %d-%d/%d\r\n" % (start, end - 1, info.size))
         head += [
             b"x-amz-request-id: ", request_id.encode(), b"\r\n",
@@ -169,13 +181,20 @@ class FastHits:
         head.append(b"\r\n")
         op = "GetObject" if verb == "GET" else "HeadObject"
         sent = 0
-        answer: list[bytes | memoryview] = [b""]
+        body: bytes | memoryview | FileRegion | None = None
         if verb == "GET":
-            sent = len(data)
-            if sent <= _JOINED_MAX:
-                head.append(data)  # one write of one buffer
+            sent = end - start
+            if isinstance(data, FileRegion):
+                data.offset += start  # the region is the whole block
+                data.count = sent
+                body = data
             else:
-                answer.append(data)  # not copied again: written after the head
+                if partial:
+                    data = memoryview(data)[start:end]
+                if sent <= _JOINED_MAX:
+                    head.append(data)  # one write of one buffer
+                else:
+                    body = data  # not copied: written after the head
         elapsed = time.perf_counter() - started
         status = 206 if partial else 200
         counters.observe(op, status, "hit", sent, elapsed, bucket)
@@ -194,8 +213,7 @@ class FastHits:
                     "access_key": access_key,
                 }
             )
-        answer[0] = b"".join(head)
-        return answer
+        return b"".join(head), body
 
     def _object_head(self, bucket: str, key: str, info: ObjectInfo, checksums: bool) -> bytes:
         """The object's header lines, as the full path writes them: rendered once per version

@@ -16,7 +16,7 @@ from gateway.service.conditions import ByteRange, Conditions
 from gateway.service.encrypted import EncryptedReads
 from gateway.service.inputs import CopySource, ListQuery, UploadsQuery
 from gateway.service.multipart import Multipart, PartListing, UploadListing
-from gateway.service.reads import HitAt, LocalBlocks, ObjectResult, Reader
+from gateway.service.reads import FileRegion, HitAt, LocalBlocks, ObjectResult, Reader
 from gateway.service.shared import Shared
 from gateway.service.store_errors import meta_unavailable, store_errors
 from gateway.service.writes import ObjectWriter, WriteConditions, check_encryption
@@ -145,10 +145,10 @@ class S3Service:
         return self.reader.hit_at(bucket, key, disk)
 
     def take_hit(
-        self, at: HitAt, disk: bool = True
-    ) -> tuple[ObjectInfo, bytes | memoryview] | None:
+        self, at: HitAt, disk: bool = True, zero_copy: bool = False
+    ) -> tuple[ObjectInfo, bytes | memoryview | FileRegion] | None:
         """The object hit_at() found, read and counted as a hit, or None (Reader.take_hit)."""
-        return self.reader.take_hit(at, disk)
+        return self.reader.take_hit(at, disk, zero_copy)
 
     async def local_blocks(self, bucket: str, key: str, first: int, count: int) -> LocalBlocks:
         """The key's version and the files of its blocks this node holds (short-circuit)."""

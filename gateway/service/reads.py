@@ -470,16 +470,23 @@ class Reader:
         return HitAt(handle, info, bkey)
 
     def take_hit(
-        self, at: HitAt, disk: bool = True
-    ) -> tuple[ObjectInfo, bytes | memoryview] | None:
+        self, at: HitAt, disk: bool = True, zero_copy: bool = False
+    ) -> tuple[ObjectInfo, bytes | memoryview | FileRegion] | None:
         """The object hit_at() found, counted as a hit: the block from the memory tier or,
         all of it in the page cache, from disk (`disk` False: the memory tier only, for a HEAD,
-        whose answer needs no byte of the block). None when it is not there after all."""
+        whose answer needs no byte of the block). With `zero_copy` (the caller sends files),
+        a block on disk comes as a region of its file, checked as any (PageStore's
+        peek_sendable), not as a copy. None when it is not there after all."""
         handle, info, bkey = at
         pinned = handle.pinned(info.key)
-        data: bytes | memoryview | None = self.pages.peek(bkey, pinned)
+        data: bytes | memoryview | FileRegion | None = self.pages.peek(bkey, pinned)
         if data is None:
-            data = self.pages.peek_disk(bkey, info.size, pinned) if disk else None
+            if not disk:
+                return None
+            if zero_copy:
+                data = self.pages.peek_sendable(bkey, info.size, pinned)
+            else:
+                data = self.pages.peek_disk(bkey, info.size, pinned)
             if data is None:
                 return None
         self._note_walk(handle, info, 0, info.size)
