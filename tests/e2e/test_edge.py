@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from botocore.exceptions import ClientError
 
 from gateway.config import build_settings
 from gateway.edge import EdgeLimits
@@ -196,6 +197,53 @@ def test_bytes_that_are_not_http_are_answered_400_invalid_request(node: GatewayN
     answer = _exchange(node.port, b"HELLO THERE\r\n\r\n")
     assert _status(answer) == 400
     assert _code(answer) == "InvalidRequest"
+
+
+def _presigned(node: GatewayNode, op: str, key: str) -> bytes:
+    """The request target of a presigned URL for `op` on `key` of the files bucket."""
+    url = node.client().generate_presigned_url(
+        op, Params={"Bucket": "files", "Key": key}, ExpiresIn=600
+    )
+    return ("/" + url.split("/", 3)[3]).encode()
+
+
+def _answers(data: bytes) -> list[tuple[int, bytes]]:
+    """The answers one after another on a connection (status and body; each with a length)."""
+    out = []
+    while data:
+        head, sep, data = data.partition(b"\r\n\r\n")
+        assert sep, head[:200]
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        out.append((_status(head), data[:length]))
+        data = data[length:]
+    return out
+
+
+def test_requests_sent_with_a_malformed_one_are_answered_up_to_it_and_none_after_it_run(
+    node: GatewayNode,
+) -> None:
+    """A PUT and a GET, a malformed request, and another PUT, in one write: the PUT and the
+    GET are carried out and answered in order, the malformed request is answered 400, the
+    connection closes, and the PUT after it is not carried out."""
+    host = b"Host: 127.0.0.1:%d\r\n" % node.port
+    key = f"pipelined-{node.port}"
+    put = b"PUT " + _presigned(node, "put_object", key) + b" HTTP/1.1\r\n" + host
+    get = b"GET " + _presigned(node, "get_object", key) + b" HTTP/1.1\r\n" + host + b"\r\n"
+    after = b"PUT " + _presigned(node, "put_object", key + "-after") + b" HTTP/1.1\r\n" + host
+    malformed = b"GET /healthz HTTP/1.1\r\nHost: x\r\nNo colon in this field\r\n\r\n"
+    payload = put + b"Content-Length: 6\r\n\r\nbefore" + get + malformed
+    payload += after + b"Content-Length: 5\r\n\r\nafter"
+    for _ in range(3):  # each server, whatever the order its tasks run in
+        answers = _answers(_exchange(node.port, payload))
+        assert [status for status, _ in answers] == [200, 200, 400], answers
+        assert answers[1][1] == b"before"
+        assert b"<Code>InvalidRequest</Code>" in answers[2][1]
+        with pytest.raises(ClientError, match=r"404|Not Found"):
+            node.client().head_object(Bucket="files", Key=key + "-after")
 
 
 def test_real_clients_with_long_presigned_urls_and_many_headers_are_served(

@@ -317,6 +317,64 @@ def test_bytes_that_are_not_a_request_are_answered_400_as_s3_does(request_bytes:
     asyncio.run(main())
 
 
+def test_a_request_whose_body_is_malformed_is_refused_after_the_answers_before_it() -> None:
+    """A slow GET, a PUT, a PUT whose chunked body is malformed and a GET, in one write: the
+    first two are answered in order, then 400, and the connection closes; neither the
+    malformed PUT nor the GET after it reaches the application. A malformed body of the
+    request running: the application is told its client went away, and 400 follows."""
+    bodies: dict[str, bytes | None] = {}
+    release = asyncio.Event()
+    reading = asyncio.Event()
+
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        path = scope["path"]
+        if path == "/slow":
+            await release.wait()
+        body = b""
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                bodies[path] = None
+                return
+            body += message["body"]
+            reading.set()
+            if not message.get("more_body"):
+                break
+        bodies[path] = body
+        await _answer(send, 200, path.encode() + b":" + body)
+
+    bad = b"PUT /bad HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nxyz\r\n"
+
+    async def main() -> None:
+        async with serving(app) as (_, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                b"GET /slow HTTP/1.1\r\nHost: h\r\n\r\n"
+                b"PUT /put HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nabc"
+                + bad
+                + b"not a chunk size\r\nGET /after HTTP/1.1\r\nHost: h\r\n\r\n"
+            )
+            release.set()
+            answers = [await _read_answer(reader) for _ in range(3)]
+            assert [a[2] for a in answers[:2]] == [b"/slow:", b"/put:abc"]
+            assert answers[2][0] == b"HTTP/1.1 400 Bad Request"
+            assert await reader.read() == b""  # then closed
+            assert bodies == {"/slow": b"", "/put": b"abc"}
+            writer.close()
+
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(bad)
+            await reading.wait()  # the application has the body's first chunk
+            writer.write(b"not a chunk size\r\nGET /after HTTP/1.1\r\nHost: h\r\n\r\n")
+            status, _, _ = await _read_answer(reader)
+            assert status == b"HTTP/1.1 400 Bad Request"
+            assert await reader.read() == b""
+            assert bodies == {"/slow": b"", "/put": b"abc", "/bad": None}
+            writer.close()
+
+    asyncio.run(main())
+
+
 def test_a_body_that_stops_coming_is_answered_408_and_the_application_told() -> None:
     told: list[str] = []
 
