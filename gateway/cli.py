@@ -307,7 +307,7 @@ def serve(**kwargs: Any) -> None:
         config = ServerConfig(limits, ssl=_tls(settings), graceful_timeout=10.0)
         if settings.workers > 1:
             # The announcing thread starts once the workers are forked: they are forked from
-            # a process with no other thread (gateway/server.py).
+            # a process with no other thread (gateway/server/).
             code = run_workers(
                 node_from_environment, config, sockets, settings.workers, announce.start
             )

@@ -59,7 +59,7 @@ class Settings:
     # seconds a block checked whole may be sent from its file unread (0: never; docs/cache.md)
     zero_copy_recheck: float = 60.0
     workers: int = 0  # worker processes sharing the node's cache; 0: one per core
-    server: str = "gateway"  # the HTTP server: the node's own (gateway/server.py) or "uvicorn"
+    server: str = "gateway"  # the HTTP server: the node's own (gateway/server/) or "uvicorn"
     # PostgreSQL connections the node's workers pool together (each at least 2; docs/fleet.md)
     database_connections: int = 16
     # -- the fleet (docs/fleet.md); without a PostgreSQL database_url a node runs alone

@@ -1,6 +1,6 @@
 """The node's HTTP edge: a bounded request head, a time limit for reading one, and a cap on
 open connections per listening port, held by both HTTP servers a node can run: its own
-(gateway/server.py, the default) and uvicorn's httptools protocol (gateway/edge_uvicorn.py,
+(gateway/server/, the default) and uvicorn's httptools protocol (gateway/edge_uvicorn.py,
 `--server uvicorn`).
 
 httptools (llhttp) sets no limit of its own: it hands over the request target and each header

@@ -1,7 +1,7 @@
 """`gateway serve --server uvicorn`: the plain-ASGI fallback. uvicorn's httptools protocol with
 the edge's limits (gateway/edge.py) and its answers to plain hits, and uvicorn's supervisor
 for the workers. It leans on uvicorn's protocol class and attributes (`cycle`, `pipeline`,
-`flow`, `server_state`): the node's own server (gateway/server.py) is the default and needs
+`flow`, `server_state`): the node's own server (gateway/server/) is the default and needs
 none of them; this one is kept working and tested as the fallback.
 """
 
@@ -91,7 +91,7 @@ def run_workers(
             started()
 
         def keep_subprocess_alive(self) -> None:
-            """uvicorn's, but as the node's own server does it (gateway/server.py): a worker
+            """uvicorn's, but as the node's own server does it (gateway/server/): a worker
             that exits before it serves stops the node only if none has served yet (the app,
             TLS or the socket is broken). Once the node has served, a replacement that cannot
             start (its database down, say) is replaced in turn until one can: uvicorn's own

@@ -6,7 +6,7 @@ presigned SigV4 URLs at C connections for D seconds, once per HTTP server (`--se
 the node's own, and `--server uvicorn`), while py-spy samples the worker. Each sample is put
 in the layer of the innermost frame that names one (the rules below, by file and function):
 
-- parse: the HTTP protocol's own code and the request head's parsing (gateway/server.py,
+- parse: the HTTP protocol's own code and the request head's parsing (gateway/server/,
   gateway/edge*.py, uvicorn's protocol, httptools, the request target in s3/fast.py);
 - auth: SigV4/SigV2 verification and the authorization decision (s3/sigv4*.py, s3/sigv2.py,
   iam, service/authz.py);
@@ -14,7 +14,8 @@ in the layer of the innermost frame that names one (the rules below, by file and
 - render: the answer's head and body (s3/fast.py rendering, s3/handlers.py, s3/http.py,
   s3/app.py);
 - log: the access log line and the request counters (logs.py, counters.py, prometheus);
-- send: `transport.write` and what the loop does for it (the sample's leaf in a write);
+- send: the connection's outbox (gateway/server/sends.py), `transport.write` and what the
+  loop does for it (the sample's leaf in a write), sendfile;
 - asgi: the ASGI cycle (the server's `Exchange`, uvicorn's cycle, the node's router,
   starlette) — what a hit answered in the parser's callback does not pay;
 - loop: samples of the serving thread with no frame of a request: the event loop itself
@@ -71,16 +72,14 @@ _RULES: list[tuple[str, str, str]] = [
     ("render", "gateway/s3/http.py", ""),
     ("render", "gateway/s3/app.py", ""),
     ("render", "gateway/s3/xml", ""),
-    ("asgi", "gateway/server.py", "run"),
-    ("asgi", "gateway/server.py", "receive"),
-    ("asgi", "gateway/server.py", "send"),
-    ("asgi", "gateway/server.py", "_render_head"),
+    ("asgi", "gateway/server/exchange.py", ""),
+    ("send", "gateway/server/sends.py", ""),
     ("asgi", "gateway/node.py", ""),
     ("asgi", "starlette", ""),
     ("asgi", "uvicorn/protocols/http/httptools_impl.py", "run_asgi"),
     ("asgi", "uvicorn/protocols/http/httptools_impl.py", "send"),
     ("asgi", "uvicorn/protocols/http/httptools_impl.py", "receive"),
-    ("parse", "gateway/server.py", ""),
+    ("parse", "gateway/server/", ""),
     ("parse", "gateway/edge", ""),
     ("parse", "uvicorn/", ""),
     ("parse", "httptools", ""),

@@ -19,7 +19,7 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-# The ASGI extension that sends a body from a file (gateway/server.py offers it).
+# The ASGI extension that sends a body from a file (gateway/server/ offers it).
 ZEROCOPY = "http.response.zerocopysend"
 _BUFFERS = (bytes, bytearray, memoryview)
 

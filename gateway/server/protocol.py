@@ -201,8 +201,12 @@ class Connection(HeadGuard, asyncio.Protocol):
         self._pipeline.clear()
 
     def eof_received(self) -> bool | None:
-        # The client sends no more: the connection closes (an answer under way is told its
-        # client went away), as HTTP/1.1 servers commonly treat a half-close.
+        # The client sends no more: the connection closes (an exchange under way is told
+        # its client went away), as HTTP/1.1 servers commonly treat a half-close; an answer
+        # made at the edge and still going out is sent whole first.
+        if self.running is None and not self._pipeline and not self.outbox.idle:
+            self._close_after_answers()
+            return True
         return None
 
     def pause_writing(self) -> None:

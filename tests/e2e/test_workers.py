@@ -221,7 +221,7 @@ def _read_grant(bucket: str, user: str) -> dict[str, Any]:
 def test_a_worker_killed_is_replaced_and_the_replacement_answers_as_the_node(
     node: GatewayNode,
 ) -> None:
-    """Workers are forked from the node's supervisor (gateway/server.py, run_workers): one
+    """Workers are forked from the node's supervisor (gateway/server/workers.py, run_workers): one
     killed with SIGKILL is forked again, and the new one shares what the others know."""
     before = set(node.workers())
     victim = min(before)

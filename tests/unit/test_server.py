@@ -1,4 +1,4 @@
-"""The node's own HTTP/1.1 server (gateway/server.py), over real loopback sockets: the
+"""The node's own HTTP/1.1 server (gateway/server/), over real loopback sockets: the
 exchange between a raw client and a small ASGI application, byte for byte where the bytes
 are the point (keep-alive, pipelining, chunked answers, 100-continue, HEAD, errors, a client
 that goes away, a graceful stop, bodies sent from files). The attacks on the edge's limits
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import uvloop
 
-from gateway.edge import EdgeLimits
+from gateway.edge import EdgeLimits, install_fast_path
 from gateway.server import BODY_HIGH_WATER, ZEROCOPY, Server, ServerConfig
 from tests.support.net import eventually_async
 
@@ -559,5 +559,142 @@ def test_pipelined_requests_answered_from_files_keep_their_order(tmp_path: Any) 
                 _, _, body = await _read_answer(reader)
                 assert body == (b"bytes" if i == 3 else files[i][1][5:])
             writer.close()
+
+    uvloop.run(main())
+
+
+# -- answers made at the edge (the fast path), through the connection's outbox -------------
+
+
+class _Region:
+    """A FileBody (as the page store's FileRegion): an open file's bytes, closed once sent."""
+
+    def __init__(self, path: str, offset: int, count: int) -> None:
+        self.fd = os.open(path, os.O_RDONLY)
+        self.offset = offset
+        self.count = count
+        self.closed = False
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            os.close(self.fd)
+
+
+@contextlib.asynccontextmanager
+async def serving_edge(app: Any, answer: Callable[..., Any]) -> AsyncIterator[tuple[Server, int]]:
+    """`serving`, with `answer` as the port's answers at the edge (gateway/edge.py)."""
+    server = Server(app, ServerConfig(EdgeLimits(), graceful_timeout=2.0))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    install_fast_path(port, answer)
+    listener = await asyncio.get_running_loop().create_server(server.protocol, sock=sock)
+    try:
+        yield server, port
+    finally:
+        install_fast_path(port, None)
+        listener.close()
+        await server.drain()
+
+
+def test_edge_answers_from_memory_and_files_go_out_whole_in_order_with_the_rest(
+    tmp_path: Any,
+) -> None:
+    """Large answers made at the edge (a body in memory, a region of a file), pipelined with
+    requests the application answers, on connections at once: every answer arrives whole,
+    in order; every file region is closed once sent. A client that half-closes once it has
+    asked gets the edge's answers whole, then the close."""
+    path_, data = _file(tmp_path, "block", 9 << 20, 3)
+    memory = random.Random(4).randbytes(6 << 20)
+    regions: list[_Region] = []
+
+    def answer(method: bytes, target: bytes, *_: Any) -> Any:
+        if target == b"/memory":
+            head = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(memory)
+            return head, memoryview(memory)
+        if target == b"/file":
+            region = _Region(path_, 1000, len(data) - 2000)
+            regions.append(region)
+            return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % region.count, region
+        return None
+
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        # A request pipelined behind an answer still going out is the application's: it
+        # gives what the edge would have.
+        path = scope["path"]
+        if path == "/file":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await _send_file(send, path_, 1000, len(data) - 2000, False)
+        else:
+            await _answer(send, 200, memory if path == "/memory" else path.encode())
+
+    async def client(port: int, order: list[bytes]) -> list[bytes]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+        writer.write(b"".join(b"GET " + p + b" HTTP/1.1\r\nHost: h\r\n\r\n" for p in order))
+        half = len(order) == 1  # (an exchange of the application is told its client went)
+        if half:
+            writer.write_eof()
+        bodies = [(await _read_answer(reader))[2] for _ in order]
+        if half:
+            assert await reader.read() == b""  # closed after the last answer
+        writer.close()
+        return bodies
+
+    async def main() -> None:
+        async with serving_edge(app, answer) as (_, port):
+            orders = [
+                [b"/file", b"/app", b"/memory", b"/file"],
+                [b"/memory", b"/file", b"/app"],
+                [b"/app", b"/file"],
+                [b"/file"],
+                [b"/memory"],
+                [b"/file", b"/memory", b"/file"],
+            ]
+            got = await asyncio.gather(*(client(port, order) for order in orders))
+            want = {b"/file": data[1000:-1000], b"/memory": memory, b"/app": b"/app"}
+            for order, bodies in zip(orders, got, strict=True):
+                assert bodies == [want[p] for p in order]
+            assert regions and all(region.closed for region in regions)
+
+    uvloop.run(main())
+
+
+def test_a_client_that_takes_nothing_of_an_edge_answer_is_cut_off(tmp_path: Any) -> None:
+    """A client that never reads an answer made at the edge from a file holds no more than
+    what the kernel buffers: after the send timeout its connection is cut off and the file
+    region closed, and the server serves the next client."""
+    path, data = _file(tmp_path, "block", 32 << 20, 5)
+    regions: list[_Region] = []
+
+    def answer(method: bytes, target: bytes, *_: Any) -> Any:
+        region = _Region(path, 0, len(data))
+        regions.append(region)
+        return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % region.count, region
+
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        raise AssertionError("never reached")
+
+    async def main() -> None:
+        server = Server(app, ServerConfig(EdgeLimits(body_timeout=1.0), graceful_timeout=2.0))
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        install_fast_path(port, answer)
+        listener = await asyncio.get_running_loop().create_server(server.protocol, sock=sock)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n")
+            await eventually_async(lambda: regions and regions[0].closed, timeout=30)
+            await eventually_async(lambda: not server.connections, timeout=30)
+            got = b""
+            with contextlib.suppress(ConnectionError):
+                got = await reader.read()  # what the kernels held, then the cut
+            assert len(got) < len(data)
+            writer.close()
+        finally:
+            install_fast_path(port, None)
+            listener.close()
+            await server.drain()
 
     uvloop.run(main())
