@@ -79,6 +79,8 @@ class FastHits:
         self._targets: dict[bytes, tuple[str, str, str, str] | Literal[False]] = {}
         # Each object's header lines, for the version they were rendered from.
         self._heads: dict[tuple[str, str, bool], tuple[ObjectInfo, bytes]] = {}
+        # The server's default header fields (the date: a new list each second), rendered.
+        self._dated: tuple[list[tuple[bytes, bytes]] | None, bytes] = (None, b"")
 
     def answer(
         self,
@@ -166,10 +168,15 @@ class FastHits:
             and bool(info.checksums)
             and headers.get("x-amz-checksum-mode", "").upper() == "ENABLED"
         )
-        head: list[bytes | memoryview] = [_STATUS_PARTIAL if partial else _STATUS]
-        for name, value in default_headers:
-            head += [name, b": ", value, b"\r\n"]
-        head += [self._object_head(bucket, key, info, checksums)]
+        dated = self._dated
+        if dated[0] is not default_headers:  # a new second: the date rendered once
+            lines = b"".join(b"%s: %s\r\n" % (name, value) for name, value in default_headers)
+            dated = self._dated = (default_headers, lines)
+        head: list[bytes | memoryview] = [
+            _STATUS_PARTIAL if partial else _STATUS,
+            dated[1],
+            self._object_head(bucket, key, info, checksums),
+        ]
         if partial:
             head.append(b"content-range: bytes %d-%d/%d\r\n" % (start, end - 1, info.size))
         head += [

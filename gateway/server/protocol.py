@@ -148,7 +148,11 @@ class Connection(HeadGuard, asyncio.Protocol):
         self._paused_for_body = False
         self._paused_for_pipeline = False
         self._close_when_sent = False  # closed once the outbox has handed everything over
+        # One keep-alive timer per connection, re-armed as it fires (arming and cancelling one
+        # per request costs more than a small hit's parsing): it closes the connection once
+        # it has been idle, between two requests, for the keep-alive timeout.
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._idle_since: float | None = None  # loop time the connection went idle
         self.lost = False
 
     # -- connection ----------------------------------------------------------------------
@@ -216,15 +220,13 @@ class Connection(HeadGuard, asyncio.Protocol):
         self.outbox.resume()
 
     def data_received(self, data: bytes) -> None:
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-            self._idle_timer = None
         self.feed(data)
 
     # -- parser callbacks ----------------------------------------------------------------
 
     def on_message_begin(self) -> None:
         self.message_begun()
+        self._idle_since = None  # asked again: not idle
         self._url = b""
         self._headers = []
         self._expect_continue = False
@@ -403,20 +405,27 @@ class Connection(HeadGuard, asyncio.Protocol):
             self._paused_for_pipeline = False
             if not self._paused_for_body:
                 self._resume_reading()
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-        self._idle_timer = self.loop.call_later(
-            self.server.limits.keepalive_timeout, self._close_idle
-        )
+        self._idle_since = self.loop.time()
+        if self._idle_timer is None:
+            self._idle_timer = self.loop.call_later(
+                self.server.limits.keepalive_timeout, self._close_idle
+            )
 
     def _close_idle(self) -> None:
         self._idle_timer = None
-        if self.running is not None or self.transport.is_closing():
+        if self.transport.is_closing():
             return
-        if not self.outbox.idle:  # an answer still going out: not idle yet
-            self._idle()
-            return
-        self.transport.close()
+        keepalive = self.server.limits.keepalive_timeout
+        wait = float(keepalive)
+        since = self._idle_since
+        # Not idle while a request is read or answered, or an answer is still going out.
+        if since is not None and self.running is None and self.outbox.idle:
+            idle_for = self.loop.time() - since
+            if idle_for >= keepalive:
+                self.transport.close()
+                return
+            wait = keepalive - idle_for
+        self._idle_timer = self.loop.call_later(wait, self._close_idle)
 
     def stop(self) -> None:
         """A graceful shutdown: an idle connection closes now, a busy one after its answer."""

@@ -33,7 +33,9 @@ def node(module_dir: Path) -> Iterator[GatewayNode]:
         data, None, "mount", "add", "pub", files.as_uri(), "-o", "public_read=true",
         "-o", "metadata_ttl=3600",
     )  # fmt: skip
-    node = start_gateway(data, args=("--no-access-log",))  # the default worker count
+    # The default worker count, and the node's own server whatever GATEWAY_TEST_SERVER
+    # says: uvicorn writes each answer whole (docs/configuration.md, "The HTTP edge").
+    node = start_gateway(data, args=("--no-access-log",), server="gateway")
     try:
         node.wait_workers()
         yield node
