@@ -206,6 +206,7 @@ class ObjectWriter:
             if cacheable
             else None
         )
+        ticket = self.shared.versions.ticket(handle, key)
         try:
             cond = await resolved(handle, key, cond)
             with store_errors(key):
@@ -223,7 +224,7 @@ class ObjectWriter:
         except BaseException:
             await tee.abort()
             raise
-        await self.written(handle, key, info, remember=not keyed)
+        await self.written(handle, key, info, ticket, remember=not keyed)
         if tee.fill is not None:
             try:
                 await tee.fill.commit(key, info.etag)
@@ -237,10 +238,13 @@ class ObjectWriter:
         handle: MountHandle,
         key: str,
         info: ObjectInfo | None,
+        ticket: int | None,
         remember: bool = True,
         also: Sequence[Executable] = (),
     ) -> None:
-        """A new version (or, with None, no version) of key: forget the old one at once.
+        """A new version (or, with None, no version) of key, written after `ticket` was taken
+        (Versions.ticket; None: the new version is not trusted by reads): forget the old one
+        at once.
         remember=False keeps the new version's metadata out of every cache (SSE-C: a HEAD
         without the key must reach the store, which refuses it). `also`: the write's own
         bookkeeping statements (a completed upload's removal).
@@ -254,7 +258,7 @@ class ObjectWriter:
             # The key's current version: read by its ETag, as any (a version id is for reads
             # that name it).
             info = replace(info, version_id=None)
-        await shared.versions.written(handle, key, info, remember, also)
+        await shared.versions.written(handle, key, info, ticket, remember, also)
         if shared.fleet is not None:
             # Before the client hears success: a read through any node then sees the new version.
             await shared.fleet.invalidate(handle.id, key)
@@ -283,7 +287,7 @@ class ObjectWriter:
                 with contextlib.suppress(Exception):
                     await self.shared.fleet.invalidate(handle.id, key)
             raise
-        await self.written(handle, key, None)
+        await self.written(handle, key, None, None)
 
     async def delete_version(self, bucket: str, key: str, version_id: str) -> VersionDeleted:
         """DeleteObject of a version named by id, in a store that keeps versions: that version
@@ -368,9 +372,10 @@ class ObjectWriter:
         attrs: WriteAttrs | None,
     ) -> ObjectInfo:
         if src.id == dst.id:
+            ticket = self.shared.versions.ticket(dst, dst_key)
             with store_errors(info.key):
                 new = await dst.store.copy(info.key, dst_key, attrs, if_match=info.etag)
-            await self.written(dst, dst_key, new)
+            await self.written(dst, dst_key, new, ticket)
             return new
         if attrs is None:
             attrs = WriteAttrs.of(info)
@@ -392,7 +397,8 @@ class ObjectWriter:
         """Replace the key's tags (empty: remove them); its version stays the same, and the
         tag count the nodes hand out with it is the new one at once."""
         handle = self.shared.writable(bucket)
+        ticket = self.shared.versions.ticket(handle, key)
         with store_errors(key):
             await handle.store.put_tags(key, tags)
             info = await handle.store.stat(key)
-        await self.written(handle, key, info)
+        await self.written(handle, key, info, ticket)
