@@ -44,6 +44,9 @@ class MetadataCache:
         self._max = max_entries
         self._items: OrderedDict[tuple[int, str], tuple[ObjectInfo, float, int]] = OrderedDict()
         self._generations = generations
+        if learnt is not None and not learnt.shared:
+            learnt.close()  # the node's file could not be opened: this worker keeps to itself
+            learnt = None
         self._learnt = learnt
         self._wall = wall
         # Versions requests named by id, by key: (info, the key's generation when asked). A

@@ -232,3 +232,25 @@ def test_a_shared_version_comes_back_whole(tmp_path: Path) -> None:
     learnt.publish(3, rich.key, rich, 5.0, 7)
     assert learnt.lookup(3, rich.key) == (rich, 5.0, 7)
     assert learnt.lookup(4, rich.key) is None
+
+
+def test_a_worker_that_cannot_share_versions_keeps_to_itself_and_waits_for_nothing(
+    tmp_path: Path,
+) -> None:
+    """Found from outside: a worker whose open of the node's versions file failed kept an
+    empty database in memory, and every cold miss it served then waited ~212 ms in
+    published() for a record that could never be taken. It says so once and waits for
+    nothing: published() ends without ever suspending."""
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_bytes(b"")
+    cache = MetadataCache(Generations(str(tmp_path)), learnt=LearntVersions(str(not_a_folder)))
+    assert cache.put(1, "k", info('"v1"'), NOW, cache.ticket(1, "k"))
+    assert cache.fresh(1, "k", 600, NOW) == info('"v1"')
+    step = cache.published(1, "k")
+    try:
+        step.send(None)
+    except StopIteration as done:
+        assert done.value is True
+    else:
+        step.close()
+        raise AssertionError("published() waited for a record nobody can see")
