@@ -34,6 +34,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -59,11 +60,13 @@ Item = tuple[int, str]  # (mount id, key)
 
 
 class Entry(NamedTuple):
-    """A key's row: its version, and whether the row knows all of it (a crawl's row knows
-    only what a listing tells: no content type, no user metadata)."""
+    """A key's row: its version, whether the row knows all of it (a crawl's row knows only
+    what a listing tells: no content type, no user metadata), and when it was written (what
+    the store said then: a read trusts it for the mount's TTL from then)."""
 
     info: ObjectInfo
     complete: bool
+    at: datetime
 
 
 @dataclass(eq=False, slots=True)
@@ -142,7 +145,7 @@ class VersionRows:
         """Make `info` the key's row, or with None remove it: queued, written with others."""
         item = (mount_id, key)
         self._queued.pop(item, None)  # to the back: after what came before it
-        self._queued[item] = None if info is None else Entry(info, complete)
+        self._queued[item] = None if info is None else Entry(info, complete, _utcnow())
         if self._task is None:
             self._task = asyncio.create_task(self._drain())
         elif len(self._queued) >= BATCH:
@@ -161,7 +164,7 @@ class VersionRows:
         it, so it is never written after this. A change of the key being written is waited
         for. A failure is logged, never raised (the store has the write; the catalog catches
         up at its next crawl), and the caller's cancellation does not stop the transaction."""
-        entry = None if info is None else Entry(info, complete)
+        entry = None if info is None else Entry(info, complete, _utcnow())
         await self._ordered((mount_id, key), entry, [(mount_id, key, info, complete)], also)
 
     async def doubt(self, mount_id: int, key: str) -> None:
@@ -313,7 +316,11 @@ class VersionRows:
 def _change(
     mount_id: int, key: str, entry: Entry | None
 ) -> tuple[int, str, ObjectInfo | None, bool]:
-    return (mount_id, key, None, True) if entry is None else (mount_id, key, *entry)
+    return (mount_id, key, None, True) if entry is None else (mount_id, key, *entry[:2])
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
 
 
 def _retrieved(future: asyncio.Future[Entry | None]) -> None:
@@ -384,7 +391,10 @@ class Versions:
             info = None
             if previous is not None and self._covered(handle, key):
                 # A synced prefix's row (a crawl or a notification may have news).
-                info = await self._trusted(handle, key)
+                trusted = await self._trusted(handle, key)
+                if trusted is not None:
+                    info, age = trusted
+                    now -= age
             if info is None:
                 with store_errors(key):
                     info = await handle.store.stat(key)
@@ -547,20 +557,29 @@ class Versions:
         """Whether the key's version is kept in a row: an immutable mount's, or a catalog's."""
         return handle.ttl < 0 or handle.catalog is not None
 
-    async def _trusted(self, handle: MountHandle, key: str) -> ObjectInfo | None:
-        """The key's row if a read may take it for the current version, asked of no store."""
+    async def _trusted(self, handle: MountHandle, key: str) -> tuple[ObjectInfo, float] | None:
+        """The key's row if a read may take it for the current version, asked of no store,
+        with its age in seconds: a row that knows the whole version, written within the
+        mount's TTL (an immutable mount's, TTL -1: whenever). A catalog is for listings; the
+        bytes of its keys are as fresh as any mount's."""
         entry = await self.rows.lookup(handle.id, key)
-        return entry.info if entry is not None and entry.complete else None
+        if entry is None or not entry.complete:
+            return None
+        age = max(0.0, (_utcnow() - entry.at).total_seconds())
+        if handle.ttl >= 0 and age >= handle.ttl:
+            return None
+        return entry.info, age
 
     async def _remembered(self, handle: MountHandle, key: str, ticket: int) -> bool:
         """An immutable mount's row, or a synced prefix's: taken into the in-process cache if
-        there is one a read may trust (looked up under `ticket`)."""
+        there is one a read may trust (looked up under `ticket`), as learnt when written."""
         if handle.ttl >= 0 and not self._covered(handle, key):
             return False
-        info = await self._trusted(handle, key)
-        if info is None:
+        trusted = await self._trusted(handle, key)
+        if trusted is None:
             return False
-        return self.metadata.put(handle.id, key, info, time.monotonic(), ticket)
+        info, age = trusted
+        return self.metadata.put(handle.id, key, info, time.monotonic() - age, ticket)
 
     async def _learnt_row(
         self,
@@ -578,7 +597,10 @@ class Versions:
         if self.metadata.ticket(handle.id, key) != ticket:
             return
         if self._covered(handle, key):
-            await self.rows.record_now(handle.id, key, info)
+            if previous is not None and same(previous.etag, info.etag):
+                self.rows.record(handle.id, key, info)  # the same version, seen again now
+            else:
+                await self.rows.record_now(handle.id, key, info)
         elif handle.ttl < 0 and (previous is None or not same(previous.etag, info.etag)):
             self.rows.record(handle.id, key, info)
 
