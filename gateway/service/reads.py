@@ -989,7 +989,8 @@ class Reader:
                     if not place(index, bkey):
                         length = min(size, info.size - index * size)
                         files.append((index, length, block_path(root, handle.id, bkey.name)))
-            found.append(LocalBlocks(info, size, handle.ttl, files))
+            ttl = self.versions.remaining(handle, info.key)
+            found.append(LocalBlocks(info, size, ttl, files))
         return found
 
     async def _open_for_lease(self, handle: MountHandle, key: str) -> None:
@@ -1020,6 +1021,7 @@ class Reader:
         ]
         stale = [i for i, info in enumerate(found) if info is None]
         if stale:
+            await self.versions.revalidating(handle, [keys[i] for i in stale])
             slots = asyncio.Semaphore(STAT_CONCURRENCY)
 
             async def one(i: int) -> None:
