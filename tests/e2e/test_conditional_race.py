@@ -6,6 +6,7 @@ PreconditionFailed, and the key holds the winner's bytes."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -93,7 +94,9 @@ def test_two_conditional_completes_of_one_key_through_two_nodes_one_wins(
             parts = {"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]}
             ready.append((s3, upload, parts, body))
 
-        def complete(s3: Any, upload: str, parts: dict[str, Any], body: bytes) -> bytes:
+        def complete(
+            s3: Any, upload: str, parts: dict[str, Any], body: bytes, key: str = key
+        ) -> bytes:
             s3.complete_multipart_upload(
                 Bucket="race", Key=key, UploadId=upload, MultipartUpload=parts, IfNoneMatch="*"
             )
@@ -102,10 +105,8 @@ def test_two_conditional_completes_of_one_key_through_two_nodes_one_wins(
         outcomes = _at_once(*(lambda r=r: complete(*r) for r in ready))
         _one_won(outcomes, nodes[0], key, n)
         for s3, upload, _, _ in ready:  # the loser's upload is the client's to abort
-            try:
+            with contextlib.suppress(ClientError):  # not the winner's, completed
                 s3.abort_multipart_upload(Bucket="race", Key=key, UploadId=upload)
-            except ClientError:
-                pass  # the winner's, completed
         nodes[0].client().delete_object(Bucket="race", Key=key)  # moto holds it in memory
 
 
@@ -115,7 +116,7 @@ def test_two_conditional_puts_of_one_key_through_two_nodes_one_wins(
     for n in range(ROUNDS):
         key = f"put/{n}"
 
-        def put(node: GatewayNode, body: bytes) -> bytes:
+        def put(node: GatewayNode, body: bytes, key: str = key) -> bytes:
             node.client().put_object(Bucket="race", Key=key, Body=body, IfNoneMatch="*")
             return body
 
