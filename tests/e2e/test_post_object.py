@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -169,3 +170,37 @@ def test_forms_without_a_policy_or_a_multipart_body_are_refused(node: GatewayNod
     assert error(post(form, b"x"))[:2] == (400, "InvalidArgument")
     missing = httpx.post(f"{node.url}/no-such-bucket", data={"key": "k"}, files={"file": b"x"})
     assert error(missing)[:2] == (404, "NoSuchBucket")
+
+
+def test_a_file_past_its_range_is_refused_before_the_rest_is_sent(node: GatewayNode) -> None:
+    """The file is checked as it arrives: the answer comes while the client still has most
+    of a declared 64 MiB to send (a node that read it all first would never answer here)."""
+    form = node.client().generate_presigned_post(
+        "forms", "huge", Conditions=[["content-length-range", 1, 1 << 20]]
+    )
+    boundary = "----gatewayformboundary"
+    head = b"".join(
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+        for k, v in form["fields"].items()
+    )
+    head += (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="h.bin"\r\n'
+        "Content-Type: application/octet-stream\r\n\r\n"
+    ).encode()
+    tail = f"\r\n--{boundary}--\r\n".encode()
+    length = len(head) + (64 << 20) + len(tail)
+    request = (
+        f"POST /forms HTTP/1.1\r\nHost: 127.0.0.1:{node.port}\r\n"
+        f"Content-Type: multipart/form-data; boundary={boundary}\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", node.port), timeout=30) as sock:
+        sock.sendall(request + head + b"x" * (2 << 20))  # 2 MiB of 64
+        answer = b""
+        while b"</Error>" not in answer:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert b"<Code>EntityTooLarge</Code>" in answer and b"<MaxSizeAllowed>1048576<" in answer
