@@ -265,12 +265,14 @@ class PostObject:
                 if size > most:
                     raise errors.EntityTooLarge(ProposedSize=str(size), MaxSizeAllowed=str(most))
                 await spool.write(event[1])
+            if event is None:  # the body ended inside the file: no closing boundary
+                raise errors.IncompleteBody()
             while await form.event() is not None:
                 pass  # after the file: ignored, as S3 does
             if size < least:
                 raise errors.EntityTooSmall(ProposedSize=str(size), MinSizeAllowed=str(least))
             await spool.seek(0)
-            attrs = write_attrs(S3Request("POST", "", "", fields, {}, bucket, key))
+            attrs = write_attrs(S3Request("POST", "", "", _as_headers(fields), {}, bucket, key))
             info = await self.service.put_object(
                 bucket, key, _chunks(spool, size), size, attrs, WriteConditions()
             )
@@ -316,8 +318,9 @@ class PostObject:
         source_ip = client[0] if client else None
         secure = scope.get("scheme") == "https"
         self.service.enter_caller(access_key, source_ip, secure)
+        headers = _as_headers(fields)  # what a policy's conditions on headers look at
         self.service.authorize(access_key, "s3:PutObject", req.bucket, key, source_ip,
-                               secure=secure)  # fmt: skip
+                               secure=secure, headers=headers)  # fmt: skip
         self.service.check_writable(req.bucket)
         return key, most, least
 
@@ -353,6 +356,20 @@ class PostObject:
             if await self.service.lookup_new_key(access_key) is None:
                 raise
             return self.verifier.verify_policy(*args).access_key
+
+
+def _as_headers(fields: Mapping[str, str]) -> dict[str, str]:
+    """The form's fields as PutObject's headers say the same: the object's attributes, its
+    user metadata and encryption under their own names, the canned ACL as x-amz-acl.
+    NotImplemented for `tagging` (an XML document in a form), which would be dropped."""
+    if "tagging" in fields:
+        raise errors.NotImplementedError_(
+            "POST Object with a tagging field is not implemented by this gateway."
+        )
+    headers = dict(fields)
+    if "acl" in headers:
+        headers["x-amz-acl"] = headers.pop("acl")
+    return headers
 
 
 async def _chunks(spool: Any, size: int) -> AsyncIterator[bytes]:

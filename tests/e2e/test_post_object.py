@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
+from botocore.exceptions import ClientError
 
 from tests.support.gateway import GatewayNode, start_gateway
 from tests.support.net import eventually
@@ -172,35 +173,55 @@ def test_forms_without_a_policy_or_a_multipart_body_are_refused(node: GatewayNod
     assert error(missing)[:2] == (404, "NoSuchBucket")
 
 
+BOUNDARY = "----gatewayformboundary"
+
+
+def raw_form(node: GatewayNode, form: dict[str, Any], file_bytes: int | None, sent: bytes) -> bytes:
+    """A POST of the form whose Content-Length counts a file of `file_bytes` and the closing
+    boundary, of which `sent` is all the file that is sent (`file_bytes` None: the body is
+    what is sent, with no closing boundary): the answer, as read from the socket."""
+    head = b"".join(
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+        for k, v in form["fields"].items()
+    )
+    head += (
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="h.bin"\r\n'
+        "Content-Type: application/octet-stream\r\n\r\n"
+    ).encode()
+    tail = f"\r\n--{BOUNDARY}--\r\n".encode()
+    length = len(head) + (len(sent) if file_bytes is None else file_bytes + len(tail))
+    request = (
+        f"POST /forms HTTP/1.1\r\nHost: 127.0.0.1:{node.port}\r\n"
+        f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", node.port), timeout=30) as sock:
+        sock.sendall(request + head + sent)
+        answer = b""
+        while b"</Error>" not in answer and not answer.startswith(b"HTTP/1.1 2"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    return answer
+
+
 def test_a_file_past_its_range_is_refused_before_the_rest_is_sent(node: GatewayNode) -> None:
     """The file is checked as it arrives: the answer comes while the client still has most
     of a declared 64 MiB to send (a node that read it all first would never answer here)."""
     form = node.client().generate_presigned_post(
         "forms", "huge", Conditions=[["content-length-range", 1, 1 << 20]]
     )
-    boundary = "----gatewayformboundary"
-    head = b"".join(
-        f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
-        for k, v in form["fields"].items()
-    )
-    head += (
-        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="h.bin"\r\n'
-        "Content-Type: application/octet-stream\r\n\r\n"
-    ).encode()
-    tail = f"\r\n--{boundary}--\r\n".encode()
-    length = len(head) + (64 << 20) + len(tail)
-    request = (
-        f"POST /forms HTTP/1.1\r\nHost: 127.0.0.1:{node.port}\r\n"
-        f"Content-Type: multipart/form-data; boundary={boundary}\r\n"
-        f"Content-Length: {length}\r\n\r\n"
-    ).encode()
-    with socket.create_connection(("127.0.0.1", node.port), timeout=30) as sock:
-        sock.sendall(request + head + b"x" * (2 << 20))  # 2 MiB of 64
-        answer = b""
-        while b"</Error>" not in answer:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            answer += chunk
+    answer = raw_form(node, form, 64 << 20, b"x" * (2 << 20))  # 2 MiB of 64
     assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
     assert b"<Code>EntityTooLarge</Code>" in answer and b"<MaxSizeAllowed>1048576<" in answer
+
+
+def test_a_form_cut_inside_its_file_writes_nothing(node: GatewayNode) -> None:
+    s3 = node.client()
+    form = s3.generate_presigned_post("forms", "cut")
+    answer = raw_form(node, form, None, b"y" * 1000)  # the body ends inside the file
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:300]
+    with pytest.raises(ClientError) as exc:
+        s3.head_object(Bucket="forms", Key="cut")
+    assert exc.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
