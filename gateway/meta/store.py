@@ -22,6 +22,7 @@ from gateway.config import Settings
 from gateway.stores.base import ObjectInfo
 
 from .engine import create_engine, normalize_database_url, sqlite_path
+from .key_locks import KeyLocks
 from .migrate import SCHEMA_HEAD, run_migrations
 from .models import SECRET_OPTIONS, AccessKey, AccessKeyExists, MetaUnavailable, Mount, MountExists
 from .secrets import SecretBox
@@ -80,6 +81,8 @@ class MetaStore(MultipartUploads, Tenants):
         self.url = normalize_database_url(url)
         self._box = box
         self._engine = create_engine(self.url, pool_size=pool)
+        # A writer's hold on a key against the fleet's other writers of it (key_locks.py).
+        self.key_locks = KeyLocks(self._connect, self._engine.dialect.name)
 
     def derive_key(self, purpose: str) -> bytes:
         """A key for `purpose` derived from the secrets' key (SecretBox.derive): the console
@@ -339,18 +342,22 @@ class MetaStore(MultipartUploads, Tenants):
 
     async def find_versions(
         self, wanted: Sequence[tuple[int, str]]
-    ) -> dict[tuple[int, str], tuple[ObjectInfo, bool]]:
-        """The rows of many (mount_id, key) in one transaction, as (info, complete); absent
-        ones left out. The one lookup of object versions by key."""
+    ) -> dict[tuple[int, str], tuple[ObjectInfo, bool, datetime]]:
+        """The rows of many (mount_id, key) in one transaction, as (info, complete, when the
+        row was written); absent ones left out. The one lookup of object versions by key."""
         by_mount: dict[int, list[str]] = {}
         for mount_id, key in wanted:
             by_mount.setdefault(mount_id, []).append(key)
-        found: dict[tuple[int, str], tuple[ObjectInfo, bool]] = {}
+        found: dict[tuple[int, str], tuple[ObjectInfo, bool, datetime]] = {}
         async with self._connect() as conn:
             for mount_id, keys in by_mount.items():
                 rows = await conn.execute(self._versions_in, {"mount_id": mount_id, "keys": keys})
                 for row in rows.mappings():
-                    found[(mount_id, row["key"])] = (version_info(row), bool(row["complete"]))
+                    found[(mount_id, row["key"])] = (
+                        version_info(row),
+                        bool(row["complete"]),
+                        row["written_at"],
+                    )
         return found
 
     @functools.cached_property
