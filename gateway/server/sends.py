@@ -97,8 +97,8 @@ class Outbox:
         """Send `pieces` after what is queued: written now when nothing waits and they are
         small, else a slice at a time. They are not copied: the caller leaves them as they
         are until sent (`flushed`)."""
-        if self.gone:
-            return
+        if self.gone or self._transport.is_closing():
+            return  # nobody to send to
         queue = self._queue
         if not queue and not self._paused and not self._watching:
             batch = list(pieces)
