@@ -312,6 +312,23 @@ def test_gcs_generations_are_versions(node: GatewayNode, gcs_versions: Any) -> N
     # (DeleteObject of a generation is not tried: fake-gcs-server deletes the live one.)
 
 
+def test_a_gcs_generation_is_copied_and_its_tags_read(node: GatewayNode, gcs_versions: Any) -> None:
+    s3 = node.client()
+    s3.put_object(Bucket="gvers", Key="gc/src", Body=b"first", Tagging="gen=1")
+    g1 = s3.list_object_versions(Bucket="gvers", Prefix="gc/src")["Versions"][0]["VersionId"]
+    s3.put_object(Bucket="gvers", Key="gc/src", Body=b"second", Tagging="gen=2")
+    source = {"Bucket": "gvers", "Key": "gc/src", "VersionId": g1}
+    for bucket in ("gvers", MADE):  # GCS's copyTo of the generation; across stores, its bytes
+        out = s3.copy_object(Bucket=bucket, Key="gc/copy", CopySource=source)
+        assert out["CopySourceVersionId"] == g1, bucket
+        assert s3.get_object(Bucket=bucket, Key="gc/copy")["Body"].read() == b"first", bucket
+        tags = s3.get_object_tagging(Bucket=bucket, Key="gc/copy")["TagSet"]
+        assert tags == [{"Key": "gen", "Value": "1"}], bucket
+    got = s3.get_object_tagging(Bucket="gvers", Key="gc/src", VersionId=g1)["TagSet"]
+    assert got == [{"Key": "gen", "Value": "1"}]
+    assert s3.get_object(Bucket="gvers", Key="gc/src")["Body"].read() == b"second"
+
+
 def test_a_bucket_never_versioned_has_only_the_null_version(node: GatewayNode) -> None:
     s3 = node.client()
     s3.put_object(Bucket=MADE, Key="k", Body=b"only")
