@@ -29,12 +29,29 @@ import mmap
 import os
 import zlib
 from collections.abc import Iterator
+from typing import Protocol
 
 SLOTS = 1 << 16  # 512 KiB of counters: a change marks 1/65,536 of the keys as to be checked
 FILE = "generations"
 _STATE = SLOTS  # the node's state counter, just past the keys' slots
 _SIZE = (SLOTS + 512) * 8  # a page more, for counters to come
 OPEN_LOCKS = "opening.lock"
+
+
+def key_slot(mount_id: int, key: str) -> int:
+    """The slot of a key's change counter."""
+    return zlib.crc32(key.encode("utf-8", "surrogatepass"), mount_id) % SLOTS
+
+
+class Counters(Protocol):
+    """Change counters of keys, by slot (`Generations`, shared by a node's workers)."""
+
+    @staticmethod
+    def slot(mount_id: int, key: str) -> int: ...
+
+    def current(self, slot: int) -> int: ...
+
+    def bump(self, slot: int) -> int: ...
 
 
 class Generations:
@@ -56,15 +73,17 @@ class Generations:
 
     @staticmethod
     def slot(mount_id: int, key: str) -> int:
-        return zlib.crc32(key.encode("utf-8", "surrogatepass"), mount_id) % SLOTS
+        return key_slot(mount_id, key)
 
     def current(self, slot: int) -> int:
         return self._slots[slot]
 
-    def bump(self, slot: int) -> None:
-        """Tell every worker of the node that a key of this slot changed."""
+    def bump(self, slot: int) -> int:
+        """Tell every worker of the node that a key of this slot changed; the slot's value
+        after this change."""
         with self._locked():
-            self._slots[slot] = (self._slots[slot] + 1) & 0xFFFF_FFFF_FFFF_FFFF
+            value = self._slots[slot] = (self._slots[slot] + 1) & 0xFFFF_FFFF_FFFF_FFFF
+        return value
 
     @classmethod
     def existing(cls, root: str) -> Generations | None:

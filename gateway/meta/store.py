@@ -339,18 +339,22 @@ class MetaStore(MultipartUploads, Tenants):
 
     async def find_versions(
         self, wanted: Sequence[tuple[int, str]]
-    ) -> dict[tuple[int, str], tuple[ObjectInfo, bool]]:
-        """The rows of many (mount_id, key) in one transaction, as (info, complete); absent
-        ones left out. The one lookup of object versions by key."""
+    ) -> dict[tuple[int, str], tuple[ObjectInfo, bool, datetime]]:
+        """The rows of many (mount_id, key) in one transaction, as (info, complete, when the
+        row was written); absent ones left out. The one lookup of object versions by key."""
         by_mount: dict[int, list[str]] = {}
         for mount_id, key in wanted:
             by_mount.setdefault(mount_id, []).append(key)
-        found: dict[tuple[int, str], tuple[ObjectInfo, bool]] = {}
+        found: dict[tuple[int, str], tuple[ObjectInfo, bool, datetime]] = {}
         async with self._connect() as conn:
             for mount_id, keys in by_mount.items():
                 rows = await conn.execute(self._versions_in, {"mount_id": mount_id, "keys": keys})
                 for row in rows.mappings():
-                    found[(mount_id, row["key"])] = (version_info(row), bool(row["complete"]))
+                    found[(mount_id, row["key"])] = (
+                        version_info(row),
+                        bool(row["complete"]),
+                        row["written_at"],
+                    )
         return found
 
     @functools.cached_property

@@ -19,6 +19,7 @@ import logging
 import marshal
 import os
 import sqlite3
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 
 FILE = "versions.db"
 _BUSY_MS = 20  # a write waits this long for a sibling's, then is dropped (it is a hint)
+_OPEN_TRIES = 20  # opening the file at a worker's start, when a sibling holds it (~3 s in all)
+_OPEN_PAUSE = 0.005
 
 
 def reset(root: Path) -> None:
@@ -39,30 +42,32 @@ def reset(root: Path) -> None:
 
 
 class LearntVersions:
-    """(mount id, key) -> (version, wall time learnt, slot generation), across the workers."""
+    """(mount id, key) -> (version, wall time learnt, slot generation), across the workers.
+    `shared`: whether the node's file could be opened (else this worker keeps to itself)."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, tries: int = _OPEN_TRIES) -> None:
         path = os.path.join(root, FILE)
-        # Made by the first worker to start, the others waiting for it (at start only).
         self._db = sqlite3.connect(":memory:")  # until the shared file is open
-        try:
-            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
-            db = sqlite3.connect(path, timeout=5, isolation_level=None, check_same_thread=False)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=OFF")
-            db.execute(
-                "CREATE TABLE IF NOT EXISTS versions (mount INTEGER NOT NULL, key TEXT NOT NULL,"
-                " generation INTEGER NOT NULL, at REAL NOT NULL, info BLOB NOT NULL,"
-                " PRIMARY KEY (mount, key)) WITHOUT ROWID"
-            )
-            db.execute(f"PRAGMA busy_timeout={_BUSY_MS}")
-        except (OSError, sqlite3.Error) as exc:
-            # A full or read-only cache disk: the node serves, each worker asking the store
-            # for what it does not know itself.
-            log.warning("versions learnt are not shared between workers: %s: %s", path, exc)
-            return
-        self._db.close()
-        self._db = db
+        self.shared = False
+        # Made by the first worker to start; the others, starting at the same moment, can find
+        # it locked while it is made (WAL's first switch takes the file whole, and SQLite's
+        # busy handler is not asked then): tried again, at start only.
+        for attempt in range(tries):
+            try:
+                db = _open(path)
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    return _unshared(path, exc)
+                if attempt == tries - 1:
+                    return _unshared(path, exc)
+                time.sleep(_OPEN_PAUSE * (attempt + 1))
+            except (OSError, sqlite3.Error) as exc:
+                return _unshared(path, exc)
+            else:
+                self._db.close()
+                self._db = db
+                self.shared = True
+                return
 
     def lookup(self, mount_id: int, key: str) -> tuple[ObjectInfo, float, int] | None:
         try:
@@ -104,6 +109,30 @@ class LearntVersions:
 
     def close(self) -> None:
         self._db.close()
+
+
+def _open(path: str) -> sqlite3.Connection:
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    db = sqlite3.connect(path, timeout=0.1, isolation_level=None, check_same_thread=False)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=OFF")
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS versions (mount INTEGER NOT NULL, key TEXT NOT NULL,"
+            " generation INTEGER NOT NULL, at REAL NOT NULL, info BLOB NOT NULL,"
+            " PRIMARY KEY (mount, key)) WITHOUT ROWID"
+        )
+        db.execute(f"PRAGMA busy_timeout={_BUSY_MS}")
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def _unshared(path: str, exc: BaseException) -> None:
+    # A full or read-only cache disk, or a file that stayed locked: the node serves, this
+    # worker asking the store for what it does not know itself (and waiting for no sibling).
+    log.warning("versions learnt are not shared with this worker's siblings: %s: %s", path, exc)
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(ObjectInfo))

@@ -1,9 +1,12 @@
 """In-process object metadata with per-mount TTL: what keeps a hot hit off store and database.
 
-With several worker processes, what a worker remembers of a key holds only while no sibling
-has written it since (generations.py): a write through any worker is read new through all. And
-what one worker learns, the others find in the node's shared record (learnt.py) when they do
-not know the key themselves: a version is asked of the store once per node, not per worker.
+What a worker remembers of a key holds only while the key's change counter (generations.py)
+holds the value it held *before* the version was asked for: each answer is put with the
+`ticket` its asker took before sending the question, so that an answer that left the store
+before a write or delete through any worker of the node, and arrives after it, is never
+trusted. And what one worker learns, the others find in the node's shared record (learnt.py)
+when they do not know the key themselves: a version is asked of the store once per node, not
+per worker.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from gateway.generations import Generations
+from gateway.generations import Counters
 from gateway.service.learnt import LearntVersions
 from gateway.stores.base import ObjectInfo
 
@@ -21,31 +24,31 @@ from gateway.stores.base import ObjectInfo
 # pausing SHARE_PAUSE seconds before the first try (doubling, at most 50 ms): ~0.4 s in all.
 SHARE_TRIES = 8
 SHARE_PAUSE = 0.002
-_ASKED_MAX = 65_536  # keys looked up and not yet answered, whose generation is kept
+_UNSHARED_MAX = 65_536  # versions kept for published() at most
 
 
 class MetadataCache:
     """(mount id, key) -> (ObjectInfo, time checked, generation), LRU-bounded by entry count.
-    `generations`: the node's shared change counters when it has several workers (None:
-    one worker, nothing to hear of); `learnt`: the versions its workers share, with them.
-    `wall`: the clock the shared records are stamped with (the TTL counts from learning)."""
+    `generations`: the node's change counters (shared by its workers through a file, or a
+    process's own with one worker); `learnt`: the versions its workers share (None: one
+    worker). `wall`: the clock the shared records are stamped with (the TTL counts from
+    learning)."""
 
     def __init__(
         self,
+        generations: Counters,
         max_entries: int = 1_000_000,
-        generations: Generations | None = None,
         learnt: LearntVersions | None = None,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self._max = max_entries
         self._items: OrderedDict[tuple[int, str], tuple[ObjectInfo, float, int]] = OrderedDict()
         self._generations = generations
-        self._learnt = learnt if generations is not None else None
+        if learnt is not None and not learnt.shared:
+            learnt.close()  # the node's file could not be opened: this worker keeps to itself
+            learnt = None
+        self._learnt = learnt
         self._wall = wall
-        # The generation of a key when it was found unknown or stale here: what the answer of
-        # the lookup that follows is remembered under, so that a sibling's write landing
-        # while that lookup is under way still counts as newer than its answer.
-        self._asked: dict[tuple[int, str], int] = {}
         # Versions requests named by id, by key: (info, the key's generation when asked). A
         # version never changes; it is forgotten with its key (a write or delete of it).
         self._versions: OrderedDict[tuple[int, str], dict[str, tuple[ObjectInfo, int]]] = (
@@ -55,33 +58,33 @@ class MetadataCache:
         # time learnt, generation), published again by published().
         self._unshared: dict[tuple[int, str], tuple[ObjectInfo, float, int]] = {}
 
+    def ticket(self, mount_id: int, key: str) -> int:
+        """The key's change counter now: what a question about the key asked next (of the
+        store, a peer, the database) is put() under, taken before the question is sent."""
+        gens = self._generations
+        return gens.current(gens.slot(mount_id, key))
+
     def fresh(self, mount_id: int, key: str, ttl: float, now: float) -> ObjectInfo | None:
         item = self._items.get((mount_id, key))
-        gens = self._generations
         if item is not None:
             info, checked, generation = item
-            if gens is not None and gens.current(gens.slot(mount_id, key)) != generation:
-                del self._items[(mount_id, key)]  # a sibling worker wrote the key
+            if self.ticket(mount_id, key) != generation:
+                pass  # changed since it was asked (kept as a hint for peek())
             elif ttl < 0 or now - checked < ttl:
                 self._items.move_to_end((mount_id, key))
                 return info
-        if gens is not None:
-            shared = self._shared(mount_id, key, now)
-            if shared is not None and (ttl < 0 or now - shared[1] < ttl):
-                return shared[0]
-            if (mount_id, key) not in self._asked:
-                if len(self._asked) >= _ASKED_MAX:
-                    del self._asked[next(iter(self._asked))]
-                self._asked[(mount_id, key)] = gens.current(gens.slot(mount_id, key))
+        shared = self._shared(mount_id, key, now)
+        if shared is not None and (ttl < 0 or now - shared[1] < ttl):
+            return shared[0]
         return None
 
     def peek(self, mount_id: int, key: str) -> ObjectInfo | None:
         """The last version known, however old: a hint (the read checks it with the store)."""
         item = self._items.get((mount_id, key))
-        if item is None and self._generations is not None:
+        if item is None:
             shared = self._shared(mount_id, key)
             return None if shared is None else shared[0]
-        return None if item is None else item[0]
+        return item[0]
 
     def _shared(
         self, mount_id: int, key: str, now: float | None = None
@@ -89,10 +92,10 @@ class MetadataCache:
         """The version a sibling worker learnt, if no change of the key has been heard of
         since it asked; with `now`, taken into this worker's memory as learnt when the sibling
         learnt it (in the clock of `now`)."""
-        gens, learnt = self._generations, self._learnt
-        if gens is None or learnt is None:
+        learnt = self._learnt
+        if learnt is None:
             return None
-        generation = gens.current(gens.slot(mount_id, key))
+        generation = self.ticket(mount_id, key)
         found = learnt.lookup(mount_id, key)
         if found is None or found[2] != generation:
             return None
@@ -102,29 +105,29 @@ class MetadataCache:
         checked = now - max(0.0, self._wall() - at)
         self._items[(mount_id, key)] = (info, checked, generation)
         self._items.move_to_end((mount_id, key))
-        self._asked.pop((mount_id, key), None)
         return info, checked
 
-    def put(self, mount_id: int, key: str, info: ObjectInfo, now: float) -> None:
-        """Remember the key's version, learnt now, and share it with the node's other workers
-        (a record the shared file could not take now is kept for published())."""
-        generation = 0
-        gens = self._generations
-        if gens is not None:
-            asked = self._asked.pop((mount_id, key), None)
-            generation = gens.current(gens.slot(mount_id, key)) if asked is None else asked
-        self._items[(mount_id, key)] = (info, now, generation)
+    def put(self, mount_id: int, key: str, info: ObjectInfo, now: float, ticket: int) -> bool:
+        """Remember the key's version, learnt now by a question asked under `ticket` (see
+        ticket()), and share it with the node's other workers (a record the shared file could
+        not take now is kept for published()). False when the key changed after the question
+        was asked: the answer is kept as a hint only (peek), trusted by no read."""
+        self._items[(mount_id, key)] = (info, now, ticket)
         self._items.move_to_end((mount_id, key))
         while len(self._items) > self._max:
             self._items.popitem(last=False)
+        if self.ticket(mount_id, key) != ticket:
+            return False
         if self._learnt is not None:
+            generation = ticket
             at = self._wall()
             if self._learnt.publish(mount_id, key, info, at, generation):
                 self._unshared.pop((mount_id, key), None)
             else:
-                if len(self._unshared) >= _ASKED_MAX:
+                if len(self._unshared) >= _UNSHARED_MAX:
                     self._unshared.clear()  # those not waited for by published(): hints lost
                 self._unshared[(mount_id, key)] = (info, at, generation)
+        return True
 
     async def published(self, mount_id: int, key: str) -> bool:
         """Wait until the key's version put here is in the node's shared record, publishing
@@ -146,12 +149,6 @@ class MetadataCache:
         self._unshared.pop((mount_id, key), None)
         return False
 
-    def generation(self, mount_id: int, key: str) -> int:
-        """The key's change counter now (0 with one worker): what a version asked of the store
-        next is remembered under (put_version)."""
-        gens = self._generations
-        return 0 if gens is None else gens.current(gens.slot(mount_id, key))
-
     def version(self, mount_id: int, key: str, version_id: str) -> ObjectInfo | None:
         """A version of the key named by id, as put_version kept it, unless the key changed
         since (through any worker)."""
@@ -159,7 +156,7 @@ class MetadataCache:
         item = None if versions is None else versions.get(version_id)
         if item is None:
             return None
-        if item[1] != self.generation(mount_id, key):
+        if item[1] != self.ticket(mount_id, key):
             del self._versions[(mount_id, key)]
             return None
         self._versions.move_to_end((mount_id, key))
@@ -174,24 +171,22 @@ class MetadataCache:
         while len(self._versions) > self._max // 16:
             self._versions.popitem(last=False)
 
-    def forget(self, mount_id: int, key: str) -> None:
+    def forget(self, mount_id: int, key: str) -> int:
         """Drop the key here (its versions named by id too), and tell the node's other
-        workers it changed."""
+        workers it changed: every answer about it asked before now is a hint from here on.
+        The key's change counter after this change."""
         self._items.pop((mount_id, key), None)
         self._versions.pop((mount_id, key), None)
         self._unshared.pop((mount_id, key), None)
+        if self._learnt is not None:
+            self._learnt.forget(mount_id, key)
         gens = self._generations
-        if gens is not None:
-            self._asked.pop((mount_id, key), None)
-            if self._learnt is not None:
-                self._learnt.forget(mount_id, key)
-            gens.bump(gens.slot(mount_id, key))
+        return gens.bump(gens.slot(mount_id, key))
 
     def close(self) -> None:
         if self._learnt is not None:
             self._learnt.close()
             self._learnt = None
-        self._generations = None  # the node's, closed by Shared
 
     def __len__(self) -> int:
         return len(self._items)

@@ -240,6 +240,7 @@ class Multipart:
                     MinSizeAllowed=str(MIN_PART_SIZE),
                 )
         cond = await resolved(handle, key, cond)
+        ticket = self.shared.versions.ticket(handle, key)
         try:
             with store_errors(key):
                 info = await handle.store.complete_multipart(
@@ -266,7 +267,7 @@ class Multipart:
         # it fails, the object is complete and visible all the same; the upload's rows are left
         # behind, and the janitor removes them once the database answers again.
         removal = self.shared.meta.upload_removal(upload_id)
-        await self.writer.written(handle, key, info, also=[removal])
+        await self.writer.written(handle, key, info, ticket, also=[removal])
         return info
 
     async def _completed_before(

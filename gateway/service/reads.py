@@ -408,6 +408,7 @@ class Reader:
         handle = self.mount(bucket)
         if version_id is not None and (version_id != "null" or handle.store.versions):
             return await self._get_version(handle, key, version_id, rng, cond)
+        ticket = self.versions.ticket(handle, key)
         cold = rng is None and await self.versions.unknown(handle, key)
         for _ in range(_READ_TRIES):
             try:
@@ -425,7 +426,7 @@ class Reader:
                 await self.versions.doubt(handle, key)
                 cold = rng is None
             except errors.NoSuchKey:
-                await self.versions.gone(handle, key)
+                await self.versions.gone(handle, key, ticket)
                 raise
             except FillFailed as exc:
                 raise errors.ServiceUnavailable(f"The store's answer was cut: {exc}") from None
@@ -566,9 +567,10 @@ class Reader:
     async def _open_here(
         self, handle: MountHandle, key: str, pinned: bool | None = None
     ) -> tuple[ObjectInfo, AsyncGenerator[bytes, None]]:
+        ticket = self.versions.ticket(handle, key)
         info, stream = await StoreSource.open(handle, key)
         if not handle.cache_enabled or info.size == 0:
-            await self.versions.opened(handle, key, info)
+            await self.versions.opened(handle, key, info, ticket)
             return info, await _primed(stream)
         length = min(handle.block_size, info.size)
         span = Span(
@@ -581,7 +583,7 @@ class Reader:
         # it a second time while this fill, following that one, drops the bytes it opened with.
         body = await _primed(self._filled(handle, info, span, stream, pinned))
         try:
-            await self.versions.opened(handle, key, info)
+            await self.versions.opened(handle, key, info, ticket)
         except BaseException:
             await body.aclose()
             raise
@@ -624,8 +626,9 @@ class Reader:
         params: dict[str, str | int] = {
             "m": handle.id, "k": key, "b": handle.block_size, "p": int(handle.pinned(key))
         }  # fmt: skip
+        ticket = self.versions.ticket(handle, key)
         info, stream = await self.fleet.open_object(node, params)
-        self.versions.told(handle, key, info)
+        self.versions.told(handle, key, info, ticket)
         return info, await _primed(self._resumed(handle, info, stream))
 
     async def _resumed(

@@ -57,8 +57,7 @@ class Shared:
         meta.on_change = generations.bump_state
         several = workers > 1
         metadata = MetadataCache(
-            generations=generations if several else None,
-            learnt=LearntVersions(pages.root) if several else None,
+            generations, learnt=LearntVersions(pages.root) if several else None
         )
         versions = Versions(metadata, VersionRows(meta), catalog, pages)
         fills = Fills(pages, fill_concurrency=fill_concurrency, sub_block_size=sub_block_size)

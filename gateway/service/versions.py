@@ -34,6 +34,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -59,11 +60,13 @@ Item = tuple[int, str]  # (mount id, key)
 
 
 class Entry(NamedTuple):
-    """A key's row: its version, and whether the row knows all of it (a crawl's row knows
-    only what a listing tells: no content type, no user metadata)."""
+    """A key's row: its version, whether the row knows all of it (a crawl's row knows only
+    what a listing tells: no content type, no user metadata), and when it was written (what
+    the store said then: a read trusts it for the mount's TTL from then)."""
 
     info: ObjectInfo
     complete: bool
+    at: datetime
 
 
 @dataclass(eq=False, slots=True)
@@ -142,7 +145,7 @@ class VersionRows:
         """Make `info` the key's row, or with None remove it: queued, written with others."""
         item = (mount_id, key)
         self._queued.pop(item, None)  # to the back: after what came before it
-        self._queued[item] = None if info is None else Entry(info, complete)
+        self._queued[item] = None if info is None else Entry(info, complete, _utcnow())
         if self._task is None:
             self._task = asyncio.create_task(self._drain())
         elif len(self._queued) >= BATCH:
@@ -161,7 +164,7 @@ class VersionRows:
         it, so it is never written after this. A change of the key being written is waited
         for. A failure is logged, never raised (the store has the write; the catalog catches
         up at its next crawl), and the caller's cancellation does not stop the transaction."""
-        entry = None if info is None else Entry(info, complete)
+        entry = None if info is None else Entry(info, complete, _utcnow())
         await self._ordered((mount_id, key), entry, [(mount_id, key, info, complete)], also)
 
     async def doubt(self, mount_id: int, key: str) -> None:
@@ -313,7 +316,11 @@ class VersionRows:
 def _change(
     mount_id: int, key: str, entry: Entry | None
 ) -> tuple[int, str, ObjectInfo | None, bool]:
-    return (mount_id, key, None, True) if entry is None else (mount_id, key, *entry)
+    return (mount_id, key, None, True) if entry is None else (mount_id, key, *entry[:2])
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
 
 
 def _retrieved(future: asyncio.Future[Entry | None]) -> None:
@@ -348,23 +355,35 @@ class Versions:
         """The last version known on this node, however old: a hint, checked with the store."""
         return self.metadata.peek(mount_id, key)
 
+    def ticket(self, handle: MountHandle, key: str) -> int:
+        """What a question about the key asked next is answered under (MetadataCache.ticket):
+        taken by a writer before it sends its write to the store."""
+        return self.metadata.ticket(handle.id, key)
+
     async def current(self, handle: MountHandle, key: str) -> ObjectInfo:
         """The key's current version, per the mount's TTL; no I/O when fresh in-process.
-        Concurrent askers of one key make one lookup (and at most one store request)."""
+        Concurrent askers of one key make one lookup (and at most one store request), unless
+        the key changed between their asking: a request never takes the answer to a question
+        sent before a change it could know of (read-after-write and read-after-delete)."""
         now = time.monotonic()
+        ticket = self.metadata.ticket(handle.id, key)
         info = self.metadata.fresh(handle.id, key, handle.ttl, now)
         if info is not None:
             return info
         if handle.ttl == 0:
             # "Always revalidate": a request must not take the answer to one sent before it.
-            return await self._revalidate(handle, key, now)
+            return await self._revalidate(handle, key, now, ticket)
         return await joined(
-            self._asking, (handle.id, key), lambda: self._revalidate(handle, key, now)
+            self._asking,
+            (handle.id, key, ticket),
+            lambda: self._revalidate(handle, key, now, ticket),
         )
 
-    async def _revalidate(self, handle: MountHandle, key: str, now: float) -> ObjectInfo:
+    async def _revalidate(
+        self, handle: MountHandle, key: str, now: float, ticket: int
+    ) -> ObjectInfo:
         previous = self.metadata.peek(handle.id, key)
-        if previous is None and await self._remembered(handle, key):
+        if previous is None and await self._remembered(handle, key, ticket):
             found = self.metadata.peek(handle.id, key)
             assert found is not None
             return found
@@ -372,13 +391,16 @@ class Versions:
             info = None
             if previous is not None and self._covered(handle, key):
                 # A synced prefix's row (a crawl or a notification may have news).
-                info = await self._trusted(handle, key)
+                trusted = await self._trusted(handle, key)
+                if trusted is not None:
+                    info, age = trusted
+                    now -= age
             if info is None:
                 with store_errors(key):
                     info = await handle.store.stat(key)
-                await self._learnt_row(handle, key, info, previous)
+                await self._learnt_row(handle, key, info, previous, ticket)
         except errors.NoSuchKey:
-            await self.gone(handle, key)
+            await self.gone(handle, key, ticket)
             raise
         except errors.ServiceUnavailable:
             if previous is None:
@@ -387,7 +409,7 @@ class Versions:
             # than fail readers of cached data; it is revalidated once the store answers.
             log.warning("store unavailable, serving last known version of %s", key)
             return previous
-        self.metadata.put(handle.id, key, info, now)
+        self.metadata.put(handle.id, key, info, now, ticket)
         if previous is not None and not same(previous.etag, info.etag):
             self._invalidate(handle, previous)
         return info
@@ -404,9 +426,10 @@ class Versions:
         transaction per cold miss (docs/architecture.md, "Counting the miss path"). Several
         workers opening one key make one request: the open claim (generations.OpenClaims)
         holds the others until the version is in the node's shared record."""
+        ticket = self.metadata.ticket(handle.id, key)
         if self.metadata.peek(handle.id, key) is not None:
             return False
-        if self._covered(handle, key) and await self._remembered(handle, key):
+        if self._covered(handle, key) and await self._remembered(handle, key, ticket):
             return False
         if handle.cache_enabled and await self.pages.cached_version(handle.id, key):
             return False
@@ -429,30 +452,35 @@ class Versions:
         if info is not None:
             return info
 
+        ticket = self.metadata.ticket(handle.id, key)
+
         async def ask() -> ObjectInfo:
-            generation = self.metadata.generation(handle.id, key)
             with store_errors(key):
                 found = await handle.store.stat_version(key, version_id)
-            self.metadata.put_version(handle.id, key, found, generation)
+            self.metadata.put_version(handle.id, key, found, ticket)
             return found
 
-        return await joined(self._asking_ids, (handle.id, key, version_id), ask)
+        return await joined(self._asking_ids, (handle.id, key, version_id, ticket), ask)
 
     # -- what was seen --------------------------------------------------------------------------
 
-    async def opened(self, handle: MountHandle, key: str, info: ObjectInfo) -> None:
-        """This node opened the key at its store (the version with its block 0): known to the
-        node's other workers before its open claim goes (reads._open_once)."""
-        self.metadata.put(handle.id, key, info, time.monotonic())
-        await self.metadata.published(handle.id, key)
-        await self._learnt_row(handle, key, info, None)
+    async def opened(self, handle: MountHandle, key: str, info: ObjectInfo, ticket: int) -> None:
+        """This node opened the key at its store (the version with its block 0), asked under
+        `ticket`: known to the node's other workers before its open claim goes
+        (reads._open_once), unless the key changed meanwhile."""
+        if self.metadata.put(handle.id, key, info, time.monotonic(), ticket):
+            await self.metadata.published(handle.id, key)
+            await self._learnt_row(handle, key, info, None, ticket)
 
-    def told(self, handle: MountHandle, key: str, info: ObjectInfo) -> None:
-        """A peer that opened the key told its version."""
-        self.metadata.put(handle.id, key, info, time.monotonic())
+    def told(self, handle: MountHandle, key: str, info: ObjectInfo, ticket: int) -> None:
+        """A peer that opened the key, asked under `ticket`, told its version."""
+        self.metadata.put(handle.id, key, info, time.monotonic(), ticket)
 
-    async def gone(self, handle: MountHandle, key: str) -> None:
-        """The store has no such key."""
+    async def gone(self, handle: MountHandle, key: str, ticket: int | None = None) -> None:
+        """The store has no such key (asked under `ticket`; None: as of now). An answer from
+        before a change of the key changes no row: the change has its own."""
+        if ticket is not None and self.metadata.ticket(handle.id, key) != ticket:
+            return  # a write through the node since: its version is the news, not this
         self.metadata.forget(handle.id, key)
         if self._covered(handle, key):
             await self.rows.record_now(handle.id, key, None)  # listed no more, fleet-wide
@@ -484,24 +512,32 @@ class Versions:
         handle: MountHandle,
         key: str,
         info: ObjectInfo | None,
+        ticket: int | None,
         remember: bool = True,
         also: Sequence[sa.Executable] = (),
     ) -> None:
-        """A write through this node made `info` the key's version (None: deleted it). The
-        old version is forgotten at once (its blocks too, unless `info` is that version,
-        remembered). remember=False keeps the new version's metadata out of every cache
-        (SSE-C: a HEAD without the key must reach the store, which refuses it): a catalog
-        lists it by an incomplete row, no read trusts it.
+        """A write through this node made `info` the key's version (None: deleted it); the
+        writer took `ticket` before sending it to the store. The old version is forgotten at
+        once, by every worker of the node (its blocks too, unless `info` is that version,
+        remembered). The new one is trusted by reads only if no other change of the key was
+        heard of since `ticket` (None: not trusted): two writes of a key at once leave the
+        store's word, not the last answer's, to the next read. remember=False keeps the new
+        version's metadata out of every cache (SSE-C: a HEAD without the key must reach the
+        store, which refuses it): a catalog lists it by an incomplete row, no read trusts it.
 
         The row and the statements `also` are one transaction, committed before this returns
         when there is more than the row of an immutable mount (which is queued); a failure of
         it is logged, not the client's (the store has the write)."""
         previous = self.metadata.peek(handle.id, key)
-        if previous is not None and (info is None or not remember or previous.etag != info.etag):
+        if previous is not None and (
+            info is None or not remember or not same(previous.etag, info.etag)
+        ):
             self._invalidate(handle, previous)
-        self.metadata.forget(handle.id, key)
-        if info is not None and remember:
-            self.metadata.put(handle.id, key, info, time.monotonic())
+        after = self.metadata.forget(handle.id, key)
+        if info is not None and remember and ticket is not None:
+            # Our own change is the one since `ticket`, or there was another.
+            alone = after == (ticket + 1) & 0xFFFF_FFFF_FFFF_FFFF
+            self.metadata.put(handle.id, key, info, time.monotonic(), after if alone else ticket)
         if handle.catalog is not None:  # listed through every node from now on
             await self.rows.record_now(handle.id, key, info, remember, also)
         elif handle.ttl < 0 and also:
@@ -521,31 +557,50 @@ class Versions:
         """Whether the key's version is kept in a row: an immutable mount's, or a catalog's."""
         return handle.ttl < 0 or handle.catalog is not None
 
-    async def _trusted(self, handle: MountHandle, key: str) -> ObjectInfo | None:
-        """The key's row if a read may take it for the current version, asked of no store."""
+    async def _trusted(self, handle: MountHandle, key: str) -> tuple[ObjectInfo, float] | None:
+        """The key's row if a read may take it for the current version, asked of no store,
+        with its age in seconds: a row that knows the whole version, written within the
+        mount's TTL (an immutable mount's, TTL -1: whenever). A catalog is for listings; the
+        bytes of its keys are as fresh as any mount's."""
         entry = await self.rows.lookup(handle.id, key)
-        return entry.info if entry is not None and entry.complete else None
+        if entry is None or not entry.complete:
+            return None
+        age = max(0.0, (_utcnow() - entry.at).total_seconds())
+        if handle.ttl >= 0 and age >= handle.ttl:
+            return None
+        return entry.info, age
 
-    async def _remembered(self, handle: MountHandle, key: str) -> bool:
+    async def _remembered(self, handle: MountHandle, key: str, ticket: int) -> bool:
         """An immutable mount's row, or a synced prefix's: taken into the in-process cache if
-        there is one a read may trust."""
+        there is one a read may trust (looked up under `ticket`), as learnt when written."""
         if handle.ttl >= 0 and not self._covered(handle, key):
             return False
-        info = await self._trusted(handle, key)
-        if info is None:
+        trusted = await self._trusted(handle, key)
+        if trusted is None:
             return False
-        self.metadata.put(handle.id, key, info, time.monotonic())
-        return True
+        info, age = trusted
+        return self.metadata.put(handle.id, key, info, time.monotonic() - age, ticket)
 
     async def _learnt_row(
-        self, handle: MountHandle, key: str, info: ObjectInfo, previous: ObjectInfo | None
+        self,
+        handle: MountHandle,
+        key: str,
+        info: ObjectInfo,
+        previous: ObjectInfo | None,
+        ticket: int,
     ) -> None:
-        """The store told the key's version. Under a synced prefix its row takes it before
-        the answer (the catalog lists the truth through every node from then on: a row
-        completed, or corrected after a change behind the gateway's back); an immutable
-        mount's row is queued when it is news."""
+        """The store told the key's version, asked under `ticket`. Under a synced prefix its
+        row takes it before the answer (the catalog lists the truth through every node from
+        then on: a row completed, or corrected after a change behind the gateway's back); an
+        immutable mount's row is queued when it is news. An answer from before a change of
+        the key through the node writes no row: that change wrote its own."""
+        if self.metadata.ticket(handle.id, key) != ticket:
+            return
         if self._covered(handle, key):
-            await self.rows.record_now(handle.id, key, info)
+            if previous is not None and same(previous.etag, info.etag):
+                self.rows.record(handle.id, key, info)  # the same version, seen again now
+            else:
+                await self.rows.record_now(handle.id, key, info)
         elif handle.ttl < 0 and (previous is None or not same(previous.etag, info.etag)):
             self.rows.record(handle.id, key, info)
 

@@ -239,6 +239,7 @@ class ObjectWriter:
             if cacheable
             else None
         )
+        ticket = self.shared.versions.ticket(handle, key)
         try:
             cond = await resolved(handle, key, cond)
             with store_errors(key):
@@ -256,7 +257,7 @@ class ObjectWriter:
         except BaseException:
             await tee.abort()
             raise
-        await self.written(handle, key, info, remember=not keyed)
+        await self.written(handle, key, info, ticket, remember=not keyed)
         if tee.fill is not None:
             try:
                 await tee.fill.commit(key, info.etag)
@@ -270,10 +271,13 @@ class ObjectWriter:
         handle: MountHandle,
         key: str,
         info: ObjectInfo | None,
+        ticket: int | None,
         remember: bool = True,
         also: Sequence[Executable] = (),
     ) -> None:
-        """A new version (or, with None, no version) of key: forget the old one at once.
+        """A new version (or, with None, no version) of key, written after `ticket` was taken
+        (Versions.ticket; None: the new version is not trusted by reads): forget the old one
+        at once.
         remember=False keeps the new version's metadata out of every cache (SSE-C: a HEAD
         without the key must reach the store, which refuses it). `also`: the write's own
         bookkeeping statements (a completed upload's removal).
@@ -287,7 +291,7 @@ class ObjectWriter:
             # The key's current version: read by its ETag, as any (a version id is for reads
             # that name it).
             info = replace(info, version_id=None)
-        await shared.versions.written(handle, key, info, remember, also)
+        await shared.versions.written(handle, key, info, ticket, remember, also)
         if shared.fleet is not None:
             # Before the client hears success: a read through any node then sees the new version.
             await shared.fleet.invalidate(handle.id, key)
@@ -317,7 +321,7 @@ class ObjectWriter:
                 with contextlib.suppress(Exception):
                     await self.shared.fleet.invalidate(handle.id, key)
             raise
-        await self.written(handle, key, None)
+        await self.written(handle, key, None, None)
         return done
 
     async def delete_version(self, bucket: str, key: str, version_id: str) -> VersionDeleted | None:
@@ -425,11 +429,12 @@ class ObjectWriter:
         attrs: WriteAttrs | None,
     ) -> ObjectInfo:
         if src.id == dst.id:
+            ticket = self.shared.versions.ticket(dst, dst_key)
             with store_errors(info.key):
                 new = await dst.store.copy(
                     info.key, dst_key, attrs, if_match=info.etag, version_id=info.version_id
                 )
-            await self.written(dst, dst_key, new)
+            await self.written(dst, dst_key, new, ticket)
             return new
         if attrs is None:
             attrs = WriteAttrs.of(info)
@@ -460,6 +465,7 @@ class ObjectWriter:
         with the key's current version is the new one at once."""
         handle = self.shared.writable(bucket)
         version_id = await self._tagged(handle, key, version_id)
+        ticket = self.shared.versions.ticket(handle, key)
         with store_errors(key):
             await handle.store.put_tags(key, tags, version_id)
         try:
@@ -467,7 +473,7 @@ class ObjectWriter:
                 info: ObjectInfo | None = await handle.store.stat(key)
         except errors.NoSuchKey:
             info = None  # a version named by id, under a delete marker (or deleted meanwhile)
-        await self.written(handle, key, info)
+        await self.written(handle, key, info, ticket)
 
     async def _tagged(self, handle: MountHandle, key: str, version_id: str | None) -> str | None:
         """The version id a tagging request passes to the store: the one named, once the

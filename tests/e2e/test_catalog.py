@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -231,13 +232,15 @@ def test_head_and_cold_get_of_a_catalogued_key_ask_the_origin_once(
 ) -> None:
     bucket = _bucket("head")
     _fill(origin_s3, bucket, KEYS[:10])
-    _mount(node, bucket, proxy, "catalog=on", "metadata_ttl=0")
+    # A row is trusted for the mount's TTL from when it was written (a catalog's bytes are as
+    # fresh as any mount's: test_a_catalog_mount_serves_no_bytes_older_than_its_ttl).
+    _mount(node, bucket, proxy, "catalog=on", "metadata_ttl=3600")
     eventually(lambda: bucket in node.buckets())
     node.cli("sync", bucket)
     eventually(lambda: _from_catalog(node, bucket, proxy))
     client = node.client()
     # A listing tells no content type: the first HEAD asks the origin, and the catalog keeps
-    # its answer; every HEAD after it (TTL 0: never from the node's memory) is the catalog's.
+    # its answer; every HEAD after it is the catalog's (or the node's memory's).
     proxy.reset()
     first = client.head_object(Bucket=bucket, Key="a/b")
     mine = f"/{bucket}/"  # the module's other mounts (a re-crawl) may use the origin meanwhile
@@ -277,6 +280,43 @@ def test_a_read_of_a_version_gone_behind_the_gateway_answers_the_truth_and_corre
     assert caught.value.response["Error"]["Code"] == "NoSuchKey"
     listed = client.list_objects_v2(Bucket=bucket)["Contents"]
     assert [(o["Key"], o["Size"]) for o in listed] == [("k/old", len(b"a new body, longer"))]
+
+
+def test_a_catalog_mount_serves_no_bytes_older_than_its_ttl(
+    node: GatewayNode, proxy: CountingProxy, origin_s3: Any
+) -> None:
+    """Found from outside: a catalog=on mount served an object overwritten at the origin
+    with its old bytes, as a hit, for as long as nobody synced (12.5 minutes in one probe),
+    where the same bucket without the catalog served the new version within the TTL. A
+    catalog is for listings: a hit of a catalog mount older than metadata_ttl is revalidated,
+    as on any mount. Reads run until the new bytes come back; none sent more than the TTL
+    (+1 s) after the overwrite may have the old ones."""
+    bucket = _bucket("fresh")
+    _fill(origin_s3, bucket, ["d/k", "d/other"])
+    ttl = 1.0
+    _mount(node, bucket, proxy, "catalog=on", f"metadata_ttl={ttl:g}")
+    eventually(lambda: bucket in node.buckets())
+    node.cli("sync", bucket)
+    eventually(lambda: _from_catalog(node, bucket, proxy))
+    client = node.client()
+    for _ in range(2):  # the first fills the cache, the second is a hit
+        assert client.get_object(Bucket=bucket, Key="d/k")["Body"].read() == b"body of d/k"
+    origin_s3.put_object(Bucket=bucket, Key="d/k", Body=b"the new body")
+    overwritten = time.monotonic()
+    late: list[float] = []
+
+    def new_bytes() -> bool:
+        sent = time.monotonic()
+        body = client.get_object(Bucket=bucket, Key="d/k")["Body"].read()
+        if body != b"the new body":
+            if sent - overwritten > ttl + 1:
+                late.append(sent - overwritten)
+            return False
+        return True
+
+    eventually(new_bytes, timeout=30, interval=0.05)
+    assert not late, f"old bytes served {max(late):.1f} s after the overwrite"
+    node.cli("mount", "remove", bucket)
 
 
 def test_a_change_behind_the_gateway_is_listed_after_a_recrawl(

@@ -23,30 +23,47 @@ def info(etag: str) -> ObjectInfo:
 
 
 def test_a_key_forgotten_by_one_worker_is_stale_in_the_other(tmp_path: Path) -> None:
-    a = MetadataCache(generations=Generations(str(tmp_path)))
-    b = MetadataCache(generations=Generations(str(tmp_path)))
+    a = MetadataCache(Generations(str(tmp_path)))
+    b = MetadataCache(Generations(str(tmp_path)))
     for cache in (a, b):
         assert cache.fresh(1, "k", 600, NOW) is None
-        cache.put(1, "k", info('"v1"'), NOW)
+        assert cache.put(1, "k", info('"v1"'), NOW, cache.ticket(1, "k"))
         assert cache.fresh(1, "k", 600, NOW) == info('"v1"')
-    b.forget(1, "k")  # b wrote the key
-    b.put(1, "k", info('"v2"'), NOW)
+    after = b.forget(1, "k")  # b wrote the key
+    assert b.put(1, "k", info('"v2"'), NOW, after)
     assert a.fresh(1, "k", 600, NOW) is None  # a asks again
     assert b.fresh(1, "k", 600, NOW) == info('"v2"')
-    a.put(1, "k", info('"v2"'), NOW)
+    a.put(1, "k", info('"v2"'), NOW, a.ticket(1, "k"))
     assert a.fresh(1, "k", 600, NOW) == info('"v2"')
     assert a.fresh(2, "k", 600, NOW) is None  # another mount's key is another key
 
 
 def test_an_answer_to_a_lookup_older_than_a_sibling_write_is_not_trusted(tmp_path: Path) -> None:
-    a = MetadataCache(generations=Generations(str(tmp_path)))
-    b = MetadataCache(generations=Generations(str(tmp_path)))
-    assert a.fresh(1, "k", 600, NOW) is None  # a's lookup begins
+    a = MetadataCache(Generations(str(tmp_path)))
+    b = MetadataCache(Generations(str(tmp_path)))
+    asked = a.ticket(1, "k")  # a's lookup begins
     b.forget(1, "k")  # b's write lands while it is under way
-    a.put(1, "k", info('"old"'), NOW)  # the store's answer from before the write
+    assert not a.put(1, "k", info('"old"'), NOW, asked)  # the answer from before the write
     assert a.fresh(1, "k", 600, NOW) is None
-    a.put(1, "k", info('"new"'), NOW)  # the lookup after the write is trusted
+    assert a.peek(1, "k") == info('"old"')  # a hint, for what to drop when it changes
+    a.put(1, "k", info('"new"'), NOW, a.ticket(1, "k"))  # a lookup after the write is trusted
     assert a.fresh(1, "k", 600, NOW) == info('"new"')
+
+
+def test_every_lookup_keeps_its_own_ticket_whatever_else_the_worker_hears(
+    tmp_path: Path,
+) -> None:
+    """Found from outside: a cold open sent before a DELETE, answered after it, was trusted
+    because another request of the same worker heard "gone" meanwhile, and the worker's one
+    remembered generation of the key went with that. Each question carries its own."""
+    a = MetadataCache(Generations(str(tmp_path)))
+    b = MetadataCache(Generations(str(tmp_path)))
+    opening = a.ticket(1, "k")  # a's open of the key is sent to the store
+    b.forget(1, "k")  # b deletes it (before and after the store's delete)
+    b.forget(1, "k")
+    a.forget(1, "k")  # another of a's requests is told "no such key"
+    assert not a.put(1, "k", info('"deleted"'), NOW, opening)  # the open's late answer
+    assert a.fresh(1, "k", 600, NOW) is None and b.fresh(1, "k", 600, NOW) is None
 
 
 def test_counters_are_kept_across_restarts_and_slots_spread(tmp_path: Path) -> None:
@@ -61,11 +78,14 @@ def test_counters_are_kept_across_restarts_and_slots_spread(tmp_path: Path) -> N
     assert len(slots) > 990 and all(0 <= s < SLOTS for s in slots)
 
 
-def test_one_worker_forgets_without_counters() -> None:
-    cache = MetadataCache()
-    cache.put(1, "k", info('"v1"'), NOW)
+def test_one_worker_trusts_no_answer_asked_before_a_change(tmp_path: Path) -> None:
+    cache = MetadataCache(Generations(str(tmp_path)))
+    cache.put(1, "k", info('"v1"'), NOW, cache.ticket(1, "k"))
     assert cache.fresh(1, "k", 600, NOW) == info('"v1"')
+    asked = cache.ticket(1, "k")
     cache.forget(1, "k")
+    assert cache.fresh(1, "k", 600, NOW) is None
+    assert not cache.put(1, "k", info('"v1"'), NOW, asked)  # asked before the change
     assert cache.fresh(1, "k", 600, NOW) is None
 
 
@@ -80,9 +100,7 @@ class Wall:
 
 
 def _sharing(root: Path, wall: Wall) -> MetadataCache:
-    return MetadataCache(
-        generations=Generations(str(root)), learnt=LearntVersions(str(root)), wall=wall
-    )
+    return MetadataCache(Generations(str(root)), learnt=LearntVersions(str(root)), wall=wall)
 
 
 def test_a_version_the_shared_record_was_too_busy_for_is_published_again(
@@ -95,7 +113,7 @@ def test_a_version_the_shared_record_was_too_busy_for_is_published_again(
     a, b = _sharing(tmp_path, wall), _sharing(tmp_path, wall)
     holder = sqlite3.connect(tmp_path / FILE, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # a sibling's write, held
-    a.put(1, "k", info('"v1"'), NOW)  # the write waits _BUSY_MS, then gives up
+    a.put(1, "k", info('"v1"'), NOW, a.ticket(1, "k"))  # waits _BUSY_MS, then gives up
     assert a.fresh(1, "k", -1, NOW) == info('"v1"')  # a knows it
     assert b.peek(1, "k") is None  # b does not: not in the shared record
 
@@ -110,7 +128,7 @@ def test_a_version_the_shared_record_was_too_busy_for_is_published_again(
     assert asyncio.run(a.published(1, "k"))  # nothing left to share: at once
 
     holder.execute("BEGIN IMMEDIATE")
-    a.put(1, "k2", info('"v2"'), NOW)
+    a.put(1, "k2", info('"v2"'), NOW, a.ticket(1, "k2"))
     assert not asyncio.run(a.published(1, "k2"))  # held throughout: given up, a hint lost
     holder.execute("COMMIT")
     assert b.peek(1, "k2") is None
@@ -123,7 +141,7 @@ def test_a_version_one_worker_learnt_is_fresh_in_another_for_the_ttl_from_learni
     wall = Wall()
     a, b = _sharing(tmp_path, wall), _sharing(tmp_path, wall)
     assert a.fresh(1, "k", 60, NOW) is None
-    a.put(1, "k", info('"v1"'), NOW)  # a asked the store
+    a.put(1, "k", info('"v1"'), NOW, a.ticket(1, "k"))  # a asked the store
     wall.now += 50
     assert b.peek(1, "k") == info('"v1"')
     assert b.fresh(1, "k", 60, NOW + 50) == info('"v1"')  # learnt 50 s ago: fresh for 10 more
@@ -135,12 +153,12 @@ def test_a_version_one_worker_learnt_is_fresh_in_another_for_the_ttl_from_learni
 def test_a_shared_version_is_not_trusted_after_a_change_of_its_key(tmp_path: Path) -> None:
     wall = Wall()
     a, b, c = _sharing(tmp_path, wall), _sharing(tmp_path, wall), _sharing(tmp_path, wall)
-    assert c.fresh(1, "k", 600, NOW) is None  # c's lookup begins...
-    a.forget(1, "k")  # ...a writes the key meanwhile...
-    c.put(1, "k", info('"old"'), NOW)  # ...and c's answer from before the write is shared
+    asked = c.ticket(1, "k")  # c's lookup begins...
+    after = a.forget(1, "k")  # ...a writes the key meanwhile...
+    c.put(1, "k", info('"old"'), NOW, asked)  # ...and c's answer from before the write comes
     assert b.fresh(1, "k", 600, NOW) is None  # b does not take it
     assert b.peek(1, "k") is None
-    a.put(1, "k", info('"new"'), NOW)
+    a.put(1, "k", info('"new"'), NOW, after)
     assert b.fresh(1, "k", 600, NOW) == info('"new"')
     a.forget(1, "k")  # deleted
     assert b.fresh(1, "k", 600, NOW) is None
@@ -149,7 +167,7 @@ def test_a_shared_version_is_not_trusted_after_a_change_of_its_key(tmp_path: Pat
 def test_shared_records_of_an_earlier_run_are_dropped_at_start(tmp_path: Path) -> None:
     wall = Wall()
     a = _sharing(tmp_path, wall)
-    a.put(1, "k", info('"v1"'), NOW)
+    a.put(1, "k", info('"v1"'), NOW, a.ticket(1, "k"))
     a.close()
     reset(tmp_path)
     b = _sharing(tmp_path, wall)
@@ -214,3 +232,25 @@ def test_a_shared_version_comes_back_whole(tmp_path: Path) -> None:
     learnt.publish(3, rich.key, rich, 5.0, 7)
     assert learnt.lookup(3, rich.key) == (rich, 5.0, 7)
     assert learnt.lookup(4, rich.key) is None
+
+
+def test_a_worker_that_cannot_share_versions_keeps_to_itself_and_waits_for_nothing(
+    tmp_path: Path,
+) -> None:
+    """Found from outside: a worker whose open of the node's versions file failed kept an
+    empty database in memory, and every cold miss it served then waited ~212 ms in
+    published() for a record that could never be taken. It says so once and waits for
+    nothing: published() ends without ever suspending."""
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_bytes(b"")
+    cache = MetadataCache(Generations(str(tmp_path)), learnt=LearntVersions(str(not_a_folder)))
+    assert cache.put(1, "k", info('"v1"'), NOW, cache.ticket(1, "k"))
+    assert cache.fresh(1, "k", 600, NOW) == info('"v1"')
+    step = cache.published(1, "k")
+    try:
+        step.send(None)
+    except StopIteration as done:
+        assert done.value is True
+    else:
+        step.close()
+        raise AssertionError("published() waited for a record nobody can see")

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 from gateway.meta import MetaStore, SecretBox
 from gateway.service.versions import BATCH, Entry, VersionRows
+from gateway.stores import ObjectInfo
 from tests.unit.test_meta import object_info
 
 pytestmark = pytest.mark.anyio
@@ -44,7 +45,7 @@ async def test_record_versions_upserts_and_deletes_in_one_call(store: MetaStore)
     )
     assert await keys(store, mount.id) == {"a": 2, "b": 3}
     got = await store.find_versions([(mount.id, "a"), (mount.id, "b")])
-    assert got[(mount.id, "a")] == (object_info("a", size=2), True)
+    assert got[(mount.id, "a")][:2] == (object_info("a", size=2), True)
     assert got[(mount.id, "b")][1] is False
     await store.record_versions([(mount.id, "a", object_info("a", size=4), True)])
     assert await keys(store, mount.id) == {"a": 4, "b": 3}
@@ -123,9 +124,9 @@ async def test_a_lookup_sees_a_change_not_yet_written(store: MetaStore) -> None:
     recorder.record(mount.id, "k", None)
     recorder.record(mount.id, "new", object_info("new", size=2))
     assert await recorder.lookup(mount.id, "k") is None
-    assert await recorder.lookup(mount.id, "new") == Entry(object_info("new", size=2), True)
+    assert _known(await recorder.lookup(mount.id, "new")) == (object_info("new", size=2), True)
     await recorder.close()
-    assert await recorder.lookup(mount.id, "new") == Entry(object_info("new", size=2), True)
+    assert _known(await recorder.lookup(mount.id, "new")) == (object_info("new", size=2), True)
     assert await recorder.lookup(mount.id, "k") is None
 
 
@@ -135,7 +136,7 @@ async def test_a_doubted_row_is_kept_and_found_incomplete(store: MetaStore) -> N
     rows = VersionRows(store)
     await rows.record_now(mount.id, "k", object_info("k", size=1))
     await rows.doubt(mount.id, "k")
-    assert await rows.lookup(mount.id, "k") == Entry(object_info("k", size=1), False)
+    assert _known(await rows.lookup(mount.id, "k")) == (object_info("k", size=1), False)
     await rows.close()
 
 
@@ -177,3 +178,8 @@ async def test_changes_made_within_the_delay_share_a_transaction(
         await recorder.close()  # which ends it: the queue is written at once
     assert calls == [10]
     assert await keys(store, mount.id) == {f"k{i}": i for i in range(10)}
+
+
+def _known(entry: Entry | None) -> tuple[ObjectInfo, bool] | None:
+    """What a row says of the version (not when it was written)."""
+    return None if entry is None else (entry.info, entry.complete)
