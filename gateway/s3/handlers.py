@@ -357,6 +357,10 @@ async def get_object(ctx: Context, req: S3Request) -> Reply:
     except errors.InvalidRange as exc:
         exc.headers["content-range"] = f"bytes */{exc.fields.get('ActualObjectSize', '*')}"
         raise
+    except errors.MethodNotAllowed as exc:
+        if version is not None and "x-amz-delete-marker" in exc.headers:
+            exc.headers["x-amz-version-id"] = version  # the delete marker asked for, as S3
+        raise
     return _object_reply(req, result, overrides)
 
 
