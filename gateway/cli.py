@@ -274,7 +274,7 @@ def serve(**kwargs: Any) -> None:
         prepare_metrics_dir(Path(settings.data_dir))
     from gateway.edge import EdgeLimits
     from gateway.node import SETTINGS_ENV, Node, node_from_environment, settings_to_json
-    from gateway.service import learnt
+    from gateway.service import learnt, listed
 
     if settings.server not in ("gateway", "uvicorn"):
         raise click.UsageError(f"--server must be gateway or uvicorn: {settings.server}")
@@ -283,6 +283,7 @@ def serve(**kwargs: Any) -> None:
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     learnt.reset(settings.effective_cache_dir)  # versions learnt by a run before this one
+    listed.reset(settings.effective_cache_dir)  # and what its listings said
     banner, mounts = _run(_with_meta(settings, lambda meta: _bootstrap(meta, settings)))
     click.echo(banner)
     sys.stdout.flush()

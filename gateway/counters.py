@@ -141,3 +141,35 @@ def job_yielded() -> None:
 def set_jobs(counts: dict[str, int]) -> None:
     for state in JOB_STATES:
         JOBS.labels(state).set(counts.get(state, 0))
+
+
+REVALIDATIONS = Counter(
+    "gateway_revalidations",
+    "Versions revalidated with the store past their TTL, by how (a listing of their prefix, or"
+    " a request of their own) and what was found (fresh, changed, gone)",
+    ["how", "found"],
+    registry=REGISTRY,
+)
+REVALIDATION_LISTINGS = Counter(
+    "gateway_revalidation_listings",
+    "Listings made to revalidate versions in bulk, by store kind",
+    ["kind"],
+    registry=REGISTRY,
+)
+REVALIDATION_LISTED = Counter(
+    "gateway_revalidation_listed_keys",
+    "Keys those listings told (their number over the listings': keys per listing)",
+    ["kind"],
+    registry=REGISTRY,
+)
+
+
+def revalidation_listing(kind: str, keys: int) -> None:
+    REVALIDATION_LISTINGS.labels(kind).inc()
+    REVALIDATION_LISTED.labels(kind).inc(keys)
+
+
+def revalidated(how: str, found: str) -> None:
+    """One held version revalidated: how ("listing", "head") and found ("fresh", "changed",
+    "gone")."""
+    REVALIDATIONS.labels(how, found).inc()

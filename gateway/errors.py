@@ -140,11 +140,21 @@ NoSuchCORSConfiguration = _error(
     "NoSuchCORSConfiguration", 404, "The CORS configuration does not exist"
 )
 NoSuchTagSet = _error("NoSuchTagSet", 404, "The TagSet does not exist")
+InvalidPolicyDocument = _error(
+    "InvalidPolicyDocument",
+    400,
+    "The content of the form does not meet the conditions specified in the policy document.",
+)
 KeyTooLongError = _error("KeyTooLongError", 400, "Your key is too long")
 MalformedXML = _error(
     "MalformedXML",
     400,
     "The XML you provided was not well-formed or did not validate against our published schema.",
+)
+MalformedPOSTRequest = _error(
+    "MalformedPOSTRequest",
+    400,
+    "The body of your POST request is not well-formed multipart/form-data.",
 )
 MalformedPolicy = _error(
     "MalformedPolicy", 400, "Policies must be valid JSON and the first byte must be '{'"
@@ -162,6 +172,11 @@ InvalidBucketAclWithObjectOwnership = _error(
     "InvalidBucketAclWithObjectOwnership",
     400,
     "Bucket cannot have ACLs set with ObjectOwnership's BucketOwnerEnforced setting",
+)
+MaxPostPreDataLengthExceeded = _error(
+    "MaxPostPreDataLengthExceededError",
+    400,
+    "Your POST request fields preceding the upload file were too large.",
 )
 MetadataTooLarge = _error(
     "MetadataTooLarge", 400, "Your metadata headers exceed the maximum allowed metadata size."

@@ -555,6 +555,13 @@ class Fills:
             fills.update(self._start_subs(bkey, length, new, fetch, pinned))
         if fills:
             self.stats.misses += 1
+        # Every fill these bytes need has begun to arrive before the first of them goes out
+        # (a fill asks for all its runs at once first): a version gone from the store fails
+        # the read before it has sent anything, not after its first sub-block.
+        for fill in fills.values():
+            error = await fill.started()
+            if error is not None:
+                raise error
         for sub, _, a, b in cut:
             held = data.get(sub.index)
             if held is not None:
@@ -650,6 +657,22 @@ class Fills:
                     from_block = asyncio.create_task(
                         self._from_block(bkey, length, [subs[i] for i in off], fills, fetch, pinned)
                     )
+            runs = _claimed_runs(subs, claims)
+            if runs:
+                # One store request a run, all asked for (and their first bytes in) before
+                # the first run's bytes go out: a version the store no longer has fails
+                # these fills before any reader has sent a byte of them.
+                early = _Opened(fetch)
+                await early.open(
+                    [
+                        (
+                            subblocks.bounds(length, size, subs[i].index)[0],
+                            subblocks.bounds(length, size, subs[j - 1].index)[1],
+                        )
+                        for i, j in runs
+                    ]
+                )
+                fetch = early
             i = 0
             while i < len(subs):
                 sub, (how, fd) = subs[i], claims[i]
@@ -687,6 +710,8 @@ class Fills:
             if not isinstance(exc, Exception):
                 raise
         finally:
+            if isinstance(fetch, _Opened):
+                await fetch.aclose()
             if any(fd is not None for _, fd in claims):
                 await asyncio.shield(pages.hop(blockfile.release_all, pages.root, names, claims))
             for sub in subs:
@@ -800,49 +825,40 @@ class Fills:
             return subblocks.bounds(length, size, i)[0], subblocks.bounds(length, size, j - 1)[1], j
 
         async def whole() -> AsyncGenerator[bytes, None]:
-            gap = present.index(False) if False in present else n
-            opened: AsyncGenerator[bytes, None] | None = None
-            first = b""
-            if gap < n:
-                lo, stop, _ = run(gap)
-                opened = fetch(lo, stop)
-                try:
-                    first = await opened.__anext__()
-                except StopAsyncIteration:
-                    pass  # short: the fill says so
-                except BaseException:
-                    await opened.aclose()
-                    raise
+            # Everything the block is made of is in hand, or asked for with its first bytes
+            # in, before its first byte goes out: the sub-blocks held (read whole; one gone
+            # meanwhile is fetched with the block's version), and every run between them.
+            held: dict[int, bytes] = {}
+            gaps = []
+            i = 0
+            while i < n:
+                if not present[i]:
+                    lo, stop, i = run(i)
+                    gaps.append((lo, stop))
+                    continue
+                lo, hi = subblocks.bounds(length, size, i)
+                sub = _sub_key(bkey.mount_id, bkey.digest, i)
+                async with aclosing(
+                    self._sub_bytes(bkey, length, sub, hi - lo, fetch, pinned)
+                ) as got:
+                    held[i] = b"".join([chunk async for chunk in got])
+                i += 1
+            early = _Opened(fetch)
+            await early.open(gaps)
             try:
                 i = 0
                 while i < n:
                     if present[i]:
-                        lo, hi = subblocks.bounds(length, size, i)
-                        sub = _sub_key(bkey.mount_id, bkey.digest, i)
-                        async with aclosing(
-                            self._sub_bytes(bkey, length, sub, hi - lo, fetch, pinned)
-                        ) as got:
-                            async for chunk in got:
-                                yield chunk
+                        yield held.pop(i)
                         i += 1
                         continue
                     lo, stop, j = run(i)
-                    head = b""
-                    if i == gap:
-                        assert opened is not None
-                        got, head = opened, first
-                    else:
-                        got = fetch(lo, stop)
-                    async with aclosing(got) as chunks:
-                        opened = None  # closed by the `async with` from here on
-                        if head:
-                            yield head
+                    async with aclosing(early(lo, stop)) as chunks:
                         async for chunk in chunks:
                             yield chunk
                     i = j
             finally:
-                if opened is not None:
-                    await opened.aclose()
+                await early.aclose()
 
         def assembled(skip: int, stop: int | None = None) -> AsyncGenerator[bytes, None]:
             if skip == 0 and stop in (None, length):
@@ -867,6 +883,80 @@ class Fills:
                     sub.index
                 ]
         async for chunk in fill.read(0, n):
+            yield chunk
+
+
+def _claimed_runs(
+    subs: list[SubKey], claims: list[tuple[str, int | None]]
+) -> list[tuple[int, int]]:
+    """The runs [i, j) of consecutive sub-blocks claimed by this process."""
+    runs = []
+    i = 0
+    while i < len(subs):
+        if claims[i][0] != blockfile.CLAIMED:
+            i += 1
+            continue
+        j = i + 1
+        while (
+            j < len(subs)
+            and claims[j][0] == blockfile.CLAIMED
+            and subs[j].index == subs[j - 1].index + 1
+        ):
+            j += 1
+        runs.append((i, j))
+        i = j
+    return runs
+
+
+class _Opened:
+    """A fill's store requests for several runs of a block, all asked for and their first
+    bytes awaited together before the fill hands on any byte (open); then each taken in turn
+    by the fetch of its exact run (a Fetch), the first bytes first. Any other fetch goes to the
+    store as it comes."""
+
+    __slots__ = ("_fetch", "_open")
+
+    def __init__(self, fetch: Fetch) -> None:
+        self._fetch = fetch
+        self._open: dict[tuple[int, int], tuple[AsyncGenerator[bytes, None], bytes]] = {}
+
+    async def open(self, runs: list[tuple[int, int]]) -> None:
+        async def one(lo: int, hi: int) -> None:
+            stream = self._fetch(lo, hi)
+            try:
+                first = await anext(stream)
+            except StopAsyncIteration:
+                first = b""  # short: the fill says so
+            except BaseException:
+                await stream.aclose()
+                raise
+            self._open[(lo, hi)] = (stream, first)
+
+        done = await asyncio.gather(*(one(lo, hi) for lo, hi in runs), return_exceptions=True)
+        for result in done:
+            if isinstance(result, BaseException):
+                await self.aclose()
+                raise result
+
+    def __call__(self, skip: int, stop: int | None = None, /) -> AsyncGenerator[bytes, None]:
+        opened = None if stop is None else self._open.pop((skip, stop), None)
+        if opened is None:
+            return self._fetch(skip, stop)
+        return _resumed(*opened)
+
+    async def aclose(self) -> None:
+        left, self._open = self._open, {}
+        for stream, _ in left.values():
+            await stream.aclose()
+
+
+async def _resumed(
+    stream: AsyncGenerator[bytes, None], first: bytes
+) -> AsyncGenerator[bytes, None]:
+    async with aclosing(stream) as chunks:
+        if first:
+            yield first
+        async for chunk in chunks:
             yield chunk
 
 

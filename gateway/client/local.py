@@ -35,7 +35,10 @@ from gateway.client.stats import ClientStats
 HELLO_PATH = "/_gateway/short-circuit"  # as gateway/s3/local.py verifies it
 MAX_BLOCKS = 64  # blocks of one object in one answer (the node's limit)
 MAX_KEYS = 1024  # keys asked in one request (as many as the node takes)
-RENEW_AHEAD_MIN_TTL = 60.0  # leases of a shorter TTL are renewed as they are read, not ahead
+# Leases past their time renewed with the one read (an epoch's run out together): at most
+# this many requests' worth. The node answers them from listings of their prefixes, a
+# thousand keys a store request (docs/cache.md, "Freshness"), not a request each.
+RENEW_AHEAD_REQUESTS = 8
 MAX_FDS = 253  # descriptors in one message (the kernel's SCM_MAX_FD)
 REFUSED_FOR = 60.0  # seconds a client whose uid the node refused reads over HTTP only
 RETRY_AFTER = 10.0  # seconds after the node stopped answering before its socket is tried again
@@ -279,15 +282,12 @@ class ShortCircuit:
         version, or the node could not be asked) are returned."""
         asked = set(keys)
         with self._lock:
-            # Others only of a TTL long enough to outlast the reads before theirs: one of a
-            # short TTL renewed ahead has run out again by the time a shuffled epoch reads it,
-            # and cost the node a store request for nothing (TTL 5 s, a 30 s epoch).
             others = [
                 k for (b, k), held in self._leases.items()
                 if b == bucket and now >= held.until and k not in asked
-                and held.ttl >= RENEW_AHEAD_MIN_TTL
             ]  # fmt: skip
-        batch = keys + others[: -len(keys) % MAX_KEYS]  # the last request's room
+        room = max(0, RENEW_AHEAD_REQUESTS * MAX_KEYS - len(keys))
+        batch = keys + others[:room]
         again: list[str] = []
         for i in range(0, len(batch), MAX_KEYS):
             chunk = batch[i : i + MAX_KEYS]

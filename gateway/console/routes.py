@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import html
 import math
 import os
 import time
@@ -73,6 +74,8 @@ SIGNED_OUT = "console-signed-out"
 _RAW_HEADERS = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in _HEADERS.items()]
 MAX_JOB_ID = (1 << 63) - 1  # a job id in the database (BIGINT): past it, no such job
 _MAX_FORM = 64 << 10  # bytes of a posted form
+# What each path parameter of the actions names, for an answer that refuses it.
+_PATH_PARTS = {"access_key": "access key", "name": "user", "policy": "policy"}
 _NO_KEY_SECRET = "x" * 40  # compared against when the key is unknown: the same work either way
 
 Handler = Callable[[Request, Session], Awaitable[Response]]
@@ -222,14 +225,22 @@ class Console:
         return endpoint
 
     def _action(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-        """A POST: 401 without a session, 403 without its CSRF token (form field `csrf` or
-        header X-CSRF-Token)."""
+        """A POST: 401 without a session, 400 for a NUL in the path's names or in the form
+        (before anything of them reaches the database), 403 without its CSRF token (form
+        field `csrf` or header X-CSRF-Token)."""
 
         async def endpoint(request: Request) -> Response:
             session = await self._session(request)
             if session is None:
                 return _refused(401, "sign in first")
-            form = await _form(request)
+            for name, value in request.path_params.items():
+                if isinstance(value, str) and "\x00" in value:
+                    said = f"The {_PATH_PARTS.get(name, name)} in the path holds a NUL character"
+                    return _refused(400, f"{said}: no name has one.")
+            try:
+                form = await _form(request)
+            except NulInForm as exc:
+                return _refused(400, html.escape(str(exc)))
             token = request.headers.get("x-csrf-token") or form.get("csrf")
             if not isinstance(token, str) or not self.sessions.csrf_ok(session, token):
                 return _refused(403, "the form's CSRF token is missing or wrong")
@@ -264,7 +275,10 @@ class Console:
         CSRF token; 429, whatever the secret, for a key or a client address past the limit of
         failed sign-ins."""
         before = self.sessions.read(request.cookies.get(COOKIE))
-        form = await _form(request)
+        try:
+            form = await _form(request)
+        except NulInForm as exc:
+            return self._login_page(request, before, str(exc), 400)
         token = form.get("csrf")
         if before is None or not isinstance(token, str) or not self.sessions.csrf_ok(before, token):
             return self._login_page(request, None, "The form expired: please sign in again.", 403)
@@ -527,9 +541,19 @@ class Console:
         return {"job": _job_row(job, _now()), "nodes": nodes, "cached": cached, "share": share}
 
 
+class NulInForm(ValueError):
+    """A posted form with a NUL in a field: no name, key, prefix or secret holds one (and
+    PostgreSQL takes none in text), so the form is refused whole, naming the field."""
+
+    def __init__(self, field: str) -> None:
+        shown = field.replace("\x00", "\\0")[:64]
+        super().__init__(f"The form's field {shown} holds a NUL character: no value has one.")
+
+
 async def _form(request: Request) -> dict[str, str]:
     """The posted form (URL-encoded, as browsers and htmx send it), read once per request;
-    a body past _MAX_FORM is not read at all (an empty form, which every action refuses)."""
+    a body past _MAX_FORM is not read at all (an empty form, which every action refuses).
+    NulInForm for a form with a NUL in a field's name or value."""
     form: dict[str, str] | None = getattr(request.state, "form", None)
     if form is None:
         body = b""
@@ -537,10 +561,9 @@ async def _form(request: Request) -> dict[str, str]:
         if length.isdigit() and int(length) <= _MAX_FORM:
             body = await request.body()
         pairs = urllib.parse.parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
-        # A NUL is in no name, key, prefix or secret (and no database takes one in text): such
-        # a form is not read, and is refused as an empty one is (its CSRF token is missing).
-        if any("\x00" in name or "\x00" in value for name, value in pairs):
-            pairs = []
+        for name, value in pairs:
+            if "\x00" in name or "\x00" in value:
+                raise NulInForm(name)
         form = request.state.form = dict(pairs)
     return form
 

@@ -1,8 +1,11 @@
-"""The gateway's database: mounts, access keys, object metadata, uploads; secrets encrypted."""
+"""The gateway's database: mounts, access keys, object metadata, uploads, key locks; secrets
+encrypted."""
 
 from . import catalog as catalog  # its tables join the schema (migrations compare with it)
+from . import key_locks as key_locks  # as catalog
 from . import versions as versions  # as catalog
 from .engine import default_database_url, normalize_database_url
+from .key_locks import HeldKey, KeyBusy, KeyLocks
 from .migrate import SCHEMA_HEAD, head_revision, migrations_dir, run_migrations
 from .models import (
     ADMIN_USER,
@@ -33,8 +36,11 @@ __all__ = [
     "USER_NAME",
     "AccessKey",
     "AccessKeyExists",
+    "HeldKey",
     "InUse",
     "InvalidSecretKey",
+    "KeyBusy",
+    "KeyLocks",
     "MetaError",
     "MetaStore",
     "MetaUnavailable",

@@ -22,6 +22,7 @@ from gateway.config import Settings
 from gateway.stores.base import ObjectInfo
 
 from .engine import create_engine, normalize_database_url, sqlite_path
+from .key_locks import KeyLocks
 from .migrate import SCHEMA_HEAD, run_migrations
 from .models import SECRET_OPTIONS, AccessKey, AccessKeyExists, MetaUnavailable, Mount, MountExists
 from .secrets import SecretBox
@@ -80,6 +81,8 @@ class MetaStore(MultipartUploads, Tenants):
         self.url = normalize_database_url(url)
         self._box = box
         self._engine = create_engine(self.url, pool_size=pool)
+        # A writer's hold on a key against the fleet's other writers of it (key_locks.py).
+        self.key_locks = KeyLocks(self._connect, self._engine.dialect.name)
 
     def derive_key(self, purpose: str) -> bytes:
         """A key for `purpose` derived from the secrets' key (SecretBox.derive): the console

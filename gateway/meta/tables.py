@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -34,6 +34,17 @@ class UTCDateTime(sa.TypeDecorator[datetime]):
         if value.tzinfo is None:
             return value.replace(tzinfo=UTC)
         return value.astimezone(UTC)
+
+
+_SQLITE_TIME = "%Y-%m-%d %H:%M:%f"  # how SQLite's clock is written, so that times compare
+
+
+def database_clock(dialect: str, ahead: float = 0.0) -> sa.ColumnElement[Any]:
+    """The database's clock, `ahead` seconds on: no node's clock decides whose lease ran out.
+    (A UTCDateTime column written with it on SQLite holds the same text, so times compare.)"""
+    if dialect == "postgresql":
+        return sa.func.now() + sa.literal(timedelta(seconds=ahead))
+    return sa.func.strftime(_SQLITE_TIME, "now", f"{ahead:+.3f} seconds")
 
 
 def object_key_type() -> sa.types.TypeEngine[Any]:

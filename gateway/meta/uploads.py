@@ -16,7 +16,7 @@ import socket
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any
 
@@ -29,13 +29,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from gateway.stores.base import UploadJournal
 
 from .models import MetaError
-from .tables import multipart_parts, multipart_uploads, store_uploads
+from .tables import database_clock, multipart_parts, multipart_uploads, store_uploads
 
 log = logging.getLogger("gateway.meta.uploads")
 
 # Who holds a lease, as the log shows it: this process, on this host.
 OWNER = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-_SQLITE_TIME = "%Y-%m-%d %H:%M:%f"  # how SQLite's clock is written, so that times compare
 
 _PART_PK = ("upload_id", "part_number")
 _MAX_CODE_POINT = 0x10FFFF
@@ -223,11 +222,7 @@ class MultipartUploads:
     # -- uploads a node opened at a store on its own behalf ---------------------------------
 
     def _clock(self, ahead: float = 0.0) -> sa.ColumnElement[Any]:
-        """The database's clock, `ahead` seconds on: no node's clock decides whose lease ran
-        out."""
-        if self.dialect == "postgresql":
-            return sa.func.now() + sa.literal(timedelta(seconds=ahead))
-        return sa.func.strftime(_SQLITE_TIME, "now", f"{ahead:+.3f} seconds")
+        return database_clock(self.dialect, ahead)
 
     async def open_store_upload(
         self, mount_id: int, key: str, store_upload_id: str, owner: str, lease: float

@@ -28,6 +28,7 @@ from gateway.s3.http import (
     parse_request,
     send_reply,
 )
+from gateway.s3.post_object import PostObject
 from gateway.s3.routing import Operation, route
 from gateway.s3.sigv2 import SigV2Verifier, is_sigv2
 from gateway.s3.sigv4 import AuthResult, SigV4Verifier
@@ -39,11 +40,15 @@ DOCUMENTS = "/_gateway/"  # no bucket is named so: "_" may not begin one
 # Documents are never public: anonymous requests for them are refused.
 _DOCUMENT = Operation("GetGatewayDocument", lambda ctx, req: _no_handler(), read_only=False)
 _PREFLIGHT = Operation("PreflightRequest", lambda ctx, req: _no_handler(), read_only=True)
+# A browser's form upload: authenticated by its form, not its headers (post_object.py).
+_POST_OBJECT = Operation(
+    "PostObject", lambda ctx, req: _no_handler(), read_only=False, action="s3:PutObject"
+)
 _CREDENTIAL = re.compile(r"Credential=([^/,\s]+)/")
 
 
 async def _no_handler() -> Reply:
-    raise AssertionError("documents are answered by S3App._document")
+    raise AssertionError("answered by S3App itself (documents, preflights, POST Object)")
 
 
 def _claimed_access_key(req: S3Request) -> str | None:
@@ -100,6 +105,7 @@ class S3App:
         self.verifier = SigV4Verifier(service.secret_for)
         self.verifier_v2 = SigV2Verifier(service.secret_for)
         self.fast = FastHits(service, self.verifier, base_domain, self.access_log, self.verifier_v2)
+        self.post_object = PostObject(service, self.verifier)
         # JSON documents for clients at /_gateway/<name> (the node gives them), signed GETs.
         # Each is given the caller's access key: a document shows what that key may see.
         self.documents: dict[str, Callable[[str | None], Awaitable[bytes]]] = {}
@@ -127,6 +133,9 @@ class S3App:
             elif req.method == "OPTIONS":  # a browser's CORS preflight: no signature, as S3
                 op = _PREFLIGHT
                 reply = handlers_cors.preflight(self.ctx, req)
+            elif req.method == "POST" and req.key is None and req.bucket and not req.query:
+                op = _POST_OBJECT
+                reply = await self.post_object.handle(req, scope)
             else:
                 try:
                     op = route(req)

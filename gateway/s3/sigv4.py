@@ -6,6 +6,7 @@ Canonical forms live in `sigv4_canonical`; aws-chunked body signatures in `sigv4
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -190,6 +191,37 @@ class SigV4Verifier:
         if "AWSAccessKeyId=" in query_string and "Signature=" in query_string:
             raise InvalidRequest(_SIGV2)
         return None
+
+    def verify_policy(
+        self, credential: str, amz_date: str, policy: str, signature: str
+    ) -> AuthResult:
+        """A browser form's signature (POST Object): of its base64 policy document itself, by
+        the signing key of the day, region and service its credential names. The credential's
+        date is X-Amz-Date's; the policy's own expiration, not a skew, bounds its life."""
+        if not is_amz_date(amz_date):
+            raise InvalidArgument(
+                "X-Amz-Date must be in the ISO8601 Long Format \"yyyyMMdd'T'HHmmss'Z'\"",
+                ArgumentName="x-amz-date",
+                ArgumentValue=amz_date,
+            )
+        scope = self._scope(credential, amz_date, presigned=True)
+        secret = self._lookup_secret(scope.access_key)
+        if secret is None:
+            raise InvalidAccessKeyId(AWSAccessKeyId=scope.access_key)
+        key = self._signing_key(secret, scope)
+        if not (signature.isascii() and hmac.compare_digest(key.sign(policy), signature)):
+            raise SignatureDoesNotMatch(
+                AWSAccessKeyId=scope.access_key, StringToSign=policy, SignatureProvided=signature
+            )
+        return AuthResult(
+            access_key=scope.access_key,
+            payload_hash=UNSIGNED_PAYLOAD,
+            presigned=False,
+            signature=signature,
+            amz_date=amz_date,
+            scope=scope.scope,
+            signing_key=key.key,
+        )
 
     def _header_claim(
         self, query_string: str, headers: Mapping[str, str], authorization: str

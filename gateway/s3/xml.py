@@ -226,6 +226,15 @@ def copy_result(etag: str, last_modified: datetime, part: bool = False) -> bytes
     ).encode()
 
 
+def post_response(location: str, bucket: str, key: str, etag: str) -> bytes:
+    """PostResponse: what POST Object answers with success_action_status 201."""
+    return (
+        f"{HEAD}<PostResponse><Location>{escape(location)}</Location>"
+        f"<Bucket>{escape(bucket)}</Bucket><Key>{escape(key)}</Key>"
+        f"<ETag>{escape(etag)}</ETag></PostResponse>"
+    ).encode()
+
+
 @dataclass(frozen=True, slots=True)
 class DeletedObject:
     """One <Deleted> of DeleteObjects: the key, the version id the request named, and the

@@ -78,6 +78,11 @@ class MetadataCache:
             return shared[0]
         return None
 
+    def age(self, mount_id: int, key: str, now: float) -> float | None:
+        """Seconds since the version remembered of the key was learnt (None: none)."""
+        item = self._items.get((mount_id, key))
+        return None if item is None else max(0.0, now - item[1])
+
     def peek(self, mount_id: int, key: str) -> ObjectInfo | None:
         """The last version known, however old: a hint (the read checks it with the store)."""
         item = self._items.get((mount_id, key))

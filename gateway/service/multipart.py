@@ -25,6 +25,7 @@ from gateway.service.writes import (
     WriteConditions,
     as_stored,
     from_source,
+    one_writer,
     precondition_answer,
     resolved,
 )
@@ -239,18 +240,22 @@ class Multipart:
                     ProposedSize=str(small.size),
                     MinSizeAllowed=str(MIN_PART_SIZE),
                 )
-        cond = await resolved(handle, key, cond)
-        ticket = self.shared.versions.ticket(handle, key)
+        conditional = cond.if_match is not None or cond.if_none_match
         try:
-            with store_errors(key):
-                info = await handle.store.complete_multipart(
-                    key,
-                    record.store_upload_id,
-                    chosen,
-                    _attrs_of(record),
-                    if_match=cond.if_match,
-                    if_none_match=cond.if_none_match,
-                )
+            # Every complete of the key, one at a time in the fleet: a conditional one checks
+            # against what the others made.
+            async with one_writer(self.shared, handle, key, conditional):
+                cond = await resolved(handle, key, cond)
+                ticket = self.shared.versions.ticket(handle, key)
+                with store_errors(key):
+                    info = await handle.store.complete_multipart(
+                        key,
+                        record.store_upload_id,
+                        chosen,
+                        _attrs_of(record),
+                        if_match=cond.if_match,
+                        if_none_match=cond.if_none_match,
+                    )
         except errors.PreconditionFailed as exc:
             raise await precondition_answer(handle, key, cond, exc) from None
         except (errors.InvalidPart, errors.NoSuchUpload):
@@ -382,8 +387,9 @@ class Multipart:
             await asyncio.sleep(min(interval, self.shared.namespace.write_lease / 2))
 
     async def sweep_leftovers(self) -> None:
-        """Abort the store uploads whose holder's lease ran out, and let each store remove
-        the files of writers that died; never what a live writer, of any node, holds."""
+        """Abort the store uploads whose holder's lease ran out, remove the key locks of
+        writers that died, and let each store remove the files of writers that died; never
+        what a live writer, of any node, holds."""
         lease = self.shared.namespace.write_lease
         for record in await self.shared.meta.claim_lapsed_store_uploads(LEASE_OWNER, lease):
             handle = self.shared.namespace.by_id(record.mount_id)
@@ -398,6 +404,9 @@ class Multipart:
             await self.shared.meta.close_store_upload(record.id)
             log.info("aborted upload %s of %s/%s left by %s, whose lease ran out",
                      record.store_upload_id, handle.bucket, record.key, record.owner)  # fmt: skip
+        pruned = await self.shared.meta.key_locks.prune()
+        if pruned:
+            log.info("removed %d key locks of writers that died", pruned)
         for handle in self.shared.namespace.mounts():
             try:
                 swept = await handle.store.sweep()

@@ -251,6 +251,9 @@ class Namespace:
         self._keys = Reread(self._read_keys)
         self._mounts_reread = Reread(self._read_mounts)
         self._tasks: set[asyncio.Task[None]] = set()
+        # Stores of changed or removed mounts, open for their grace period: closed at the
+        # node's shutdown too, whatever is left of it.
+        self._retiring: set[Store] = set()
         self.own = OwnPaths()
         self.write_lease = Settings.write_lease
         self._refused: dict[str, Mount] = {}  # mounts not served, each logged once
@@ -387,6 +390,7 @@ class Namespace:
             self._on_mounts(list(fresh.values()))
         for bucket, handle in current.items():
             if fresh.get(bucket) is not handle:
+                self._retiring.add(handle.store)
                 self._spawn(self._close_later(handle.store))
 
     async def _read_keys(self) -> None:
@@ -422,11 +426,15 @@ class Namespace:
             self._catching_up.cancel()
         self._keys.close()
         self._mounts_reread.close()
-        for task in list(self._tasks):
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        for handle in self._mounts.values():
-            await handle.store.close()
-        self._mounts = {}
+        # Ended before the stores close: a store's preparation cut short opens nothing after.
+        await asyncio.gather(*tasks, return_exceptions=True)
+        stores = [*(h.store for h in self._mounts.values()), *self._retiring]
+        self._mounts, self._retiring = {}, set()
+        for store in stores:
+            await _close(store)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -440,7 +448,16 @@ class Namespace:
         except Exception as exc:  # the first request will try again, and say what is wrong
             log.warning("mount %s: store not ready: %s", handle.bucket, exc)
 
-    @staticmethod
-    async def _close_later(store: Store) -> None:
+    async def _close_later(self, store: Store) -> None:
         await asyncio.sleep(_CLOSE_GRACE)
+        if store in self._retiring:
+            self._retiring.discard(store)
+            await _close(store)
+
+
+async def _close(store: Store) -> None:
+    """Close a store's clients; a failure is the log's, never the caller's (a shutdown goes on)."""
+    try:
         await store.close()
+    except Exception as exc:
+        log.warning("%r not closed cleanly: %s", store, exc)

@@ -251,6 +251,11 @@ class PageSource:
             span.key, span.length, span.start, span.end, self.pinned
         )  # fmt: skip
 
+    def holds(self, span: Span) -> bool:
+        """Whether the span's bytes are all in this node's cache now (the block, or the
+        sub-blocks that hold them), none of them still filling."""
+        return self.fills.known_range(span.key, span.length, span.start, span.end)
+
     def ahead(self, span: Span) -> Arrival | None:
         """Start fetching a block a reader will want soon; its fill in flight here, if any
         (Fills.ahead). Not the next span of a sparse read (a range across a block boundary)
@@ -790,6 +795,7 @@ class Reader:
         peers = PeerSource(self.fleet, pages, store) if self.fleet is not None else None
         pending: deque[Span] = deque()
         fetched: dict[int, _Fetched] = {}  # peers' blocks fetched ahead
+        opened: dict[int, _Opened] = {}  # this node's spans begun before the first byte
         unsure: list[Arrival] = []  # fills of this read's blocks: confirmed before a byte
         sent = False
         version = (handle.id, info.key, info.etag, handle.block_size)
@@ -806,8 +812,16 @@ class Reader:
                     pending.append(later)
                     if not later.owners:
                         arrival = pages.ahead(later)
-                        if arrival is not None and later.wanted and not sent:
-                            unsure.append(arrival)
+                        if later.wanted and not sent:
+                            if arrival is None and (sparse or not pages.holds(later)):
+                                # Not fetched ahead (sub-blocks, or no prefetch slot free):
+                                # begun now all the same, so that its store answer is known
+                                # before the read's first byte. A random reader's span is
+                                # taken now even if it is here: its sub-blocks may be gone
+                                # by its turn, and fetching them then could fail after bytes.
+                                arrival = opened[later.index] = _Opened(pages.read(later))
+                            if arrival is not None:
+                                unsure.append(arrival)
                     elif later.wanted:
                         assert peers is not None
                         fetched[later.index] = peer_ahead = _Fetched(peers.read(later))
@@ -836,7 +850,13 @@ class Reader:
                         yield region
                         continue
                 source: BlockSource = pages if not span.owners else peers  # type: ignore[assignment]
-                chunks = source.read(span, sent) if head is None else head
+                early = opened.pop(span.index, None)
+                if early is not None:
+                    chunks = early.read()
+                elif head is None:
+                    chunks = source.read(span, sent)
+                else:
+                    chunks = head
                 head = None
                 async with aclosing(chunks):
                     async for chunk in chunks:
@@ -849,6 +869,8 @@ class Reader:
             self.pages.release(version)
             for left in fetched.values():
                 left.task.cancel()
+            for begun in opened.values():
+                await begun.aclose()
             if head is not None:
                 await head.aclose()
 
@@ -967,7 +989,8 @@ class Reader:
                     if not place(index, bkey):
                         length = min(size, info.size - index * size)
                         files.append((index, length, block_path(root, handle.id, bkey.name)))
-            found.append(LocalBlocks(info, size, handle.ttl, files))
+            ttl = self.versions.remaining(handle, info.key)
+            found.append(LocalBlocks(info, size, ttl, files))
         return found
 
     async def _open_for_lease(self, handle: MountHandle, key: str) -> None:
@@ -998,6 +1021,7 @@ class Reader:
         ]
         stale = [i for i, info in enumerate(found) if info is None]
         if stale:
+            await self.versions.revalidating(handle, [keys[i] for i in stale])
             slots = asyncio.Semaphore(STAT_CONCURRENCY)
 
             async def one(i: int) -> None:
@@ -1027,6 +1051,44 @@ async def _sibling_opened(claims: OpenClaims, byte: int) -> bool:
         await asyncio.sleep(pause)  # a lock held for the store's first byte, no event to await
         pause = min(pause * 2, 0.02)
     return True
+
+
+class _Opened:
+    """A span of this node's read begun before the response's first byte: its first bytes
+    (or the error its source answered first) awaited in a task of their own, as an Arrival;
+    then read on in turn, holding no more than its source's stream."""
+
+    __slots__ = ("_chunks", "_first")
+
+    def __init__(self, chunks: AsyncGenerator[bytes, None]) -> None:
+        self._chunks = chunks
+        self._first: asyncio.Task[bytes | None] = asyncio.create_task(_next_chunk(chunks))
+
+    async def started(self) -> BaseException | None:
+        await asyncio.wait([self._first])
+        return None if self._first.cancelled() else self._first.exception()
+
+    async def read(self) -> AsyncGenerator[bytes, None]:
+        first = await self._first
+        if first is not None:
+            yield first
+        async with aclosing(self._chunks) as chunks:
+            async for chunk in chunks:
+                yield chunk
+
+    async def aclose(self) -> None:
+        self._first.cancel()
+        await asyncio.wait([self._first])
+        if not self._first.cancelled():
+            self._first.exception()  # retrieved: the read ended before its turn
+        await self._chunks.aclose()
+
+
+async def _next_chunk(chunks: AsyncGenerator[bytes, None]) -> bytes | None:
+    try:
+        return await anext(chunks)
+    except StopAsyncIteration:
+        return None
 
 
 class _Fetched:

@@ -14,8 +14,10 @@ from gateway.cluster.peers import Fleet
 from gateway.generations import Generations, OpenClaims
 from gateway.meta import MetaStore
 from gateway.service.learnt import LearntVersions
+from gateway.service.listed import ListedVersions
 from gateway.service.metadata import MetadataCache
 from gateway.service.namespace import MountHandle, Namespace
+from gateway.service.revalidation import Revalidator
 from gateway.service.versions import VersionRows, Versions
 from gateway.stores import ObjectInfo
 
@@ -59,7 +61,8 @@ class Shared:
         metadata = MetadataCache(
             generations, learnt=LearntVersions(pages.root) if several else None
         )
-        versions = Versions(metadata, VersionRows(meta), catalog, pages)
+        revalidator = Revalidator(ListedVersions(pages.root))
+        versions = Versions(metadata, VersionRows(meta), catalog, pages, revalidator)
         fills = Fills(pages, fill_concurrency=fill_concurrency, sub_block_size=sub_block_size)
         return cls(
             meta, pages, fills, namespace, metadata, versions, fleet, catalog,
@@ -73,6 +76,7 @@ class Shared:
         await self.versions.rows.close()  # versions learnt or written, briefly
         await self.namespace.close()
         self.metadata.close()
+        self.versions.revalidator.listed.close()
         if self.opens is not None:
             self.opens.close()
         self.generations.close()

@@ -40,13 +40,14 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
-from gateway import errors
+from gateway import counters, errors
 from gateway.cache import PageStore
 from gateway.catalog.catalog import Catalog
 from gateway.meta import MetaStore, MetaUnavailable
 from gateway.meta.versions import object_versions
 from gateway.service.metadata import MetadataCache
 from gateway.service.namespace import MountHandle
+from gateway.service.revalidation import Revalidator
 from gateway.service.store_errors import store_errors
 from gateway.stores import ObjectInfo
 from gateway.stores.etags import same
@@ -336,11 +337,13 @@ class Versions:
         rows: VersionRows,
         catalog: Catalog,
         pages: PageStore,
+        revalidator: Revalidator,
     ) -> None:
         self.metadata = metadata
         self.rows = rows
         self.catalog = catalog
         self.pages = pages
+        self.revalidator = revalidator
         self._asking: dict[tuple[int, str], asyncio.Future[ObjectInfo]] = {}
         self._asking_ids: dict[tuple[int, str, str], asyncio.Future[ObjectInfo]] = {}
 
@@ -395,9 +398,26 @@ class Versions:
                 if trusted is not None:
                     info, age = trusted
                     now -= age
+            if info is None and previous is not None:
+                # A listing of its prefix within the TTL (or made now: many of the prefix
+                # are past their TTL) confirms the version held, or says it is gone.
+                listed = await self.revalidator.find(handle, key)
+                if listed is not None:
+                    if listed.etag is None:
+                        counters.revalidated("listing", "gone")
+                        raise errors.NoSuchKey(Key=key)
+                    if same(listed.etag, previous.etag) and listed.size == previous.size:
+                        counters.revalidated("listing", "fresh")
+                        info = previous
+                        now -= max(0.0, time.time() - listed.at)
+                    else:
+                        counters.revalidated("listing", "changed")  # asked alone below
             if info is None:
                 with store_errors(key):
                     info = await handle.store.stat(key)
+                if previous is not None:
+                    counters.revalidated("head", "fresh" if same(previous.etag, info.etag)
+                                         else "changed")  # fmt: skip
                 await self._learnt_row(handle, key, info, previous, ticket)
         except errors.NoSuchKey:
             await self.gone(handle, key, ticket)
@@ -413,6 +433,22 @@ class Versions:
         if previous is not None and not same(previous.etag, info.etag):
             self._invalidate(handle, previous)
         return info
+
+    async def revalidating(self, handle: MountHandle, keys: list[str]) -> None:
+        """Many keys are about to be asked for past their TTL (a lease renewal): those this
+        node holds a version of are spanned by listings of their prefixes first, so that each
+        is answered from a listing rather than a request of its own."""
+        held = [k for k in keys if self.metadata.peek(handle.id, k) is not None]
+        await self.revalidator.cover(handle, held)
+
+    def remaining(self, handle: MountHandle, key: str) -> float:
+        """How much longer the version known of the key is fresh, in seconds (-1: for good, on
+        an immutable mount): a lease handed to a client lasts no longer than what the node
+        knows, so a read is never more than one TTL behind the store."""
+        if handle.ttl < 0:
+            return -1.0
+        age = self.metadata.age(handle.id, key, time.monotonic())
+        return handle.ttl if age is None else max(0.0, handle.ttl - age)
 
     async def unknown(self, handle: MountHandle, key: str) -> bool:
         """Whether this node knows nothing of the key's version: not in memory (this worker's

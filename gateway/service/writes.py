@@ -21,6 +21,7 @@ from sqlalchemy import Executable
 
 from gateway import errors
 from gateway.cache import BlockWriter, FillFailed
+from gateway.meta import KeyBusy, MetaError
 from gateway.service.conditions import check_conditions
 from gateway.service.inputs import CopySource, DeleteEntry, Deletion
 from gateway.service.namespace import MountHandle
@@ -34,6 +35,10 @@ T = TypeVar("T")
 
 MAX_PUT_SIZE = 5 << 30
 DELETE_CONCURRENCY = 16
+# How long a conditional write waits for another writer of its key (KEY_WAIT) before it is
+# answered 409 ConditionalRequestConflict, as S3 answers such a conflict: within the time
+# SDKs wait for an answer.
+KEY_WAIT = 30.0
 
 
 def as_stored(attrs: WriteAttrs) -> WriteAttrs:
@@ -115,6 +120,38 @@ async def precondition_answer(
     if cond.if_match is not None and await _current(handle, key) is None:
         return errors.NoSuchKey(Key=key)
     return failed
+
+
+@contextlib.asynccontextmanager
+async def one_writer(
+    shared: Shared, handle: MountHandle, key: str, conditional: bool = True
+) -> AsyncIterator[None]:
+    """The key held against every other writer of it that holds it too, on any node or
+    worker of the fleet (the database's key lock), from the check of a condition to the
+    store's answer: of two conditional writes of one key, the second checks its condition
+    against what the first wrote, also at an origin whose own check is not atomic (moto's).
+
+    A conditional write that waited KEY_WAIT for the key is answered 409
+    ConditionalRequestConflict; an unconditional one goes on without it. A database that
+    cannot be asked leaves the write to the store's own check, said in the log."""
+    try:
+        held = await shared.meta.key_locks.take(
+            handle.id, key, shared.namespace.write_lease, KEY_WAIT
+        )
+    except KeyBusy:
+        if conditional:
+            raise errors.ConditionalRequestConflict() from None
+        log.warning("%s/%s written without its key lock: held past %s s", handle.bucket, key,
+                    KEY_WAIT)  # fmt: skip
+        held = None
+    except MetaError as exc:  # MetaUnavailable too
+        log.warning("%s/%s written without its key lock: %s", handle.bucket, key, exc)
+        held = None
+    try:
+        yield
+    finally:
+        if held is not None:
+            await held.release()
 
 
 class _CacheTee:
@@ -239,18 +276,23 @@ class ObjectWriter:
             if cacheable
             else None
         )
-        ticket = self.shared.versions.ticket(handle, key)
+        conditional = cond.if_match is not None or cond.if_none_match
         try:
-            cond = await resolved(handle, key, cond)
-            with store_errors(key):
-                info = await handle.store.put(
-                    key,
-                    tee.wrap(body),
-                    size,
-                    attrs,
-                    if_match=cond.if_match,
-                    if_none_match=cond.if_none_match,
-                )
+            async with (
+                one_writer(self.shared, handle, key) if conditional else contextlib.nullcontext()
+            ):
+                cond = await resolved(handle, key, cond)
+                # Once the key is held: what another writer did meanwhile is before it.
+                ticket = self.shared.versions.ticket(handle, key)
+                with store_errors(key):
+                    info = await handle.store.put(
+                        key,
+                        tee.wrap(body),
+                        size,
+                        attrs,
+                        if_match=cond.if_match,
+                        if_none_match=cond.if_none_match,
+                    )
         except errors.PreconditionFailed as exc:
             await tee.abort()
             raise await precondition_answer(handle, key, cond, exc) from None

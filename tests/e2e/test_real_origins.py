@@ -210,6 +210,40 @@ def test_a_ranged_get_answered_whole_gives_the_range_and_counts_the_waste(
     _ranges_answered_whole(node, whole_origin, bucket, data)
 
 
+def test_a_part_answered_as_the_whole_object_is_not_served_as_the_part(
+    node: GatewayNode, whole_origin: OddOrigin, origin_s3: Any
+) -> None:
+    """Found from outside: GET ?partNumber=1 over a Ceph RGW 16.2 origin answered the whole
+    16 MiB object as part 1 (206, parts count 3): RGW ignores partNumber, and the node took
+    its answer. Each part's answer is checked against the part asked for; an origin that
+    cannot tell its parts gets the 501 any such store gets, never the wrong bytes."""
+    name = f"o{uuid.uuid4().hex[:10]}"
+    origin_s3.create_bucket(Bucket=name)
+    parts = [blob(5 * MiB, "p1"), blob(5 * MiB, "p2"), blob(MiB, "p3")]
+    upload = origin_s3.create_multipart_upload(Bucket=name, Key="parted")["UploadId"]
+    done = [
+        {"PartNumber": n, "ETag": origin_s3.upload_part(
+            Bucket=name, Key="parted", UploadId=upload, PartNumber=n, Body=body
+        )["ETag"]}
+        for n, body in enumerate(parts, 1)
+    ]  # fmt: skip
+    origin_s3.complete_multipart_upload(
+        Bucket=name, Key="parted", UploadId=upload, MultipartUpload={"Parts": done}
+    )
+    options = ["-o", f"endpoint_url={whole_origin.url}", "-o", "access_key=a", "-o", "secret_key=s"]
+    bucket = mount(node, f"s3://{name}", options)
+    s3 = node.client()
+    whole_origin.parts_ignored = True
+    try:
+        with pytest.raises(ClientError) as refused:
+            s3.get_object(Bucket=bucket, Key="parted", PartNumber=1)
+        assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 501
+    finally:
+        whole_origin.parts_ignored = False
+    got = s3.get_object(Bucket=bucket, Key="parted", PartNumber=2)  # an origin that tells parts
+    assert got["Body"].read() == parts[1] and got["PartsCount"] == 3
+
+
 # -- Azure and GCS servers that answer a ranged read whole ----------------------------------------
 
 

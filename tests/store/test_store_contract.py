@@ -187,6 +187,25 @@ async def test_listing_with_delimiter_rolls_up_prefixes(origin: Origin) -> None:
     assert page.next_token is None
 
 
+async def test_a_listing_tells_each_key_s_version_as_a_stat_does(origin: Origin) -> None:
+    """What revalidation by listing relies on (docs/cache.md, "Freshness"): a key listed with
+    the ETag and size a stat answers for it, so that a listing confirms or refutes many held
+    versions at once; after an overwrite, the listing tells the new one."""
+    for key, body in (("v/a", b"one"), ("v/b", b"two two"), ("v/c/d", b"three")):
+        origin.put(key, body)
+    stats = {k: await origin.store.stat(k) for k in ("v/a", "v/b", "v/c/d")}
+    listed = {
+        o.key: o for o in (await origin.store.list_page("v/", None, None, None, 1000)).objects
+    }
+    for key, info in stats.items():
+        assert (listed[key].etag, listed[key].size) == (info.etag, info.size), key
+    origin.put("v/b", b"rewritten, longer")
+    again = {o.key: o for o in (await origin.store.list_page("v/", None, None, None, 1000)).objects}
+    new = await origin.store.stat("v/b")
+    assert (again["v/b"].etag, again["v/b"].size) == (new.etag, new.size)
+    assert again["v/b"].etag != stats["v/b"].etag
+
+
 async def test_start_after_skips_everything_up_to_it(origin: Origin) -> None:
     _listing_quirks(origin)
     for key in TREE:

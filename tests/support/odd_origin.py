@@ -10,6 +10,8 @@ moto, rewriting some of moto's replies or answering some requests itself.
   the answer is replaced by that error: a store that did the work and then failed to say so.
 - `whole_gets = True`: GETs reach the upstream without their Range (or Azure's x-ms-range)
   header, so a ranged GET is answered 200 with the whole object, as some origins answer one.
+- `parts_ignored = True`: GETs and HEADs reach the upstream without their `partNumber`, so a
+  part is answered as the whole object, as Ceph RGW 16.2 answers one.
 
 - `generation_answered = "N"` (in front of fake-gcs-server): every answer says it is of
   generation N (`x-goog-generation`), as a server that ignores the generation asked for
@@ -78,6 +80,10 @@ class _OddHandler(_Handler):
             if owner.whole_gets and self.command == "GET":
                 del self.headers["Range"]
                 del self.headers["x-ms-range"]
+            if owner.parts_ignored and self.command in ("GET", "HEAD") and "?" in self.path:
+                path, _, query = self.path.partition("?")
+                kept = "&".join(p for p in query.split("&") if not p.startswith("partNumber="))
+                self.path = f"{path}?{kept}" if kept else path
             super().do_any()
             return
         path, _, query = self.path.partition("?")
@@ -148,6 +154,7 @@ class OddOrigin(CountingProxy):
         self._blanked: set[str] = set()
         self._failures: dict[str, list[Failure]] = {}
         self.whole_gets = False
+        self.parts_ignored = False
         self.generation_answered: str | None = None
 
     def blank_etags(self, *ops: str) -> None:
@@ -171,4 +178,5 @@ class OddOrigin(CountingProxy):
             self._blanked.clear()
             self._failures.clear()
         self.whole_gets = False
+        self.parts_ignored = False
         self.generation_answered = None

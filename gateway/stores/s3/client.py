@@ -212,13 +212,16 @@ class S3Client:
         await self.botocore()
 
     async def close(self) -> None:
-        client, self._client = self._client, None
-        fast, self.fast = self.fast, None
-        if fast is not None:
-            await fast.close()
-        if client is not None:
-            await self._stack.aclose()
-            self._stack = contextlib.AsyncExitStack()
+        # Under the lock: a client being made now (a mount's preparation) is closed too,
+        # never left open after this.
+        async with self._lock:
+            client, self._client = self._client, None
+            fast, self.fast = self.fast, None
+            if fast is not None:
+                await fast.close()
+            if client is not None:
+                await self._stack.aclose()
+                self._stack = contextlib.AsyncExitStack()
 
     # -- errors ------------------------------------------------------------------------------
 

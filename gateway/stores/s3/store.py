@@ -443,22 +443,36 @@ class S3Store(DelegatingStore):
     # -- parts: the origin says each part's size (HEAD ?partNumber=N) -----------------------
 
     async def part_sizes(self, key: str, etag: str) -> list[int] | None:
-        del etag  # see size_of
         where = self.client.object_args(key)
 
-        async def size_of(number: int) -> tuple[int, int]:
+        async def part(number: int) -> tuple[int | None, int, int] | None:
+            """(offset if the answer says it, size, parts count) of part `number` as the
+            origin answers it; None for an answer that is not of a part (an origin that
+            ignores partNumber answers the whole object, no parts count: Ceph RGW 16.2)."""
             # No If-Match: origins differ on what a part's ETag is (moto refuses the
             # object's); the caller checks the sizes add up to the version's.
             r = await self.client.call(key, "head_object", **where, PartNumber=number)
-            return int(r["ContentLength"]), int(r.get("PartsCount") or 1)
+            count = int(r.get("PartsCount") or 0)
+            if count < 1:
+                return None
+            return _range_start(r.get("ContentRange")), int(r["ContentLength"]), count
 
-        first, count = await size_of(1)
+        first = await part(1)
+        if first is None or first[2] != _etag_parts(etag):
+            return None  # the origin does not tell the parts this version has
+        count = first[2]
         if count > MAX_PARTS_ASKED:
             return None  # a request per part is too many
-        sizes = [first]
+        answers: list[tuple[int | None, int, int] | None] = [first]
         for start in range(2, count + 1, 16):  # 16 at a time
             batch = range(start, min(start + 16, count + 1))
-            sizes += [s for s, _ in await asyncio.gather(*(size_of(n) for n in batch))]
+            answers += await asyncio.gather(*(part(n) for n in batch))
+        sizes: list[int] = []
+        for answer in answers:
+            # Each its own part's answer: of this many parts, where the one before it ended.
+            if answer is None or answer[2] != count or answer[0] not in (None, sum(sizes)):
+                return None
+            sizes.append(answer[1])
         return sizes
 
     # -- SSE-C: objects the origin encrypted with the client's key, read with it ------------
@@ -582,3 +596,17 @@ def _keyless(info: ObjectInfo) -> ObjectInfo:
     if "customer_key_md5" in info.encryption:
         raise StoreRejected(f"{info.key}: encrypted with a customer key; the key is needed")
     return info
+
+
+def _range_start(content_range: str | None) -> int | None:
+    """The first byte of a `Content-Range: bytes a-b/n` answer; None without one."""
+    if not content_range or not content_range.startswith("bytes "):
+        return None
+    first, dash, _ = content_range[6:].partition("-")
+    return int(first) if dash and first.isdigit() else None
+
+
+def _etag_parts(etag: str) -> int | None:
+    """N of a multipart ETag ("<md5>-N"); None for one that does not say."""
+    _, dash, count = etag.strip('"').rpartition("-")
+    return int(count) if dash and count.isdigit() else None

@@ -1,0 +1,171 @@
+"""What the node's listings of its stores said, shared by its workers: revalidation by listing.
+
+A listing of a prefix from a key tells a thousand keys' ETags and sizes in one store request,
+as a stat tells one (every store lists a key's version as its stat gives it: the store
+contract). So when the versions of many keys under one prefix need revalidating, the node lists
+the prefix from the first of them and records what the page said: its *span* (the keys after
+`after`, to `hi` or to the prefix's end when the page was the last) and each key listed, with
+the wall time the listing was asked. A key in a span asked within the mount's TTL is answered
+from it: listed with the same ETag and size, its held version is fresh again from then;
+another version, it changed; not listed, it is gone. One SQLite file in the cache folder (the
+standard library's sqlite3, WAL, no fsync), made anew at each start, shared by the workers:
+one listing per prefix and TTL for the node, not per worker. A record is a hint about the
+store, never the authority over a write through the node (the caller checks the key's ticket).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+FILE = "listed.db"
+_BUSY_MS = 50
+_OPEN_TRIES = 20
+_KEEP = 3600.0  # spans older than this are dropped (no mount trusts a listing longer)
+
+
+def reset(root: Path) -> None:
+    """Drop the records of an earlier run: done by `gateway serve` before any worker starts."""
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            (root / (FILE + suffix)).unlink()
+
+
+def prefix_of(key: str) -> str:
+    """The prefix a key is listed under: its "folder" (up to its last slash)."""
+    return key[: key.rfind("/") + 1]
+
+
+def after_for(key: str) -> str:
+    """A start-after that lists `key` itself and the keys past it: the key without its last
+    character sorts before it, and only keys that share all but that character come between."""
+    return key[:-1]
+
+
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """What a listing asked at wall time `at` said of a key: its ETag and size, or (etag None)
+    that it was not there."""
+
+    etag: str | None
+    size: int
+    at: float
+
+
+class ListedVersions:
+    """The spans listed and the keys in them, across the node's workers (see the module)."""
+
+    def __init__(self, root: str) -> None:
+        path = os.path.join(root, FILE)
+        self._db: sqlite3.Connection | None = None
+        for attempt in range(_OPEN_TRIES):
+            try:
+                self._db = _open(path)
+                return
+            except sqlite3.OperationalError as exc:
+                if attempt == _OPEN_TRIES - 1 or "locked" not in str(exc):
+                    log.warning("listings are not shared with this worker's siblings: %s", exc)
+                    break
+                time.sleep(0.005 * (attempt + 1))
+            except (OSError, sqlite3.Error) as exc:
+                log.warning("listings are not shared with this worker's siblings: %s", exc)
+                break
+        self._db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        _schema(self._db)
+
+    def lookup(self, mount_id: int, key: str, since: float) -> Listed | None:
+        """What the newest listing asked after `since` that spans `key` said of it; None when
+        none does."""
+        db = self._db
+        assert db is not None
+        prefix = prefix_of(key)
+        try:
+            span = db.execute(
+                "SELECT at FROM spans WHERE mount = ? AND prefix = ? AND after < ?"
+                " AND (hi IS NULL OR hi >= ?) AND at > ? ORDER BY at DESC LIMIT 1",
+                (mount_id, prefix, key, key, since),
+            ).fetchone()
+            if span is None:
+                return None
+            row = db.execute(
+                "SELECT etag, size, at FROM listed WHERE mount = ? AND key = ?", (mount_id, key)
+            ).fetchone()
+        except sqlite3.Error as exc:
+            log.debug("listings: lookup failed: %s", exc)
+            return None
+        if row is None or row[2] < span[0]:
+            return Listed(None, 0, float(span[0]))  # not in the listing: gone
+        return Listed(str(row[0]), int(row[1]), float(row[2]))
+
+    def record(
+        self,
+        mount_id: int,
+        prefix: str,
+        after: str,
+        hi: str | None,
+        at: float,
+        entries: Sequence[tuple[str, str, int]],
+    ) -> None:
+        """A listing asked at `at`: the keys (key, etag, size) after `after` to `hi` (None:
+        to the prefix's end), in one transaction."""
+        db = self._db
+        assert db is not None
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute(
+                    "INSERT INTO spans (mount, prefix, after, hi, at) VALUES (?, ?, ?, ?, ?)",
+                    (mount_id, prefix, after, hi, at),
+                )
+                db.executemany(
+                    "INSERT OR REPLACE INTO listed (mount, key, etag, size, at)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    [(mount_id, key, etag, size, at) for key, etag, size in entries],
+                )
+                db.execute("DELETE FROM spans WHERE at < ?", (at - _KEEP,))
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            log.debug("listings: not kept: %s", exc)
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+
+def _open(path: str) -> sqlite3.Connection:
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    db = sqlite3.connect(path, timeout=0.1, isolation_level=None, check_same_thread=False)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=OFF")
+        _schema(db)
+        db.execute(f"PRAGMA busy_timeout={_BUSY_MS}")
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def _schema(db: sqlite3.Connection) -> None:
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS spans (mount INTEGER NOT NULL, prefix TEXT NOT NULL,"
+        " after TEXT NOT NULL, hi TEXT, at REAL NOT NULL)"
+    )
+    db.execute("CREATE INDEX IF NOT EXISTS spans_by_key ON spans (mount, prefix, after)")
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS listed (mount INTEGER NOT NULL, key TEXT NOT NULL,"
+        " etag TEXT NOT NULL, size INTEGER NOT NULL, at REAL NOT NULL,"
+        " PRIMARY KEY (mount, key)) WITHOUT ROWID"
+    )
