@@ -388,8 +388,14 @@ class S3Store(DelegatingStore):
 
     async def _never_versioned(self) -> bool:
         """Whether the origin's bucket was never versioned (asked until it is seen versioned:
-        a bucket once versioned never goes back)."""
-        return not self._ever_versioned and await self.get_versioning() is None
+        a bucket once versioned never goes back). Credentials that may not ask cannot tell:
+        not known to be never versioned."""
+        if self._ever_versioned:
+            return False
+        try:
+            return await self.get_versioning() is None
+        except StoreAccessDenied:
+            return False
 
     async def copy(
         self,
