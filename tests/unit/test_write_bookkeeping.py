@@ -29,7 +29,7 @@ from gateway.service import S3Service
 from gateway.service.conditions import Conditions
 from gateway.service.inputs import CopySource, DeleteEntry
 from gateway.service.shared import Shared
-from gateway.service.versions import Entry, VersionRows
+from gateway.service.version_rows import Entry, VersionRows
 from gateway.service.writes import WriteConditions
 from gateway.stores import ObjectInfo, WriteAttrs
 from tests.support.net import eventually_async
