@@ -59,6 +59,7 @@ TEXT_FIELDS = (
     "content_language",
     "cache_control",
     "expires",
+    "store_version",  # an S3 origin's VersionId of the version, told to clients
 )
 
 
