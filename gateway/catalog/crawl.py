@@ -28,12 +28,11 @@ from gateway.catalog.keys import successor
 from gateway.meta.catalog import catalog_syncs as S
 from gateway.meta.store import transaction
 from gateway.meta.versions import object_versions as E
-from gateway.meta.versions import version_row
+from gateway.meta.versions import reconcile_page
 from gateway.stores import ListPage, ObjectInfo, Store
 
 PAGE = 1000  # keys a listing request; S3's most
 LEASE = 60.0  # seconds a run holds its prefix without progress before another may resume it
-_IN_CHUNK = 500  # keys an IN list
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,42 +217,14 @@ async def _reconcile(
 ) -> tuple[int, int]:
     """Make the catalog's keys in (after, high] (to the prefix's end with None) those listed;
     (written, removed)."""
-    where = E.c.mount_id == mount_id
-    where &= E.c.key > after if after is not None else E.c.key >= prefix
+    where = E.c.key > after if after is not None else E.c.key >= prefix
     if high is not None:
         where &= E.c.key <= high
     elif (above := successor(prefix)) is not None:
         where &= E.c.key < above
-    have = {
-        row.key: (row.etag, row.size)
-        for row in await conn.execute(sa.select(E.c.key, E.c.etag, E.c.size).where(where))
-    }
-    now = catalog.clock()
-    rows = [
-        version_row(mount_id, info, False, now)
-        for info in listed
-        if have.pop(info.key, None) != (info.etag, info.size)
-    ]
-    if rows:
-        insert = catalog.insert(E)
-        update = {n: insert.excluded[n] for n in rows[0] if n not in ("mount_id", "key")}
-        # A row written since the page was listed is newer than the listing: kept.
-        await conn.execute(
-            insert.on_conflict_do_update(
-                index_elements=["mount_id", "key"], set_=update, where=E.c.written_at < listed_at
-            ),
-            rows,
-        )
-    gone = sorted(have)
-    for i in range(0, len(gone), _IN_CHUNK):
-        await conn.execute(
-            sa.delete(E).where(
-                E.c.mount_id == mount_id,
-                E.c.key.in_(gone[i : i + _IN_CHUNK]),
-                E.c.written_at < listed_at,
-            )
-        )
-    return len(rows), len(gone)
+    return await reconcile_page(
+        conn, catalog.insert, mount_id, where, listed, listed_at, catalog.clock()
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ from gateway.catalog.keys import successor
 from gateway.catalog.listing import list_page
 from gateway.meta.catalog import catalog_syncs as S
 from gateway.meta.store import transaction
-from gateway.meta.versions import object_versions as E
+from gateway.meta.versions import remove_older
 from gateway.stores import Store
 
 DELIMITER = "/"
@@ -180,18 +180,13 @@ async def _outside(
             await hold(conn, catalog, mount_id, prefix, owner, lease)
             page = await list_page(conn, mount_id, prefix, DELIMITER, after, PAGE)
             for sub in page.common_prefixes:
-                if sub in children:
-                    continue
-                where = (E.c.mount_id == mount_id) & (E.c.key >= sub) & (E.c.written_at < began)
-                if (above := successor(sub)) is not None:
-                    where &= E.c.key < above
-                removed += (await conn.execute(sa.delete(E).where(where))).rowcount
+                if sub not in children:
+                    removed += await remove_older(
+                        conn, mount_id, began, lower=sub, upper=successor(sub)
+                    )
             stray = [o.key for o in page.objects]
             if stray:
-                gone = sa.delete(E).where(
-                    E.c.mount_id == mount_id, E.c.key.in_(stray), E.c.written_at < began
-                )
-                removed += (await conn.execute(gone)).rowcount
+                removed += await remove_older(conn, mount_id, began, keys=stray)
         if page.next_token is None:
             return removed
         entries = [o.key for o in page.objects] + list(page.common_prefixes)

@@ -32,7 +32,8 @@ from gateway.jobs.model import ACTIVE, LISTING, QUEUED, RUNNING, JobSpec
 from gateway.jobs.usage import NodeUsage
 from gateway.meta import MetaUnavailable
 from gateway.service.namespace import MountHandle
-from gateway.service.reads import Reader, block_key
+from gateway.service.plan import block_key
+from gateway.service.reads import Reader
 from gateway.stores import ListPage, ObjectInfo, VersionChanged
 from gateway.stores.etags import same
 

@@ -24,7 +24,7 @@ from gateway.cluster.placement import Node, Placement, owner_key
 from gateway.jobs.db import BATCH, Item, JobStore, Tally, WorkRow
 from gateway.jobs.model import JobSpec
 from gateway.service.namespace import MountHandle
-from gateway.service.reads import block_key
+from gateway.service.plan import block_key
 from gateway.stores.etags import bare, quoted
 
 

@@ -16,7 +16,9 @@ from gateway.cluster import placement
 from gateway.cluster.peers import Fleet, PeerUnavailable
 from gateway.cluster.placement import Node, Placement
 from gateway.service.namespace import MountHandle
-from gateway.service.reads import Reader, StoreSource, block_key
+from gateway.service.plan import block_key
+from gateway.service.reads import Reader
+from gateway.service.sources import StoreSource
 from gateway.service.store_errors import store_errors
 from gateway.stores import ObjectInfo, VersionChanged
 from gateway.stores.etags import same

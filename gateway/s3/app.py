@@ -249,7 +249,7 @@ class S3App:
         source_ip = client[0] if client else None
         secure = scope.get("scheme") == "https"
         self.service.enter_caller(req.access_key, source_ip, secure)
-        action = op.action
+        action = op.action_for(req.query)
         if action == "s3:DeleteObject" and req.key is None:
             return  # DeleteObjects: each key is decided by the service, alone
         query = req.query

@@ -277,11 +277,18 @@ def object_headers(reply: Reply, info: ObjectInfo, overrides: dict[str, str]) ->
         reply.header(f"x-amz-meta-{name}", value if safe else _encoded_word(value))
     if info.tag_count:
         reply.header("x-amz-tagging-count", str(info.tag_count))
-    if info.version_id is not None:
-        reply.header("x-amz-version-id", info.version_id)
+    version_id_header(reply, info)
     if info.encryption:
         for name, value in sse.response_headers(info.encryption).items():
             reply.header(name, value)
+
+
+def version_id_header(reply: Reply, info: ObjectInfo, name: str = "x-amz-version-id") -> None:
+    """The version's id where its store keeps versions: the one a request named, or the id
+    the store gave the key's current version (none on stores that keep one version)."""
+    version = info.version_id or info.store_version
+    if version is not None:
+        reply.header(name, version)
 
 
 def checksum_headers(reply: Reply, checksums: Mapping[str, str]) -> None:
@@ -349,6 +356,10 @@ async def get_object(ctx: Context, req: S3Request) -> Reply:
             result = await service.get_object(req.bucket, req.key, rng, cond, version)
     except errors.InvalidRange as exc:
         exc.headers["content-range"] = f"bytes */{exc.fields.get('ActualObjectSize', '*')}"
+        raise
+    except errors.MethodNotAllowed as exc:
+        if version is not None and "x-amz-delete-marker" in exc.headers:
+            exc.headers["x-amz-version-id"] = version  # the delete marker asked for, as S3
         raise
     return _object_reply(req, result, overrides)
 
@@ -421,7 +432,9 @@ async def get_object_attributes(ctx: Context, req: S3Request) -> Reply:
             ArgumentName="x-amz-object-attributes",
             ArgumentValue=raw,
         )
-    info = (await ctx.service.head_object(req.bucket, req.key, None, _conditions(req))).info
+    version = req.query.get("versionId")
+    cond = _conditions(req)
+    info = (await ctx.service.head_object(req.bucket, req.key, None, cond, version)).info
     checksums = {name.upper(): value for name, value in info.checksums.items()}
     body = xml.object_attributes(
         info.etag.strip('"') if "ETag" in asked else None,
@@ -432,6 +445,7 @@ async def get_object_attributes(ctx: Context, req: S3Request) -> Reply:
     )
     reply = _xml(body)
     reply.header("last-modified", http_date(info.last_modified))
+    version_id_header(reply, info)
     return reply
 
 
@@ -462,5 +476,9 @@ def _xml(body: bytes) -> Reply:
 
 async def get_object_tagging(ctx: Context, req: S3Request) -> Reply:
     assert req.bucket is not None and req.key is not None
-    tags = await ctx.service.get_object_tagging(req.bucket, req.key)
-    return _xml(xml.tagging(tags.items()))
+    version = req.query.get("versionId")
+    tags = await ctx.service.get_object_tagging(req.bucket, req.key, version)
+    reply = _xml(xml.tagging(tags.items()))
+    if version is not None:
+        reply.header("x-amz-version-id", version)
+    return reply

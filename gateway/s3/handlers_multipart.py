@@ -14,6 +14,7 @@ from gateway.s3.handlers_write import (
     read_small_body,
     request_body,
     sized,
+    source_version_header,
     version_header,
     write_attrs,
     write_conditions,
@@ -77,8 +78,10 @@ async def _upload_part_copy(ctx: Context, req: S3Request, number: int, upload_id
                 ArgumentValue=raw,
             )
         source = replace(source, range=(rng.first, rng.last + 1))
-    _, part = await ctx.service.upload_part_copy(req.bucket, req.key, upload_id, number, source)
-    return _xml(xml.copy_result(part.etag, datetime.now(UTC), part=True))
+    src, part = await ctx.service.upload_part_copy(req.bucket, req.key, upload_id, number, source)
+    reply = _xml(xml.copy_result(part.etag, datetime.now(UTC), part=True))
+    source_version_header(reply, src)
+    return reply
 
 
 async def complete_multipart_upload(ctx: Context, req: S3Request) -> Reply:

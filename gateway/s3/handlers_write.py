@@ -9,12 +9,14 @@ from urllib.parse import unquote
 from gateway import errors
 from gateway.s3 import limits, sse, tags, xml, xml_in
 from gateway.s3.body import RequestBody
-from gateway.s3.handlers import Context, _encoding, _xml, checksum_headers
+from gateway.s3.handlers import Context, _encoding, _xml, checksum_headers, version_id_header
 from gateway.s3.http import Reply, S3Request
 from gateway.service import (
     MAX_PUT_SIZE,
     Conditions,
     CopySource,
+    DeleteEntry,
+    Deletion,
     ObjectInfo,
     WriteAttrs,
     WriteConditions,
@@ -156,17 +158,20 @@ async def put_object(ctx: Context, req: S3Request) -> Reply:
     return reply
 
 
+def source_version_header(reply: Reply, source: ObjectInfo) -> None:
+    """x-amz-copy-source-version-id: the version a copy read, where its store keeps versions."""
+    version_id_header(reply, source, "x-amz-copy-source-version-id")
+
+
 def version_header(reply: Reply, info: ObjectInfo) -> None:
     """x-amz-version-id of a write to a store that keeps versions: the version it made."""
-    if info.version_id is not None:
-        reply.header("x-amz-version-id", info.version_id)
+    version_id_header(reply, info)
 
 
 def copy_source(req: S3Request) -> CopySource:
     raw = req.headers["x-amz-copy-source"]
     path, _, query = raw.partition("?")
-    if query and query not in ("versionId=null",):
-        raise errors.NotImplementedError_("Copying a specific version is not implemented.")
+    version_id = _source_version(raw, query)
     if not path.isascii():  # raw UTF-8 rather than percent-escapes: the header came as latin-1
         path = path.encode("latin-1").decode("utf-8", "replace")
     bucket, sep, key = unquote(path).lstrip("/").partition("/")
@@ -177,7 +182,28 @@ def copy_source(req: S3Request) -> CopySource:
             ArgumentValue=raw,
         )
     limits.check_key(key)
-    return CopySource(bucket, key, _copy_conditions(req))
+    return CopySource(bucket, key, _copy_conditions(req), version_id=version_id)
+
+
+def _source_version(raw: str, query: str) -> str | None:
+    """The version a copy source names (`?versionId=`), None for none; 400 for a query that
+    names it more than once or empty, 501 for any other parameter."""
+    if not query:
+        return None
+    # SDKs send the id as it is (botocore does not escape it), and S3's ids may hold "+" and
+    # "/": percent-escapes are decoded, "+" is not a space.
+    pairs = [param.partition("=") for param in query.split("&")]
+    if any(name != "versionId" for name, _, _ in pairs):
+        raise errors.NotImplementedError_(
+            "A copy source with a query other than versionId is not implemented."
+        )
+    version = unquote(pairs[0][2])
+    if len(pairs) != 1 or not version:
+        raise errors.InvalidArgument(
+            "The copy source may name one version, by a versionId that is not empty.",
+            ArgumentName="x-amz-copy-source", ArgumentValue=raw,
+        )  # fmt: skip
+    return version
 
 
 def _copy_conditions(req: S3Request) -> Conditions:
@@ -215,9 +241,12 @@ async def copy_object(ctx: Context, req: S3Request) -> Reply:
         )
     if attrs is not None:
         attrs = replace(attrs, tags={}, encryption={})  # given apart, below
-    _, new = await ctx.service.copy_object(source, req.bucket, req.key, attrs, new_tags, encryption)
+    src, new = await ctx.service.copy_object(
+        source, req.bucket, req.key, attrs, new_tags, encryption
+    )
     reply = _xml(xml.copy_result(new.etag, new.last_modified))
     version_header(reply, new)
+    source_version_header(reply, src)
     for name, value in sse.response_headers(new.encryption or encryption).items():
         reply.header(name, value)
     return reply
@@ -227,28 +256,39 @@ async def put_object_tagging(ctx: Context, req: S3Request) -> Reply:
     assert req.bucket is not None and req.key is not None
     ctx.service.check_writable(req.bucket)
     new = tags.check(xml_in.tagging(await read_small_body(req, 64 << 10)))
-    await ctx.service.put_object_tagging(req.bucket, req.key, new)
-    return Reply()
+    version = req.query.get("versionId")
+    await ctx.service.put_object_tagging(req.bucket, req.key, new, version)
+    return _named_version(Reply(), version)
 
 
 async def delete_object_tagging(ctx: Context, req: S3Request) -> Reply:
     assert req.bucket is not None and req.key is not None
-    await ctx.service.put_object_tagging(req.bucket, req.key, {})
-    return Reply(status=204)
+    version = req.query.get("versionId")
+    await ctx.service.put_object_tagging(req.bucket, req.key, {}, version)
+    return _named_version(Reply(status=204), version)
+
+
+def _named_version(reply: Reply, version: str | None) -> Reply:
+    if version is not None:
+        reply.header("x-amz-version-id", version)
+    return reply
 
 
 async def delete_object(ctx: Context, req: S3Request) -> Reply:
+    """Without versionId, the key's object (on a versioned origin, a delete marker made,
+    which the answer names); with it, that version removed for good."""
     assert req.bucket is not None and req.key is not None
     version = req.query.get("versionId")
+    if version is None:
+        deleted = await ctx.service.delete_object(req.bucket, req.key)
+    else:
+        deleted = await ctx.service.delete_version(req.bucket, req.key, version)
     reply = Reply(status=204)
-    if version is None or (version == "null" and not ctx.service.keeps_versions(req.bucket)):
-        await ctx.service.delete_object(req.bucket, req.key)
-        return reply
-    deleted = await ctx.service.delete_version(req.bucket, req.key, version)
-    if deleted.version_id is not None:
-        reply.header("x-amz-version-id", deleted.version_id)
-    if deleted.delete_marker:
-        reply.header("x-amz-delete-marker", "true")
+    if deleted is not None:
+        if deleted.version_id is not None:
+            reply.header("x-amz-version-id", deleted.version_id)
+        if deleted.delete_marker:
+            reply.header("x-amz-delete-marker", "true")
     return reply
 
 
@@ -273,19 +313,39 @@ async def delete_objects(ctx: Context, req: S3Request) -> Reply:
             "Missing required header for this request: Content-MD5 or x-amz-checksum-*"
         )
     ctx.service.check_writable(req.bucket)
-    keys, quiet = xml_in.delete_objects(await read_small_body(req))
-    # A key S3 would refuse is that key's error, not the batch's, and is not sent on.
-    refused: dict[str, errors.S3Error | None] = {}
-    for key in keys:
+    objects, quiet = xml_in.delete_objects(await read_small_body(req))
+    # An entry S3 would refuse is that entry's error, not the batch's, and is not sent on.
+    refused: list[Deletion] = []
+    kept: list[DeleteEntry] = []
+    for key, version in objects:
+        entry = DeleteEntry(key, version)
         try:
             limits.check_key(key)
+            if version == "":
+                raise errors.InvalidArgument("Version id cannot be the empty string")
         except errors.S3Error as exc:
-            refused[key] = exc
-    kept = [k for k in keys if k not in refused]
-    outcome = [*refused.items(), *await ctx.service.delete_objects(req.bucket, kept)]
-    deleted = [] if quiet else [k for k, err in outcome if err is None]
-    failed = [(k, err.code, err.detail) for k, err in outcome if err is not None]
+            refused.append(Deletion(entry, error=exc))
+        else:
+            kept.append(entry)
+    outcome = [*refused, *await ctx.service.delete_objects(req.bucket, kept)]
+    deleted = [] if quiet else [_deleted(d) for d in outcome if d.error is None]
+    failed = [
+        xml.FailedObject(d.entry.key, d.entry.version_id, d.error.code, d.error.detail)
+        for d in outcome
+        if d.error is not None
+    ]
     return _xml(xml.delete_result(deleted, failed, _encoding(req)))
+
+
+def _deleted(d: Deletion) -> xml.DeletedObject:
+    """A <Deleted> as S3 words it: the version id the entry named; the delete marker made
+    (no id named) or removed (its id named), with its id."""
+    key, version = d.entry.key, d.entry.version_id
+    marker = d.done is not None and d.done.delete_marker
+    if version is not None:
+        return xml.DeletedObject(key, version, marker, version if marker else None)
+    marker_id = d.done.version_id if d.done is not None and marker else None
+    return xml.DeletedObject(key, None, marker, marker_id)
 
 
 async def create_bucket(ctx: Context, req: S3Request) -> Reply:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from urllib.parse import parse_qsl
 
 from gateway import errors
 from gateway.s3 import handlers as r
@@ -31,7 +32,12 @@ AUTH_PARAMS = frozenset(
 _VERSION = ("versionId",)
 # The operations that address any version of a store that keeps them (the service checks the
 # id); the others take "null" only.
-_VERSIONED = frozenset({"GetObject", "HeadObject", "DeleteObject"})
+_VERSIONED = frozenset(
+    {
+        "GetObject", "HeadObject", "DeleteObject", "GetObjectTagging", "PutObjectTagging",
+        "DeleteObjectTagging", "GetObjectAttributes",
+    }
+)  # fmt: skip
 _LIST = {"prefix", "delimiter", "max-keys", "encoding-type"}
 
 
@@ -57,6 +63,19 @@ ACTIONS = {
     "DeleteBucketCors": "s3:PutBucketCORS",
     "DeleteBucketTagging": "s3:PutBucketTagging",
 }
+# The IAM action of an operation that names a version (any versionId, "null" too), as AWS
+# authorizes it: a policy that allows s3:DeleteObject does not let a version be removed.
+VERSION_ACTIONS = {
+    "GetObject": "s3:GetObjectVersion",
+    "HeadObject": "s3:GetObjectVersion",
+    "DeleteObject": "s3:DeleteObjectVersion",
+    "GetObjectTagging": "s3:GetObjectVersionTagging",
+    "PutObjectTagging": "s3:PutObjectVersionTagging",
+    "DeleteObjectTagging": "s3:DeleteObjectVersionTagging",
+    "GetObjectAttributes": "s3:GetObjectVersionAttributes",
+    "GetObjectAcl": "s3:GetObjectVersionAcl",
+    "PutObjectAcl": "s3:PutObjectVersionAcl",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,13 +86,23 @@ class Operation:
     selector: str | None = None  # the query parameter that picks this operation
     params: frozenset[str] = frozenset()  # other query parameters it accepts
     action: str = ""  # the IAM action it is authorized as; "" for the gateway's own
+    version_action: str = ""  # the action when the request names a version (versionId)
+
+    def action_for(self, query: dict[str, str]) -> str:
+        """The IAM action this request is authorized as."""
+        if self.version_action and "versionId" in query:
+            return self.version_action
+        return self.action
 
 
 def _op(
     name: str, handler: Handler, read_only: bool, selector: str | None = None, *params: str
 ) -> Operation:
     allowed = frozenset(params) | ({selector} if selector else set())
-    return Operation(name, handler, read_only, selector, allowed, ACTIONS.get(name, f"s3:{name}"))
+    action = ACTIONS.get(name, f"s3:{name}")
+    return Operation(
+        name, handler, read_only, selector, allowed, action, VERSION_ACTIONS.get(name, "")
+    )
 
 
 # Most specific first: an operation with a selector wins over the plain one.
@@ -113,7 +142,7 @@ TABLE: dict[tuple[str, str], list[Operation]] = {
     ("bucket", "POST"): [_op("DeleteObjects", w.delete_objects, False, "delete")],
     ("object", "GET"): [
         _op("ListParts", m.list_parts, True, "uploadId", "max-parts", "part-number-marker"),
-        _op("GetObjectAttributes", r.get_object_attributes, True, "attributes"),
+        _op("GetObjectAttributes", r.get_object_attributes, True, "attributes", *_VERSION),
         _op("GetObjectTagging", r.get_object_tagging, True, "tagging", *_VERSION),
         _op("GetObjectAcl", a.get_object_acl, True, "acl", *_VERSION),
         _op("GetObject", r.get_object_part, True, "partNumber", *RESPONSE_OVERRIDES, *_VERSION),
@@ -166,13 +195,31 @@ def route(req: S3Request) -> Operation:
                 f"{op.name} with ?{unknown[0]} is not implemented by this gateway."
             )
         version = req.query.get("versionId")
-        if version is not None and version != "null" and op.name not in _VERSIONED:
-            raise errors.InvalidArgument(
-                "Invalid version id specified", ArgumentName="versionId", ArgumentValue=version
-            )
+        if version is not None:
+            if not version:
+                raise errors.InvalidArgument(
+                    "Version id cannot be the empty string", ArgumentName="versionId",
+                    ArgumentValue=version,
+                )  # fmt: skip
+            if _repeated(req.query_string, "versionId"):
+                # Which one was meant? Never "the last one wins" on a version to read or remove.
+                raise errors.InvalidArgument(
+                    "The versionId parameter may be given once.", ArgumentName="versionId",
+                    ArgumentValue=version,
+                )  # fmt: skip
+            if version != "null" and op.name not in _VERSIONED:
+                raise errors.InvalidArgument(
+                    "Invalid version id specified", ArgumentName="versionId", ArgumentValue=version
+                )
         return op
     if req.method not in _METHODS:
         raise errors.MethodNotAllowed(Method=req.method, ResourceType=target.upper())
     extra = [p for p in req.query if p not in AUTH_PARAMS]
     what = f"{req.method} with ?{extra[0]}" if extra else f"{req.method} on this resource"
     raise errors.NotImplementedError_(f"{what} is not implemented by this gateway.")
+
+
+def _repeated(query_string: str, name: str) -> bool:
+    """Whether the query names the parameter more than once (the parsed query keeps one)."""
+    pairs = parse_qsl(query_string, keep_blank_values=True)
+    return sum(1 for n, _ in pairs if n == name) > 1

@@ -235,17 +235,49 @@ def post_response(location: str, bucket: str, key: str, etag: str) -> bytes:
     ).encode()
 
 
+@dataclass(frozen=True, slots=True)
+class DeletedObject:
+    """One <Deleted> of DeleteObjects: the key, the version id the request named, and the
+    delete marker the delete made or removed (with its version id)."""
+
+    key: str
+    version_id: str | None = None
+    delete_marker: bool = False
+    marker_version_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FailedObject:
+    """One <Error> of DeleteObjects."""
+
+    key: str
+    version_id: str | None
+    code: str
+    message: str
+
+
 def delete_result(
-    deleted: Iterable[str], failed: Iterable[tuple[str, str, str]], encode: bool
+    deleted: Iterable[DeletedObject], failed: Iterable[FailedObject], encode: bool
 ) -> bytes:
-    """DeleteResult: keys deleted (omitted in Quiet mode) and (key, code, message) errors."""
+    """DeleteResult: the objects deleted (omitted in Quiet mode) and the errors."""
     parts = [HEAD, f'<DeleteResult xmlns="{NS}">']
-    parts.extend(f"<Deleted><Key>{_enc(k, encode)}</Key></Deleted>" for k in deleted)
-    parts.extend(
-        f"<Error><Key>{_enc(k, encode)}</Key><Code>{code}</Code>"
-        f"<Message>{escape(msg)}</Message></Error>"
-        for k, code, msg in failed
-    )
+    for d in deleted:
+        parts.append(f"<Deleted><Key>{_enc(d.key, encode)}</Key>")
+        if d.version_id is not None:
+            parts.append(f"<VersionId>{escape(d.version_id)}</VersionId>")
+        if d.delete_marker:
+            parts.append("<DeleteMarker>true</DeleteMarker>")
+            if d.marker_version_id is not None:
+                parts.append(
+                    f"<DeleteMarkerVersionId>{escape(d.marker_version_id)}</DeleteMarkerVersionId>"
+                )
+        parts.append("</Deleted>")
+    for f in failed:
+        version = "" if f.version_id is None else f"<VersionId>{escape(f.version_id)}</VersionId>"
+        parts.append(
+            f"<Error><Key>{_enc(f.key, encode)}</Key>{version}<Code>{f.code}</Code>"
+            f"<Message>{escape(f.message)}</Message></Error>"
+        )
     parts.append("</DeleteResult>")
     return "".join(parts).encode()
 

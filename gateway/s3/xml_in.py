@@ -36,21 +36,25 @@ def _text(el: Element, name: str) -> str | None:
     return None if not found else (found[0].text or "")
 
 
-def delete_objects(data: bytes) -> tuple[list[str], bool]:
-    """The keys of a DeleteObjects request (1..1000) and its Quiet flag."""
+def delete_objects(data: bytes) -> tuple[list[tuple[str, str | None]], bool]:
+    """The objects of a DeleteObjects request (1..1000), each a key and the version it names
+    (None: none), and its Quiet flag."""
     root = parse(data)
     if _local(root.tag) != "Delete":
         raise errors.MalformedXML()
-    keys = []
+    objects: list[tuple[str, str | None]] = []
     for obj in _children(root, "Object"):
         key = _text(obj, "Key")
         if not key:
             raise errors.MalformedXML()
-        keys.append(key)
-    if not keys or len(keys) > 1000:
+        versions = _children(obj, "VersionId")
+        if len(versions) > 1:
+            raise errors.MalformedXML()  # which one? never the last one, silently
+        objects.append((key, (versions[0].text or "") if versions else None))
+    if not objects or len(objects) > 1000:
         raise errors.MalformedXML()
     quiet = (_text(root, "Quiet") or "").strip().lower() == "true"
-    return keys, quiet
+    return objects, quiet
 
 
 def complete_multipart(data: bytes) -> list[tuple[int, str]]:

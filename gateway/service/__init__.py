@@ -3,7 +3,7 @@ the one face it calls (S3Service), and the values that cross it."""
 
 from gateway.service.conditions import ByteRange, Conditions, check_conditions, http_date
 from gateway.service.face import Bucket, S3Service
-from gateway.service.inputs import CopySource, ListQuery, UploadsQuery
+from gateway.service.inputs import CopySource, DeleteEntry, Deletion, ListQuery, UploadsQuery
 from gateway.service.multipart import (
     MAX_PART_SIZE,
     PartListing,
@@ -23,6 +23,8 @@ __all__ = [
     "Chunk",
     "Conditions",
     "CopySource",
+    "DeleteEntry",
+    "Deletion",
     "FileRegion",
     "ListPage",
     "ListQuery",

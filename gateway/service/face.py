@@ -14,7 +14,7 @@ from gateway.service import authz
 from gateway.service.buckets import Buckets
 from gateway.service.conditions import ByteRange, Conditions
 from gateway.service.encrypted import EncryptedReads
-from gateway.service.inputs import CopySource, ListQuery, UploadsQuery
+from gateway.service.inputs import CopySource, DeleteEntry, Deletion, ListQuery, UploadsQuery
 from gateway.service.multipart import Multipart, PartListing, UploadListing
 from gateway.service.reads import FileRegion, HitAt, LocalBlocks, ObjectResult, Reader
 from gateway.service.shared import Shared
@@ -250,7 +250,10 @@ class S3Service:
             bucket, prefix, delimiter, key_marker, version_marker, max_keys
         )
 
-    async def delete_version(self, bucket: str, key: str, version_id: str) -> VersionDeleted:
+    async def delete_version(self, bucket: str, key: str, version_id: str) -> VersionDeleted | None:
+        """DeleteObject with versionId: that version removed for good (or that delete marker),
+        where the store keeps versions; "null" alone, the key's one version, where it keeps
+        one (any other id is InvalidArgument and deletes nothing)."""
         return await self._writer.delete_version(bucket, key, version_id)
 
     def check_writable(self, bucket: str) -> None:
@@ -321,27 +324,29 @@ class S3Service:
     ) -> tuple[ObjectInfo, ObjectInfo]:
         """attrs None keeps the source's (directive COPY), tags None its tags (tagging
         directive COPY); encryption asked of the copy. The source's and the copy's infos."""
-        self._check_caller("s3:GetObject", source.bucket, source.key)
+        self._check_caller(_source_action(source), source.bucket, source.key)
         return await self._writer.copy(source, bucket, key, attrs, tags, encryption)
 
-    async def delete_object(self, bucket: str, key: str) -> None:
-        await self._writer.delete(bucket, key)
+    async def delete_object(self, bucket: str, key: str) -> VersionDeleted | None:
+        """On a store that keeps versions, the delete marker it made, where it made one."""
+        return await self._writer.delete(bucket, key)
 
-    async def delete_objects(
-        self, bucket: str, keys: list[str]
-    ) -> list[tuple[str, errors.S3Error | None]]:
-        """Every key tried, each with its own outcome, in the request's order; a key the
-        caller may not delete is AccessDenied, alone."""
-        denied: dict[str, errors.S3Error] = {}
-        for key in keys:
+    async def delete_objects(self, bucket: str, entries: list[DeleteEntry]) -> list[Deletion]:
+        """Every entry tried, each with its own outcome, in the request's order; an entry the
+        caller may not delete is AccessDenied, alone: one that names a version is authorized
+        as s3:DeleteObjectVersion, as DeleteObject with versionId is."""
+        allowed: list[DeleteEntry] = []
+        denied: dict[int, Deletion] = {}
+        for i, entry in enumerate(entries):
+            action = "s3:DeleteObject" if entry.version_id is None else "s3:DeleteObjectVersion"
             try:
-                self._check_caller("s3:DeleteObject", bucket, key)
+                self._check_caller(action, bucket, entry.key)
             except errors.AccessDenied as exc:
-                denied[key] = exc
-        if not denied:
-            return await self._writer.delete_many(bucket, keys)
-        done = dict(await self._writer.delete_many(bucket, [k for k in keys if k not in denied]))
-        return [(k, denied[k] if k in denied else done[k]) for k in keys]
+                denied[i] = Deletion(entry, error=exc)
+            else:
+                allowed.append(entry)
+        done = iter(await self._writer.delete_many(bucket, allowed) if allowed else [])
+        return [denied[i] if i in denied else next(done) for i in range(len(entries))]
 
     async def get_encrypted_object(
         self,
@@ -381,12 +386,18 @@ class S3Service:
             )
         return found[number - 1], found[number]
 
-    async def get_object_tagging(self, bucket: str, key: str) -> dict[str, str]:
-        return await self._writer.get_tags(bucket, key)
+    async def get_object_tagging(
+        self, bucket: str, key: str, version_id: str | None = None
+    ) -> dict[str, str]:
+        """The tags of the key's current version, or of the version named by id."""
+        return await self._writer.get_tags(bucket, key, version_id)
 
-    async def put_object_tagging(self, bucket: str, key: str, tags: dict[str, str]) -> None:
-        """Replace the object's tags; empty removes them (DeleteObjectTagging)."""
-        await self._writer.put_tags(bucket, key, tags)
+    async def put_object_tagging(
+        self, bucket: str, key: str, tags: dict[str, str], version_id: str | None = None
+    ) -> None:
+        """Replace the object's tags (of the version named by id); empty removes them
+        (DeleteObjectTagging)."""
+        await self._writer.put_tags(bucket, key, tags, version_id)
 
     # -- multipart uploads -----------------------------------------------------------------
 
@@ -416,7 +427,7 @@ class S3Service:
         source: CopySource,
     ) -> tuple[ObjectInfo, PartInfo]:
         """The source's info and the part's."""
-        self._check_caller("s3:GetObject", source.bucket, source.key)
+        self._check_caller(_source_action(source), source.bucket, source.key)
         return await self.multipart.upload_part_copy(bucket, key, upload_id, part_number, source)
 
     async def complete_multipart_upload(
@@ -438,3 +449,9 @@ class S3Service:
         self, bucket: str, key: str, upload_id: str, marker: int, max_parts: int
     ) -> PartListing:
         return await self.multipart.list_parts(bucket, key, upload_id, marker, max_parts)
+
+
+def _source_action(source: CopySource) -> str:
+    """The action a copy's source is read as: a version named by id is s3:GetObjectVersion,
+    as a GET of it is."""
+    return "s3:GetObject" if source.version_id is None else "s3:GetObjectVersion"

@@ -1,43 +1,49 @@
-"""The read side of the service: list, head and get objects through the cache; open objects and
-serve blocks for the peers.
+"""The read side of the service: list, head and get objects through the cache; serve blocks
+and opens for the peers.
 
-A GET of a known version is a plan and a loop. `plan()` turns the version, the byte range and
-the placement into the spans of blocks to read, in order, each naming who holds it: this node's
-page store, or the peers that own it. `Reader._stream()` reads the spans in order, each from its
-source, with the next blocks fetched ahead of the reader. The sources share one small protocol
-(`BlockSource`): `PageSource` (this node's pages, filled from the store on a miss, one fetch
-for concurrent readers), `PeerSource` (the owners in turn, then the store) and `StoreSource`,
-the only way bytes come from a store: where its errors become S3's and its bytes are counted.
-
-A whole object whose version the node does not know is opened with one store request (its
-metadata with its first block's bytes) by the node that owns that block, placed by the key
-alone: in a fleet the entry node asks that owner (`serve_open`) rather than HEAD the store, and
-concurrent cold readers of a key on one node wait for one opening.
+A GET of a known version is a plan and a loop. `plan()` (plan.py) turns the version, the byte
+range and the placement into the spans of blocks to read, in order, each naming who holds it:
+this node's page store, or the peers that own it. `Reader._stream()` reads the spans in order,
+each from its source (sources.py: this node's pages, the peers, the store), with the next
+blocks fetched ahead of the reader. Which version is current, and the opening of a key the
+node knows nothing of, are the version authority's (`Versions.current`, `Versions.open`); a
+version the store no longer has is told to it (`Versions.changed`). The Reader moves blocks.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from contextlib import aclosing
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar, cast
+from typing import NamedTuple, cast
 
 from gateway import counters, errors
-from gateway.cache import Arrival, BlockKey, Fetch, FileRegion, FillFailed, Fills, PageStore
+from gateway.cache import Arrival, BlockKey, FileRegion, FillFailed, Fills, PageStore
 from gateway.cache.layout import block_path
-from gateway.cluster.peers import Fleet, PeerUnavailable
+from gateway.cluster.peers import Fleet
 from gateway.cluster.placement import Node
-from gateway.generations import OpenClaims
 from gateway.service.conditions import ByteRange, Conditions, check_conditions
 from gateway.service.inputs import ListQuery
 from gateway.service.namespace import MountHandle, Namespace
+from gateway.service.opening import Opened
+from gateway.service.plan import Place, Span, block_key, here, plan
 from gateway.service.shared import Shared
+from gateway.service.sources import (
+    Begun,
+    BlockSource,
+    Chunk,
+    Fetched,
+    PageSource,
+    PeerSource,
+    StoreSource,
+    once,
+    primed,
+)
 from gateway.service.store_errors import store_errors
 from gateway.service.versions import Versions
 from gateway.stores import ListPage, ObjectInfo, VersionChanged, VersionsPage
@@ -50,15 +56,9 @@ store_base.answer_report = counters.store_answer
 _WALKS_MAX = 4096  # versions whose last reads' ends are remembered, to spot sequential readers
 _WALK_ENDS = 4  # ends remembered per version: as many sequential readers of it at once
 _READ_TRIES = 4  # reads of an object that changes under them, before 503
-OPEN_POLL = 0.001  # first look again at a sibling worker's open of a key (doubling to 20 ms)
-OPEN_WAIT = 60.0  # a sibling's open taking longer than this: open the key here as well
 # Versions of keys past their TTL asked of the store at once for one short-circuit request.
 STAT_CONCURRENCY = 32
 
-Place = Callable[[int, BlockKey], tuple[Node, ...]]  # a block's holders; () for this node
-# A piece of a body: bytes, or a region of a block file that the HTTP server sends itself.
-Chunk = bytes | FileRegion
-C = TypeVar("C", bytes, Chunk)
 # Set by the S3 front end for a GetObject whose HTTP server sends files (the ASGI extension
 # http.response.zerocopysend): blocks of this node's cache are then given as FileRegions.
 ZERO_COPY: ContextVar[bool] = ContextVar("zero_copy", default=False)
@@ -94,222 +94,6 @@ class LocalBlocks:
     block_size: int
     ttl: float
     files: list[tuple[int, int, str]]
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def block_key(mount_id: int, key: str, etag: str, block_size: int, index: int) -> BlockKey:
-    """The cache's name for a block: hashed once per hot block, not once per request."""
-    return BlockKey(mount_id, key, etag, block_size, index)
-
-
-# -- the plan ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Span:
-    """Bytes [start, end) of block `index` (`length` bytes, at `offset` in the object), and who
-    holds it: this node's page store when `owners` is empty, else those peers, best first. A
-    span with nothing to read (start == end) is a block to fetch ahead of the reader."""
-
-    index: int
-    key: BlockKey
-    offset: int
-    length: int
-    start: int
-    end: int
-    owners: tuple[Node, ...] = ()
-
-    @property
-    def wanted(self) -> bool:
-        return self.start < self.end
-
-
-def plan(
-    mount_id: int,
-    info: ObjectInfo,
-    block_size: int,
-    start: int,
-    end: int,
-    ahead: int,
-    place: Place,
-) -> Iterator[Span]:
-    """The spans of a read of bytes [start, end) of `info`, in order, then the blocks after
-    them up to block `ahead`, to fetch ahead (spans with nothing to read). `place` names the
-    holders of a block. Made as they are read: a large object's are not all made at once."""
-    first, last = start // block_size, (end - 1) // block_size
-    final = max(last, min(ahead, (info.size - 1) // block_size))
-    for index in range(first, final + 1):
-        offset = index * block_size
-        length = min(block_size, info.size - offset)
-        a = b = 0
-        if index <= last:
-            a, b = max(start, offset) - offset, min(end, offset + length) - offset
-        bkey = block_key(mount_id, info.key, info.etag, block_size, index)
-        yield Span(index, bkey, offset, length, a, b, place(index, bkey))
-
-
-def _here(index: int, bkey: BlockKey) -> tuple[Node, ...]:
-    return ()
-
-
-# -- the sources ------------------------------------------------------------------------------
-
-
-class BlockSource(Protocol):
-    """Where the bytes of a span come from."""
-
-    def read(self, span: Span, sent: bool = False) -> AsyncGenerator[bytes, None]:
-        """The span's bytes; `sent`: bytes of this version have gone to the client already."""
-        ...
-
-
-class StoreSource:
-    """A version's bytes from its mount's store: the only way bytes come from a store on the
-    read path, where the store's errors become S3's and its bytes are counted."""
-
-    __slots__ = ("handle", "info")
-
-    def __init__(self, handle: MountHandle, info: ObjectInfo) -> None:
-        self.handle = handle
-        self.info = info
-
-    def read(self, span: Span, sent: bool = False) -> AsyncGenerator[bytes, None]:
-        return self.range(span.offset + span.start, span.offset + span.end)
-
-    def fetch(self, span: Span) -> Fetch:
-        """Bytes [skip, stop) of the span's block (to its end by default): what the page store
-        fills it (or its sub-blocks) with."""
-
-        def rest(skip: int, stop: int | None = None) -> AsyncGenerator[bytes, None]:
-            return self.range(
-                span.offset + skip, span.offset + (span.length if stop is None else stop)
-            )
-
-        return rest
-
-    async def range(self, start: int, end: int) -> AsyncGenerator[bytes, None]:
-        if start >= end:
-            return
-        info, store = self.info, self.handle.store
-        if info.version_id is None:
-            stream = store.read(info.key, start, end, info.etag)
-        else:  # a version named by its id: that version, whatever the key's current one is
-            stream = store.read_version(info.key, info.version_id, start, end, info.etag)
-        async with aclosing(_counted(self.handle, info.key, stream)) as chunks:
-            async for chunk in chunks:
-                yield chunk
-
-    @staticmethod
-    async def open(handle: MountHandle, key: str) -> tuple[ObjectInfo, AsyncGenerator[bytes, None]]:
-        """The key's current version and its first block's bytes (all of it when the mount
-        does not cache), from one store request where the store can."""
-        with store_errors(key):
-            info, stream = await handle.store.open(
-                key, handle.block_size if handle.cache_enabled else None
-            )
-        return info, _counted(handle, key, stream)
-
-
-async def _counted(
-    handle: MountHandle, key: str, stream: AsyncGenerator[bytes, None]
-) -> AsyncGenerator[bytes, None]:
-    async with aclosing(stream) as chunks:
-        with store_errors(key):
-            async for chunk in chunks:
-                counters.store_bytes(handle.kind, len(chunk))
-                yield chunk
-
-
-class PageSource:
-    """Blocks from this node's page store: one read on a hit; on a miss fetched from the store
-    while they are kept, one fetch for all the readers of a block. `sparse`: the reader is not
-    sequential, so a miss of less than half a block fills only the sub-blocks that hold it."""
-
-    __slots__ = ("fills", "pinned", "sparse", "store")
-
-    def __init__(
-        self, fills: Fills, store: StoreSource, pinned: bool, sparse: bool = False
-    ) -> None:
-        self.fills = fills
-        self.store = store
-        self.pinned = pinned
-        self.sparse = sparse
-
-    def read(
-        self, span: Span, sent: bool = False, fetch: Fetch | None = None
-    ) -> AsyncGenerator[bytes, None]:
-        # Once bytes of this version are out, a block of it invalidated since is better than
-        # a cut response.
-        return self.fills.read(
-            span.key, span.length, span.start, span.end, fetch or self.store.fetch(span),
-            pinned=self.pinned, retired_ok=sent, sparse=self.sparse,
-        )  # fmt: skip
-
-    async def region(self, span: Span) -> FileRegion | None:
-        """The span as a region of its block's file, when the page store can give one."""
-        return await self.fills.pages.region(
-            span.key, span.length, span.start, span.end, self.pinned
-        )  # fmt: skip
-
-    def holds(self, span: Span) -> bool:
-        """Whether the span's bytes are all in this node's cache now (the block, or the
-        sub-blocks that hold them), none of them still filling."""
-        return self.fills.known_range(span.key, span.length, span.start, span.end)
-
-    def ahead(self, span: Span) -> Arrival | None:
-        """Start fetching a block a reader will want soon; its fill in flight here, if any
-        (Fills.ahead). Not the next span of a sparse read (a range across a block boundary)
-        that fills sub-blocks: those are filled when it is read."""
-        if self.fills.pages.known(span.key):
-            return None
-        if self.sparse and span.wanted and self.fills.sparse(span.length, span.start, span.end):
-            return None
-        return self.fills.ahead(
-            span.key, span.length, self.store.fetch(span), pinned=self.pinned
-        )  # fmt: skip
-
-
-class PeerSource:
-    """Blocks from the peers that own them, each owner asked from the byte the one before it
-    reached; this node's pages when its turn comes among the owners (a replica); the store
-    itself when none of them answers."""
-
-    __slots__ = ("fleet", "pages", "params", "store")
-
-    def __init__(self, fleet: Fleet, pages: PageSource, store: StoreSource) -> None:
-        self.fleet = fleet
-        self.pages = pages
-        self.store = store
-        info, handle = store.info, store.handle
-        self.params: dict[str, str | int] = {
-            "m": handle.id, "k": info.key, "e": info.etag, "s": info.size,
-            "b": handle.block_size, "p": int(pages.pinned),
-        }  # fmt: skip
-        if info.version_id is not None:
-            self.params["v"] = info.version_id
-        if pages.sparse:
-            self.params["r"] = 1  # the owner fills sub-blocks for a small range, as we would
-
-    async def read(self, span: Span, sent: bool = False) -> AsyncGenerator[bytes, None]:
-        pos = span.start
-        params = {**self.params, "i": span.index}
-        for node in span.owners:
-            if node.id == self.fleet.me.id:
-                async with aclosing(self.pages.read(replace(span, start=pos), sent)) as chunks:
-                    async for chunk in chunks:
-                        yield chunk
-                return
-            try:
-                async with aclosing(self.fleet.read_block(node, params, pos, span.end)) as chunks:
-                    async for chunk in chunks:
-                        pos += len(chunk)
-                        yield chunk
-                return
-            except PeerUnavailable as exc:
-                log.warning("peer failed, trying the next: %s", exc)
-        async with aclosing(self.store.read(replace(span, start=pos))) as rest:
-            async for chunk in rest:
-                yield chunk
 
 
 # -- the reader -------------------------------------------------------------------------------
@@ -414,25 +198,26 @@ class Reader:
         if version_id is not None and (version_id != "null" or handle.store.versions):
             return await self._get_version(handle, key, version_id, rng, cond)
         ticket = self.versions.ticket(handle, key)
-        cold = rng is None and await self.versions.unknown(handle, key)
+        force = False  # open even a key whose version is known: the store no longer has it
         for _ in range(_READ_TRIES):
             try:
-                if cold:
-                    return await self._get_cold(handle, key, cond)
+                if rng is None:
+                    opened = await self.versions.open(handle, key, force=force)
+                    if opened is not None:
+                        return await self._from_opened(handle, opened, cond)
                 info = await self.stat(handle, key)
                 check_conditions(cond, info)
                 start, end = rng.resolve(info.size) if rng else (0, info.size)
                 body, how = await self._body(handle, info, start, end)
                 return ObjectResult(info, start, end, rng is not None, body, how)
-            except VersionChanged:
+            except (VersionChanged, errors.NoSuchKey) as exc:
+                await self.versions.changed(handle, key, exc, ticket)
+                if isinstance(exc, errors.NoSuchKey):
+                    raise
                 # Overwritten since its version was learnt, and no byte sent yet: serve the
-                # new version. A whole object is then asked for in one request that tells the
+                # new version. A whole object is then opened, one request that tells the
                 # version with the bytes, so that writes in a row cannot outrun it.
-                await self.versions.doubt(handle, key)
-                cold = rng is None
-            except errors.NoSuchKey:
-                await self.versions.gone(handle, key, ticket)
-                raise
+                force = True
             except FillFailed as exc:
                 raise errors.ServiceUnavailable(f"The store's answer was cut: {exc}") from None
         raise errors.ServiceUnavailable("The object changed while it was read.")
@@ -498,168 +283,6 @@ class Reader:
         self._note_walk(handle, info, 0, info.size)
         return info, data
 
-    async def _get_cold(self, handle: MountHandle, key: str, cond: Conditions) -> ObjectResult:
-        """A whole object whose version is not known: opened with one request (metadata and
-        block 0), then read on as any other; concurrent cold readers wait for one opening."""
-        opened = await self._open_once(handle, key, here=False)
-        if opened is None:
-            # Opened by another request meanwhile: the version is known, the warm path joins.
-            return await self.get_object(handle.bucket, key, None, cond)
-        info, head, how = opened
-        try:
-            check_conditions(cond, info)
-        except BaseException:
-            await head.aclose()
-            raise
-        if not handle.cache_enabled:
-            return ObjectResult(info, 0, info.size, False, head, how)
-        spans, _ = self._plan(handle, info, 0, info.size, self._placer(handle, info))
-        body = await _primed(self._stream(handle, info, spans, head))
-        return ObjectResult(info, 0, info.size, False, body, how)
-
-    async def _open_once(
-        self, handle: MountHandle, key: str, here: bool, pinned: bool | None = None
-    ) -> tuple[ObjectInfo, AsyncGenerator[bytes, None], str] | None:
-        """Open the key (see _open); None when another request of this node was opening it:
-        once that one has, its version is known. `here`: by this node, even if a peer owns
-        block 0 (for a peer's open: placements may disagree while the fleet changes).
-        `pinned`: block 0 is kept pinned (a preload with --pin); None: as the mount says."""
-        at = (handle.id, key)
-        opening = self._opening.get(at)
-        if opening is not None:
-            await asyncio.shield(opening)
-            return None
-        opening = asyncio.get_running_loop().create_future()
-        self._opening[at] = opening
-        claims, claimed = self.shared.opens, -1
-        try:
-            if claims is not None:
-                # One worker of the node opens the key; the others wait for it to have told
-                # the version (learnt.py) and then follow its fill of block 0.
-                byte = claims.byte(handle.id, key)
-                if claims.take(byte):
-                    claimed = byte
-                    # A sibling may have opened it and let go between this request finding
-                    # the key unknown and the claim: its version is known then, not fetched.
-                    if self.versions.fresh(handle, key):
-                        return None
-                elif await _sibling_opened(claims, byte):
-                    return None
-            if handle.cache_enabled and not here:
-                for node in self._openers(handle, key):
-                    try:
-                        info, head = await self._open_at(node, handle, key)
-                    except PeerUnavailable as exc:
-                        log.warning("peer failed to open %s, trying the next: %s", key, exc)
-                        continue
-                    return info, head, "forward"
-            info, head = await self._open_here(handle, key, pinned)
-            return info, head, "miss" if handle.cache_enabled else "bypass"
-        finally:
-            if claimed >= 0:
-                assert claims is not None
-                claims.drop(claimed)
-            del self._opening[at]
-            # Waiters go again: with the version known they join the fill of block 0, which
-            # is in flight now (the head is primed); if this failed, one of them tries anew.
-            opening.set_result(None)
-
-    def _openers(self, handle: MountHandle, key: str) -> tuple[Node, ...]:
-        """The peers to ask to open the key, best first: the owners of its block 0 before
-        this node; none when this node owns it."""
-        fleet = self.fleet
-        if fleet is None or fleet.alone:
-            return ()
-        owners = fleet.owners(handle.id, key, "", 0, handle.replicas)
-        for i, node in enumerate(owners):
-            if node.id == fleet.me.id:
-                return owners[:i]
-        return owners
-
-    async def _open_here(
-        self, handle: MountHandle, key: str, pinned: bool | None = None
-    ) -> tuple[ObjectInfo, AsyncGenerator[bytes, None]]:
-        ticket = self.versions.ticket(handle, key)
-        info, stream = await StoreSource.open(handle, key)
-        if not handle.cache_enabled or info.size == 0:
-            await self.versions.opened(handle, key, info, ticket)
-            return info, await _primed(stream)
-        length = min(handle.block_size, info.size)
-        span = Span(
-            0, block_key(handle.id, key, info.etag, handle.block_size, 0), 0, length, 0, length
-        )
-        if pinned is None:
-            pinned = handle.pinned(info.key)
-        # Block 0's fill is claimed (its first bytes in) before the version is told to this
-        # node's other workers: one that learnt it first could claim block 0 itself and fetch
-        # it a second time while this fill, following that one, drops the bytes it opened with.
-        body = await _primed(self._filled(handle, info, span, stream, pinned))
-        try:
-            await self.versions.opened(handle, key, info, ticket)
-        except BaseException:
-            await body.aclose()
-            raise
-        return info, body
-
-    async def _filled(
-        self, handle: MountHandle, info: ObjectInfo, span: Span,
-        opened: AsyncGenerator[bytes, None], pinned: bool,
-    ) -> AsyncGenerator[bytes, None]:  # fmt: skip
-        """Block 0 through this node's pages, filled from the stream the store opened with."""
-        store = StoreSource(handle, info)
-        used = False
-
-        def fetch(skip: int, stop: int | None = None) -> AsyncGenerator[bytes, None]:
-            nonlocal used
-            if skip == 0 and stop in (None, span.length) and not used:
-                used = True
-                return opened
-            return store.fetch(span)(skip, stop)
-
-        try:
-            # The version was opened just now: its block 0 is not on disk but for a race, which
-            # the fill's claim finds (it reads the block then), so no look at the disk first.
-            chunks = self.fills.read(
-                span.key, span.length, span.start, span.end, fetch, pinned=pinned, cold=True
-            )
-            async with aclosing(chunks):
-                async for chunk in chunks:
-                    yield chunk
-        finally:
-            if not used:
-                await opened.aclose()
-
-    async def _open_at(
-        self, node: Node, handle: MountHandle, key: str
-    ) -> tuple[ObjectInfo, AsyncGenerator[bytes, None]]:
-        """The key opened by the peer that owns its block 0: the version, and the block's
-        bytes, the rest of them from the store if the peer fails midway."""
-        assert self.fleet is not None
-        params: dict[str, str | int] = {
-            "m": handle.id, "k": key, "b": handle.block_size, "p": int(handle.pinned(key))
-        }  # fmt: skip
-        ticket = self.versions.ticket(handle, key)
-        info, stream = await self.fleet.open_object(node, params)
-        self.versions.told(handle, key, info, ticket)
-        return info, await _primed(self._resumed(handle, info, stream))
-
-    async def _resumed(
-        self, handle: MountHandle, info: ObjectInfo, stream: AsyncGenerator[bytes, None]
-    ) -> AsyncGenerator[bytes, None]:
-        pos = 0
-        try:
-            async with aclosing(stream) as chunks:
-                async for chunk in chunks:
-                    pos += len(chunk)
-                    yield chunk
-            return
-        except PeerUnavailable as exc:
-            log.warning("peer cut block 0 of %s, reading on from the store: %s", info.key, exc)
-        rest = StoreSource(handle, info).range(pos, min(handle.block_size, info.size))
-        async with aclosing(rest) as chunks:
-            async for chunk in chunks:
-                yield chunk
-
     async def serve_open(
         self, mount_id: int, key: str, block_size: int, pinned: bool
     ) -> tuple[ObjectInfo, bytes | AsyncGenerator[bytes, None]]:
@@ -670,17 +293,11 @@ class Reader:
             raise errors.InvalidArgument("The mount's cache settings differ between the nodes.")
         pinned = pinned or handle.pinned(key)
         for _ in range(_READ_TRIES):
-            info = self.versions.fresh(handle, key)
-            if info is None and not await self.versions.unknown(handle, key):
-                # Block 0 of a version is cached here (kept across a restart) or remembered:
-                # the store's metadata is enough, its bytes are here.
-                info = await self.stat(handle, key)
-            if info is None:
-                opened = await self._open_once(handle, key, here=True, pinned=pinned)
-                if opened is None:
-                    continue
-                info, head, _ = opened
-                return info, head
+            opened = await self.versions.open(handle, key, here=True, pinned=pinned)
+            if opened is not None:
+                return opened.info, opened.head
+            # Known here (remembered, or block 0 kept across a restart): its bytes are here.
+            info = await self.stat(handle, key)
             if info.size == 0:
                 return info, b""
             try:
@@ -691,6 +308,23 @@ class Reader:
                 continue
             return info, body
         raise errors.ServiceUnavailable("The object changed while it was read.")
+
+    async def _from_opened(
+        self, handle: MountHandle, opened: Opened, cond: Conditions
+    ) -> ObjectResult:
+        """A whole object opened just now (its version and block 0 in one request), read on
+        as any other."""
+        info, head, how = opened.info, opened.head, opened.how
+        try:
+            check_conditions(cond, info)
+        except BaseException:
+            await head.aclose()
+            raise
+        if not handle.cache_enabled:
+            return ObjectResult(info, 0, info.size, False, head, how)
+        spans, _ = self._plan(handle, info, 0, info.size, self._placer(handle, info))
+        body = await primed(self._stream(handle, info, spans, head))
+        return ObjectResult(info, 0, info.size, False, body, how)
 
     async def _body(
         self, handle: MountHandle, info: ObjectInfo, start: int, end: int,
@@ -706,7 +340,7 @@ class Reader:
         if zero_copy is None:
             zero_copy = ZERO_COPY.get()
         if not handle.cache_enabled:
-            return await _primed(StoreSource(handle, info).range(start, end)), "bypass"
+            return await primed(StoreSource(handle, info).range(start, end)), "bypass"
         if start >= end:
             return b"", "hit"
         size = handle.block_size
@@ -729,7 +363,7 @@ class Reader:
                 self._note_walk(handle, info, start, end)
                 return found, "hit"
         spans, sequential = self._plan(handle, info, start, end, place)
-        body = await _primed(
+        body = await primed(
             self._stream(handle, info, spans, regions=zero_copy, sparse=not sequential)
         )
         if not local:
@@ -751,7 +385,7 @@ class Reader:
         or holds it as a replica), else its owners, best first."""
         fleet = self.fleet
         if fleet is None or fleet.alone:
-            return _here
+            return here
         me = fleet.me.id
         known = self.pages.known
 
@@ -779,7 +413,7 @@ class Reader:
         """Bytes [start, end) of a known version, from the cache where it can (copies)."""
         body, _ = await self._body(handle, info, start, end, zero_copy=False)
         if isinstance(body, bytes):
-            return _once(body)
+            return once(body)
         # Without zero_copy every piece is bytes.
         return cast(AsyncGenerator[bytes, None], body)
 
@@ -801,8 +435,8 @@ class Reader:
         pages = PageSource(self.fills, store, handle.pinned(info.key), sparse)
         peers = PeerSource(self.fleet, pages, store) if self.fleet is not None else None
         pending: deque[Span] = deque()
-        fetched: dict[int, _Fetched] = {}  # peers' blocks fetched ahead
-        opened: dict[int, _Opened] = {}  # this node's spans begun before the first byte
+        fetched: dict[int, Fetched] = {}  # peers' blocks fetched ahead
+        opened: dict[int, Begun] = {}  # this node's spans begun before the first byte
         unsure: list[Arrival] = []  # fills of this read's blocks: confirmed before a byte
         sent = False
         version = (handle.id, info.key, info.etag, handle.block_size)
@@ -826,12 +460,12 @@ class Reader:
                                 # before the read's first byte. A random reader's span is
                                 # taken now even if it is here: its sub-blocks may be gone
                                 # by its turn, and fetching them then could fail after bytes.
-                                arrival = opened[later.index] = _Opened(pages.read(later))
+                                arrival = opened[later.index] = Begun(pages.read(later))
                             if arrival is not None:
                                 unsure.append(arrival)
                     elif later.wanted:
                         assert peers is not None
-                        fetched[later.index] = peer_ahead = _Fetched(peers.read(later))
+                        fetched[later.index] = peer_ahead = Fetched(peers.read(later))
                         if not sent:
                             unsure.append(peer_ahead)
                 ahead = fetched.pop(span.index, None)
@@ -911,7 +545,7 @@ class Reader:
             return data
         span = Span(index, bkey, offset, length, start, end)
         source = PageSource(self.fills, StoreSource(handle, info), pinned, sparse)
-        return await _primed(source.read(span))
+        return await primed(source.read(span))
 
     async def local_blocks(self, bucket: str, key: str, first: int, count: int) -> LocalBlocks:
         """For a client on this host: the key's current version, and (index, length, path) of
@@ -1001,14 +635,14 @@ class Reader:
         return found
 
     async def _open_for_lease(self, handle: MountHandle, key: str) -> None:
-        """Open the key for a client on this host (_open_once): its block 0 filled here, or
-        by the peer that owns it (whose bytes are not read: the client reads them from it)."""
-        opened = await self._open_once(handle, key, here=False)
+        """Open the key for a client on this host, if this node knows no version of it: its
+        block 0 filled here, or by the peer that owns it (whose bytes are not read: the client
+        reads them from it)."""
+        opened = await self.versions.open(handle, key)
         if opened is None:
-            return  # opened by another request meanwhile
-        _, head, how = opened
-        async with aclosing(head) as chunks:
-            if how != "forward":
+            return  # known, or opened by another request meanwhile
+        async with aclosing(opened.head) as chunks:
+            if opened.how != "forward":
                 async for _ in chunks:  # the fill's end: block 0 is committed
                     pass
 
@@ -1034,7 +668,7 @@ class Reader:
             async def one(i: int) -> None:
                 async with slots:
                     try:
-                        if opening and await self.versions.unknown(handle, keys[i]):
+                        if opening:
                             await self._open_for_lease(handle, keys[i])
                         found[i] = await self.stat(handle, keys[i])
                     except errors.S3Error as exc:
@@ -1044,128 +678,3 @@ class Reader:
 
             await asyncio.gather(*(one(i) for i in stale))
         return cast(list[ObjectInfo | errors.S3Error], found)  # every one filled in
-
-
-async def _sibling_opened(claims: OpenClaims, byte: int) -> bool:
-    """Wait while another worker of the node opens a key: True once it has (its version is
-    known then), False if it has not within OPEN_WAIT (this worker opens it then)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + OPEN_WAIT
-    pause = OPEN_POLL
-    while not claims.free(byte):
-        if loop.time() >= deadline:
-            return False
-        await asyncio.sleep(pause)  # a lock held for the store's first byte, no event to await
-        pause = min(pause * 2, 0.02)
-    return True
-
-
-class _Opened:
-    """A span of this node's read begun before the response's first byte: its first bytes
-    (or the error its source answered first) awaited in a task of their own, as an Arrival;
-    then read on in turn, holding no more than its source's stream."""
-
-    __slots__ = ("_chunks", "_first")
-
-    def __init__(self, chunks: AsyncGenerator[bytes, None]) -> None:
-        self._chunks = chunks
-        self._first: asyncio.Task[bytes | None] = asyncio.create_task(_next_chunk(chunks))
-
-    async def started(self) -> BaseException | None:
-        await asyncio.wait([self._first])
-        return None if self._first.cancelled() else self._first.exception()
-
-    async def read(self) -> AsyncGenerator[bytes, None]:
-        first = await self._first
-        if first is not None:
-            yield first
-        async with aclosing(self._chunks) as chunks:
-            async for chunk in chunks:
-                yield chunk
-
-    async def aclose(self) -> None:
-        self._first.cancel()
-        await asyncio.wait([self._first])
-        if not self._first.cancelled():
-            self._first.exception()  # retrieved: the read ended before its turn
-        await self._chunks.aclose()
-
-
-async def _next_chunk(chunks: AsyncGenerator[bytes, None]) -> bytes | None:
-    try:
-        return await anext(chunks)
-    except StopAsyncIteration:
-        return None
-
-
-class _Fetched:
-    """A block a peer serves, fetched ahead whole in a task of its own; as an Arrival, its
-    first bytes or the error it ended with (a peer's error comes before its first byte: the
-    owner primes what it serves)."""
-
-    __slots__ = ("_first", "task")
-
-    def __init__(self, body: AsyncGenerator[bytes, None]) -> None:
-        self._first: asyncio.Future[BaseException | None] = (
-            asyncio.get_running_loop().create_future()
-        )
-        self.task = asyncio.create_task(self._collect(body))
-        self.task.add_done_callback(self._ended)
-
-    async def _collect(self, body: AsyncGenerator[bytes, None]) -> bytes:
-        parts = []
-        async with aclosing(body) as chunks:
-            async for chunk in chunks:
-                if not self._first.done():
-                    self._first.set_result(None)
-                parts.append(chunk)
-        return b"".join(parts)
-
-    def _ended(self, task: asyncio.Task[bytes]) -> None:
-        # Cancelled (the read ended first), or failed before a byte: retrieved here, as the
-        # read that started it may never await it.
-        error = None if task.cancelled() else task.exception()
-        if not self._first.done():
-            self._first.set_result(error)
-
-    async def started(self) -> BaseException | None:
-        return await asyncio.shield(self._first)
-
-
-async def _once(data: bytes) -> AsyncGenerator[bytes, None]:
-    yield data
-
-
-async def _primed(gen: AsyncGenerator[C, None]) -> AsyncGenerator[C, None]:
-    """`gen` with its first chunk in hand: what a source says first (gone, changed,
-    unavailable) is known before any header is sent. Closing it closes `gen`, read or not."""
-    try:
-        first = await gen.__anext__()
-    except StopAsyncIteration:
-        return _once(b"")
-    except BaseException:
-        await gen.aclose()
-        raise
-    return _Primed(first, gen)
-
-
-class _Primed(AsyncGenerator[C, None], Generic[C]):
-    __slots__ = ("_first", "_rest")
-
-    def __init__(self, first: C, rest: AsyncGenerator[C, None]) -> None:
-        self._first: C | None = first
-        self._rest: AsyncGenerator[C, None] = rest
-
-    async def asend(self, value: None) -> C:
-        first = self._first
-        if first is not None:
-            self._first = None
-            return first
-        return await self._rest.asend(value)
-
-    async def athrow(self, *args: Any) -> C:
-        return await self._rest.athrow(*args)
-
-    async def aclose(self) -> None:
-        self._first = None
-        await self._rest.aclose()

@@ -18,7 +18,8 @@ from gateway.service.listed import ListedVersions
 from gateway.service.metadata import MetadataCache
 from gateway.service.namespace import MountHandle, Namespace
 from gateway.service.revalidation import Revalidator
-from gateway.service.versions import VersionRows, Versions
+from gateway.service.version_rows import VersionRows
+from gateway.service.versions import Versions
 from gateway.stores import ObjectInfo
 
 
@@ -62,11 +63,13 @@ class Shared:
             generations, learnt=LearntVersions(pages.root) if several else None
         )
         revalidator = Revalidator(ListedVersions(pages.root))
-        versions = Versions(metadata, VersionRows(meta), catalog, pages, revalidator)
         fills = Fills(pages, fill_concurrency=fill_concurrency, sub_block_size=sub_block_size)
+        opens = OpenClaims(pages.root) if several else None
+        versions = Versions(
+            metadata, VersionRows(meta), catalog, pages, revalidator, fills, fleet, opens
+        )
         return cls(
-            meta, pages, fills, namespace, metadata, versions, fleet, catalog,
-            generations, OpenClaims(pages.root) if several else None,
+            meta, pages, fills, namespace, metadata, versions, fleet, catalog, generations, opens
         )  # fmt: skip
 
     async def close(self) -> None:

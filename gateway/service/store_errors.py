@@ -128,6 +128,13 @@ def to_s3(exc: store.StoreError, key: str) -> errors.S3Error:
             error = errors.MethodNotAllowed(Method="GET", ResourceType="DeleteMarker")
             error.headers["x-amz-delete-marker"] = "true"
             return error
+        case store.MarkedDeleted():
+            # As S3 answers a key whose current version is a delete marker.
+            error = errors.NoSuchKey(Key=key)
+            error.headers["x-amz-delete-marker"] = "true"
+            if exc.version_id is not None:
+                error.headers["x-amz-version-id"] = exc.version_id
+            return error
         case store.ObjectNotFound():
             return errors.NoSuchKey(Key=key)
         case store.KeyTooLong():

@@ -2,29 +2,17 @@
 
 `Versions` decides, for every read, write, peer, load and notification: what is current (the
 worker's memory within the mount's TTL, the node's shared record of what its workers learnt,
-the database's row of the key, or the store, asked once for concurrent askers), whether the
-node knows nothing of a key (a cold read then opens it: its version with its block 0, in one
-store request), and what a change seen anywhere does to all of those. Behind it sit the
-in-process cache with the node's change counters (metadata.py, generations.py, learnt.py),
-`VersionRows` (the database's `object_versions` rows, read and written in batches) and the
-catalog's synced prefixes (which rows a read may trust without asking the store).
+the database's row of the key, a listing of its prefix, or the store, asked once for
+concurrent askers), and opens a key the node knows nothing of (`open`: its version with its
+block 0, in one store request, single flight across the node's requests, workers and fleet),
+and what a change seen anywhere does to all of those. Behind it sit the in-process cache with
+the node's change counters (metadata.py, generations.py, learnt.py), revalidation in bulk
+(revalidation.py), `VersionRows` (version_rows.py: the database's `object_versions` rows, the
+one writer of them) and the catalog's synced prefixes (which rows a read may trust without
+asking the store), and the moves of an open (opening.py).
 
-Rows (gateway.meta.versions) are kept for immutable mounts (`metadata_ttl=-1`), so that a
-restarted node still knows their versions, and for every key of a `catalog=on` mount, which its
-listings answer from. A row of a key under a synced prefix, or of an immutable mount, is the
-version a read trusts, if `complete` (a crawl's row knows only what a listing tells).
-
-`VersionRows` queues what reads of immutable mounts learn and writes one transaction `delay`
-(0.25 s) after the first of them, so that the misses of that time share it (a transaction
-costs ~0.5-1 ms of CPU, a row little). A crash loses at most what was learnt in that time,
-which the next miss learns again. The lookups of one turn of the event loop are one query. A
-version a read learnt under a catalog's synced prefix (a listing-only row completed, or a row
-corrected after a change behind the gateway's back) and a write through the gateway are
-written at once (`record_now`), in one transaction with the statements given (a completed
-upload's removal), and return once that transaction is over. Changes to one key are written
-in the order they were made (a later change replaces a queued one, and waits for an older one
-being written), so a delete is never overtaken by the miss that came before it, and a lookup
-sees a queued change, or one being written, before the database does.
+A read asks three verbs: `open` (None when the version is known), `current`, and `changed`
+when the store says the version it read is gone or replaced.
 """
 
 from __future__ import annotations
@@ -33,299 +21,26 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import exc as sa_exc
 
 from gateway import counters, errors
-from gateway.cache import PageStore
+from gateway.cache import Fills, PageStore
 from gateway.catalog.catalog import Catalog
-from gateway.meta import MetaStore, MetaUnavailable
-from gateway.meta.versions import object_versions
+from gateway.cluster.peers import Fleet, PeerUnavailable
+from gateway.generations import OpenClaims
 from gateway.service.metadata import MetadataCache
 from gateway.service.namespace import MountHandle
+from gateway.service.opening import Opened, from_peer, from_store, openers, sibling_opened
 from gateway.service.revalidation import Revalidator
 from gateway.service.store_errors import store_errors
+from gateway.service.version_rows import VersionRows
 from gateway.stores import ObjectInfo
 from gateway.stores.etags import same
 
 log = logging.getLogger("gateway.service")
-
-BATCH = 256  # changes a transaction at most
-DELAY = 0.25  # seconds changes wait for others to share their transaction
-
-Item = tuple[int, str]  # (mount id, key)
-
-
-class Entry(NamedTuple):
-    """A key's row: its version, whether the row knows all of it (a crawl's row knows only
-    what a listing tells: no content type, no user metadata), and when it was written (what
-    the store said then: a read trusts it for the mount's TTL from then)."""
-
-    info: ObjectInfo
-    complete: bool
-    at: datetime
-
-
-@dataclass(eq=False, slots=True)
-class _Writing:
-    """A change of a key whose transaction is under way; `done` when it is over (committed
-    or not). A newer change of the key waits for it."""
-
-    entry: Entry | None
-    done: asyncio.Future[None] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
-
-
-class VersionRows:
-    """The database's rows of object versions (gateway.meta.versions), looked up and written
-    in batches, each key's changes in order."""
-
-    def __init__(self, meta: MetaStore, delay: float = DELAY) -> None:
-        self._meta = meta
-        self._delay = delay
-        self._queued: dict[Item, Entry | None] = {}
-        self._task: asyncio.Task[None] | None = None
-        self._wanted: dict[Item, asyncio.Future[Entry | None]] = {}
-        self._finder: asyncio.Task[None] | None = None
-        self._wake: asyncio.Future[None] | None = None  # ends the pause before a write
-        self._writing: dict[Item, _Writing] = {}  # the newest change of each key under way
-        self._now: set[asyncio.Task[None]] = set()  # record_now's transactions
-
-    async def lookup(self, mount_id: int, key: str) -> Entry | None:
-        """The key's row (None: none, or the database is unavailable). The lookups of one turn
-        of the event loop are one query: a connection and a transaction each cost more than
-        the row, and concurrent cold readers would queue for the pool's connections."""
-        item = (mount_id, key)
-        if item in self._queued:
-            return self._queued[item]
-        writing = self._writing.get(item)
-        if writing is not None:
-            return writing.entry
-        wanted = self._wanted.get(item)
-        if wanted is None:
-            wanted = asyncio.get_running_loop().create_future()
-            self._wanted[item] = wanted
-            if self._finder is None:
-                self._finder = asyncio.create_task(self._find())
-        return await asyncio.shield(wanted)
-
-    async def _find(self) -> None:
-        batch: dict[Item, asyncio.Future[Entry | None]] = {}
-        try:
-            while self._wanted:
-                await asyncio.sleep(0)  # the lookups of this turn of the loop join in
-                batch = {item: self._wanted.pop(item) for item in list(self._wanted)[:BATCH]}
-                try:
-                    found = await self._meta.find_versions(list(batch))
-                except MetaUnavailable as exc:
-                    log.warning("could not look up the versions of %d objects: %s", len(batch), exc)
-                    found = {}
-                except Exception as exc:
-                    for wanted in batch.values():
-                        wanted.set_exception(exc)
-                        wanted.add_done_callback(_retrieved)
-                    continue
-                for item, wanted in batch.items():
-                    row = found.get(item)
-                    wanted.set_result(None if row is None else Entry(*row))
-        finally:
-            self._finder = None
-            # Cancelled (at close): nobody is left without an answer.
-            for wanted in [*batch.values(), *self._wanted.values()]:
-                if not wanted.done():
-                    wanted.set_result(None)
-
-    def record(
-        self, mount_id: int, key: str, info: ObjectInfo | None, complete: bool = True
-    ) -> None:
-        """Make `info` the key's row, or with None remove it: queued, written with others."""
-        item = (mount_id, key)
-        self._queued.pop(item, None)  # to the back: after what came before it
-        self._queued[item] = None if info is None else Entry(info, complete, _utcnow())
-        if self._task is None:
-            self._task = asyncio.create_task(self._drain())
-        elif len(self._queued) >= BATCH:
-            self._hurry()
-
-    async def record_now(
-        self,
-        mount_id: int,
-        key: str,
-        info: ObjectInfo | None,
-        complete: bool = True,
-        also: Sequence[sa.Executable] = (),
-    ) -> None:
-        """`record`, written at once, with the statements `also` in the same transaction;
-        returns when it is over. A change of the key still queued is older: this one replaces
-        it, so it is never written after this. A change of the key being written is waited
-        for. A failure is logged, never raised (the store has the write; the catalog catches
-        up at its next crawl), and the caller's cancellation does not stop the transaction."""
-        entry = None if info is None else Entry(info, complete, _utcnow())
-        await self._ordered((mount_id, key), entry, [(mount_id, key, info, complete)], also)
-
-    async def doubt(self, mount_id: int, key: str) -> None:
-        """The row's version was not found at the store: listed still, but not trusted for
-        reads until the store has been asked again."""
-        v = object_versions
-        query = sa.update(v).where(v.c.mount_id == mount_id, v.c.key == key)
-        await self._ordered((mount_id, key), None, [], [query.values(complete=False)])
-
-    async def _ordered(
-        self,
-        item: Item,
-        entry: Entry | None,
-        changes: list[tuple[int, str, ObjectInfo | None, bool]],
-        also: Sequence[sa.Executable],
-    ) -> None:
-        self._queued.pop(item, None)
-        earlier = self._writing.get(item)
-        writing = self._writing[item] = _Writing(entry)
-        task = asyncio.create_task(self._now_write(item, writing, earlier, changes, also))
-        self._now.add(task)
-        task.add_done_callback(self._now.discard)
-        await asyncio.shield(task)
-
-    async def _now_write(
-        self,
-        item: Item,
-        writing: _Writing,
-        earlier: _Writing | None,
-        changes: list[tuple[int, str, ObjectInfo | None, bool]],
-        also: Sequence[sa.Executable],
-    ) -> None:
-        try:
-            if earlier is not None:
-                await asyncio.shield(earlier.done)
-            await self._meta.record_versions(changes, also=also)
-        except (MetaUnavailable, sa_exc.IntegrityError) as exc:  # or the mount removed meanwhile
-            log.warning("bookkeeping of the change of %s not recorded: %s", item[1], exc)
-        except Exception:
-            log.exception("bookkeeping of the change of %s not recorded", item[1])
-        finally:
-            if self._writing.get(item) is writing:
-                del self._writing[item]
-            writing.done.set_result(None)
-
-    async def apply_now(self, statements: Sequence[sa.Executable]) -> None:
-        """Statements of a write's bookkeeping with no row to them, in one transaction of
-        their own that the caller's cancellation does not stop; a failure is logged."""
-        task = asyncio.create_task(self._apply(statements))
-        self._now.add(task)
-        task.add_done_callback(self._now.discard)
-        await asyncio.shield(task)
-
-    async def _apply(self, statements: Sequence[sa.Executable]) -> None:
-        try:
-            await self._meta.record_versions([], also=statements)
-        except (MetaUnavailable, sa_exc.IntegrityError) as exc:
-            log.warning("bookkeeping of a write not recorded: %s", exc)
-        except Exception:
-            log.exception("bookkeeping of a write not recorded")
-
-    @property
-    def pending(self) -> int:
-        return len(self._queued)
-
-    async def _drain(self) -> None:
-        try:
-            while self._queued:
-                # The requests running now, and those of the next `delay`, add theirs.
-                await self._pause()
-                batch = []
-                for item in list(self._queued)[:BATCH]:
-                    batch.append((*item, self._queued.pop(item)))
-                await self._write_after(batch)
-        finally:
-            self._task = None
-
-    async def _write_after(self, batch: list[tuple[int, str, Entry | None]]) -> None:
-        """Write the batch after the changes of its keys already under way (record_now's)."""
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        earlier = []
-        for mount_id, key, entry in batch:
-            before = self._writing.get((mount_id, key))
-            if before is not None:
-                earlier.append(before.done)
-            self._writing[(mount_id, key)] = _Writing(entry, done)
-        try:
-            for wait in earlier:
-                await asyncio.shield(wait)
-            await self._write([_change(*one) for one in batch])
-        finally:
-            items = [(mount_id, key) for mount_id, key, _ in batch]
-            for item in items:
-                if (current := self._writing.get(item)) is not None and current.done is done:
-                    del self._writing[item]
-            if not done.done():
-                done.set_result(None)
-
-    async def _write(self, batch: list[tuple[int, str, ObjectInfo | None, bool]]) -> None:
-        try:
-            await self._meta.record_versions(batch)
-        except MetaUnavailable as exc:
-            log.warning("could not persist the versions of %d objects: %s", len(batch), exc)
-        except sa_exc.IntegrityError:
-            # A mount removed meanwhile fails its rows, and with them the whole batch: write
-            # the rest one by one.
-            for change in batch:
-                try:
-                    await self._meta.record_versions([change])
-                except (MetaUnavailable, sa_exc.IntegrityError) as exc:
-                    log.info("version of %s not persisted: %s", change[1], exc)
-        except Exception:
-            log.exception("could not persist the versions of %d objects", len(batch))
-
-    async def _pause(self) -> None:
-        """`delay` seconds, or less: a full batch, or close(), ends it."""
-        if len(self._queued) >= BATCH or self._delay <= 0:
-            await asyncio.sleep(0)
-            return
-        loop = asyncio.get_running_loop()
-        self._wake = wake = loop.create_future()
-        timer = loop.call_later(self._delay, self._hurry)
-        try:
-            await wake
-        finally:
-            timer.cancel()
-            self._wake = None
-
-    def _hurry(self) -> None:
-        if self._wake is not None and not self._wake.done():
-            self._wake.set_result(None)
-
-    async def close(self, wait: float = 5.0) -> None:
-        """Write what is queued (for up to `wait` seconds); lookups in flight find nothing."""
-        self._delay = 0.0  # what is queued now, and after, is written at once
-        self._hurry()
-        if self._finder is not None:
-            self._finder.cancel()
-        tasks = [*self._now, *([self._task] if self._task is not None else [])]
-        if not tasks:
-            return
-        _, late = await asyncio.wait(tasks, timeout=wait)
-        for task in late:
-            task.cancel()
-        if late:
-            log.warning("versions of %d objects not persisted at shutdown", len(self._queued))
-
-
-def _change(
-    mount_id: int, key: str, entry: Entry | None
-) -> tuple[int, str, ObjectInfo | None, bool]:
-    return (mount_id, key, None, True) if entry is None else (mount_id, key, *entry[:2])
-
-
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def _retrieved(future: asyncio.Future[Entry | None]) -> None:
-    future.exception()  # every waiter may have gone: not "never retrieved"
 
 
 class Versions:
@@ -338,12 +53,19 @@ class Versions:
         catalog: Catalog,
         pages: PageStore,
         revalidator: Revalidator,
+        fills: Fills,
+        fleet: Fleet | None = None,
+        claims: OpenClaims | None = None,
     ) -> None:
         self.metadata = metadata
         self.rows = rows
         self.catalog = catalog
         self.pages = pages
         self.revalidator = revalidator
+        self._fills = fills
+        self._fleet = fleet
+        self._claims = claims  # None with one worker: nobody to share an open with
+        self._opening: dict[tuple[int, str], asyncio.Future[None]] = {}
         self._asking: dict[tuple[int, str], asyncio.Future[ObjectInfo]] = {}
         self._asking_ids: dict[tuple[int, str, str], asyncio.Future[ObjectInfo]] = {}
 
@@ -450,7 +172,7 @@ class Versions:
         age = self.metadata.age(handle.id, key, time.monotonic())
         return handle.ttl if age is None else max(0.0, handle.ttl - age)
 
-    async def unknown(self, handle: MountHandle, key: str) -> bool:
+    async def _unknown(self, handle: MountHandle, key: str) -> bool:
         """Whether this node knows nothing of the key's version: not in memory (this worker's
         or the node's shared record), no trusted row of it under a catalog's synced prefix,
         no block 0 of it in its cache (kept before a restart, or by another worker: then the
@@ -472,6 +194,77 @@ class Versions:
         # Looked at again after the awaits above: a cold read that began and ended meanwhile
         # has told the version, and another would fetch block 0 again.
         return self.metadata.peek(handle.id, key) is None
+
+    async def open(
+        self,
+        handle: MountHandle,
+        key: str,
+        *,
+        here: bool = False,
+        pinned: bool | None = None,
+        force: bool = False,
+    ) -> Opened | None:
+        """The key opened when this node knows no version of it (`force`: even so, the one it
+        knew being gone from the store): its version and block 0's bytes from one request,
+        made by the peer that owns block 0 or, `here` (a peer's open) or when this node owns
+        it, by this node's store, block 0 filled into its pages on the way. Single flight:
+        one open of a key for the node's requests and workers (an open claim), the others wait
+        and then find it known. None when the version is known, or became known while another
+        request opened it: current() answers then, with no I/O. `pinned`: block 0 is kept
+        pinned (a preload with --pin); None: as the mount says."""
+        if not force and not await self._unknown(handle, key):
+            return None
+        at = (handle.id, key)
+        opening = self._opening.get(at)
+        if opening is not None:
+            await asyncio.shield(opening)
+            return None
+        opening = asyncio.get_running_loop().create_future()
+        self._opening[at] = opening
+        claims, claimed = self._claims, -1
+        try:
+            if claims is not None:
+                # One worker of the node opens the key; the others wait for it to have told
+                # the version (learnt.py) and then follow its fill of block 0.
+                byte = claims.byte(handle.id, key)
+                if claims.take(byte):
+                    claimed = byte
+                    # A sibling may have opened it and let go between this request finding
+                    # the key unknown and the claim: its version is known then, not fetched.
+                    if self.fresh(handle, key):
+                        return None
+                elif await sibling_opened(claims, byte):
+                    return None
+            ticket = self.metadata.ticket(handle.id, key)
+            if handle.cache_enabled and not here:
+                for node in openers(self._fleet, handle, key):
+                    assert self._fleet is not None
+                    try:
+                        info, head = await from_peer(self._fleet, node, handle, key)
+                    except PeerUnavailable as exc:
+                        log.warning("peer failed to open %s, trying the next: %s", key, exc)
+                        continue
+                    self.metadata.put(handle.id, key, info, time.monotonic(), ticket)
+                    return Opened(info, head, "forward")
+            # Block 0's fill is claimed (its first bytes in) before the version is told to
+            # this node's other workers: one that learnt it first could claim block 0 itself
+            # and fetch it a second time while this fill, following that one, drops the bytes
+            # it opened with.
+            info, head = await from_store(self._fills, handle, key, pinned)
+            try:
+                await self._opened(handle, key, info, ticket)
+            except BaseException:
+                await head.aclose()
+                raise
+            return Opened(info, head, "miss" if handle.cache_enabled else "bypass")
+        finally:
+            if claimed >= 0:
+                assert claims is not None
+                claims.drop(claimed)
+            del self._opening[at]
+            # Waiters go again: with the version known they join the fill of block 0, which
+            # is in flight now (the head is primed); if this failed, one of them tries anew.
+            opening.set_result(None)
 
     async def addressed(self, handle: MountHandle, key: str, version_id: str) -> ObjectInfo:
         """The version of the key a request names by id. Of a store that keeps versions, asked
@@ -500,17 +293,23 @@ class Versions:
 
     # -- what was seen --------------------------------------------------------------------------
 
-    async def opened(self, handle: MountHandle, key: str, info: ObjectInfo, ticket: int) -> None:
+    async def _opened(self, handle: MountHandle, key: str, info: ObjectInfo, ticket: int) -> None:
         """This node opened the key at its store (the version with its block 0), asked under
-        `ticket`: known to the node's other workers before its open claim goes
-        (reads._open_once), unless the key changed meanwhile."""
+        `ticket`: known to the node's other workers before its open claim goes, unless the
+        key changed meanwhile."""
         if self.metadata.put(handle.id, key, info, time.monotonic(), ticket):
             await self.metadata.published(handle.id, key)
             await self._learnt_row(handle, key, info, None, ticket)
 
-    def told(self, handle: MountHandle, key: str, info: ObjectInfo, ticket: int) -> None:
-        """A peer that opened the key, asked under `ticket`, told its version."""
-        self.metadata.put(handle.id, key, info, time.monotonic(), ticket)
+    async def changed(
+        self, handle: MountHandle, key: str, seen: BaseException, ticket: int | None = None
+    ) -> None:
+        """The store said the version a read had (asked under `ticket`) is not what it has:
+        gone (NoSuchKey) or replaced (VersionChanged) since it was learnt."""
+        if isinstance(seen, errors.NoSuchKey):
+            await self.gone(handle, key, ticket)
+        else:
+            await self.doubt(handle, key)
 
     async def gone(self, handle: MountHandle, key: str, ticket: int | None = None) -> None:
         """The store has no such key (asked under `ticket`; None: as of now). An answer from
@@ -664,3 +463,7 @@ async def joined(
 
         pending.add_done_callback(done)
     return await asyncio.shield(pending)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)

@@ -23,7 +23,7 @@ from gateway import errors
 from gateway.cache import BlockWriter, FillFailed
 from gateway.meta import KeyBusy, MetaError
 from gateway.service.conditions import check_conditions
-from gateway.service.inputs import CopySource
+from gateway.service.inputs import CopySource, DeleteEntry, Deletion
 from gateway.service.namespace import MountHandle
 from gateway.service.shared import Reads, Shared
 from gateway.service.store_errors import WithheldDetail, store_errors
@@ -184,8 +184,11 @@ async def from_source(
 ) -> tuple[ObjectInfo, T]:
     """What `use` makes of a copy's source: its current version, the copy conditions checked
     (they fail with 412, never 304). Overwritten meanwhile, the source is copied in its new
-    version (its conditions checked again), as a GET would serve it; once."""
+    version (its conditions checked again), as a GET would serve it; once. A version named by
+    id is that version, or an error: never the current one instead."""
     src = shared.mount(source.bucket)
+    if source.version_id is not None and (source.version_id != "null" or src.store.versions):
+        return await _from_version(shared, src, source, source.version_id, use)
     for attempt in range(2):
         info = await reads.stat(src, source.key)
         try:
@@ -203,6 +206,36 @@ async def from_source(
         except FillFailed as exc:
             raise errors.ServiceUnavailable(f"The source's store cut its answer: {exc}") from None
     raise AssertionError("unreachable")
+
+
+async def _from_version(
+    shared: Shared,
+    src: MountHandle,
+    source: CopySource,
+    version_id: str,
+    use: Callable[[MountHandle, ObjectInfo], Awaitable[T]],
+) -> tuple[ObjectInfo, T]:
+    """from_source of a version named by id (Versions.addressed: NoSuchVersion, a delete
+    marker refused as S3 refuses it, InvalidArgument where the store keeps one version)."""
+    try:
+        info = await shared.versions.addressed(src, source.key, version_id)
+    except errors.MethodNotAllowed:
+        raise errors.InvalidRequest(
+            "The source of a copy request may not specifically refer to a delete marker by"
+            " version id."
+        ) from None
+    try:
+        check_conditions(source.conditions, info)
+    except errors.NotModified:
+        raise errors.PreconditionFailed(Condition="x-amz-copy-source-if-none-match") from None
+    try:
+        return info, await use(src, info)
+    except VersionChanged:
+        # The store holds other bytes under the id than it said: asked again next time.
+        shared.versions.forget(src.id, source.key)
+        raise errors.ServiceUnavailable("The source version changed while it was copied.") from None
+    except FillFailed as exc:
+        raise errors.ServiceUnavailable(f"The source's store cut its answer: {exc}") from None
 
 
 class ObjectWriter:
@@ -310,11 +343,12 @@ class ObjectWriter:
         other workers hear of it."""
         self.shared.versions.forget(handle.id, key, handle)
 
-    async def delete(self, bucket: str, key: str) -> None:
+    async def delete(self, bucket: str, key: str) -> VersionDeleted | None:
+        """DeleteObject; on a store that keeps versions, the delete marker it made, if any."""
         handle = self.shared.writable(bucket)
-        await self.delete_from(handle, key)
+        return await self.delete_from(handle, key)
 
-    async def delete_from(self, handle: MountHandle, key: str) -> None:
+    async def delete_from(self, handle: MountHandle, key: str) -> VersionDeleted | None:
         # Forgotten before the store is asked and whatever it answers: a delete that failed
         # part way may have removed the object, and a removed object must never be served
         # from the cache again (the next read asks the store). The key's row follows only a
@@ -322,7 +356,7 @@ class ObjectWriter:
         self._forget(handle, key)
         try:
             with store_errors(key):
-                await handle.store.delete(key)
+                done = await handle.store.delete(key)
         except BaseException:
             self._forget(handle, key)  # a read meanwhile may have learnt it again
             if self.shared.fleet is not None:
@@ -330,13 +364,29 @@ class ObjectWriter:
                     await self.shared.fleet.invalidate(handle.id, key)
             raise
         await self.written(handle, key, None, None)
+        return done
 
-    async def delete_version(self, bucket: str, key: str, version_id: str) -> VersionDeleted:
-        """DeleteObject of a version named by id, in a store that keeps versions: that version
-        removed for good. The key's current version may change with it (the latest removed, or
-        a delete marker), so the key is forgotten as by a delete, before and after the store's
-        answer; the catalog doubts its row rather than drop it (older versions may remain)."""
-        handle = self.shared.writable(bucket)
+    async def delete_version(self, bucket: str, key: str, version_id: str) -> VersionDeleted | None:
+        """DeleteObject of a version named by id."""
+        return await self.delete_version_from(self.shared.writable(bucket), key, version_id)
+
+    async def delete_version_from(
+        self, handle: MountHandle, key: str, version_id: str
+    ) -> VersionDeleted | None:
+        """In a store that keeps versions, that version removed for good. The key's current
+        version may change with it (the latest removed, or a delete marker), so the key is
+        forgotten as by a delete, before and after the store's answer; the catalog doubts its
+        row rather than drop it (older versions may remain). A store that keeps one version
+        has only "null", the key's one version (deleted as by DeleteObject); any other id is
+        InvalidArgument, as S3 answers it for a bucket never versioned, and nothing is
+        deleted."""
+        if not handle.store.versions:
+            if version_id != "null":
+                raise errors.InvalidArgument(
+                    "Invalid version id specified", ArgumentName="versionId",
+                    ArgumentValue=version_id,
+                )  # fmt: skip
+            return await self.delete_from(handle, key)
         self._forget(handle, key)
         try:
             with store_errors(key):
@@ -349,24 +399,39 @@ class ObjectWriter:
         await self.shared.versions.doubt(handle, key)
         return deleted
 
-    async def delete_many(
-        self, bucket: str, keys: list[str]
-    ) -> list[tuple[str, errors.S3Error | None]]:
-        """DeleteObjects: every key tried, each with its own outcome, in the request's order."""
+    async def delete_many(self, bucket: str, entries: list[DeleteEntry]) -> list[Deletion]:
+        """DeleteObjects: every entry tried as DeleteObject would do it (its version named by
+        id removed, never the current object instead), each with its own outcome, in the
+        request's order. Keys are deleted side by side; the entries of one key one after the
+        other, in the request's order (an origin may not keep a key's versions straight under
+        concurrent deletes of them: moto left one of three behind)."""
         handle = self.shared.writable(bucket)
         slots = asyncio.Semaphore(DELETE_CONCURRENCY)
+        by_key: dict[str, list[int]] = {}
+        for i, entry in enumerate(entries):
+            by_key.setdefault(entry.key, []).append(i)
+        done: list[Deletion | None] = [None] * len(entries)
 
-        async def one(key: str) -> tuple[str, errors.S3Error | None]:
+        async def one(entry: DeleteEntry) -> Deletion:
+            key, version_id = entry.key, entry.version_id
+            try:
+                if version_id is None:
+                    deleted = await self.delete_from(handle, key)
+                else:
+                    deleted = await self.delete_version_from(handle, key, version_id)
+            except errors.S3Error as exc:
+                if isinstance(exc, WithheldDetail):  # rendered in the result, not alone
+                    log.warning("DeleteObjects %s/%s: %s", handle.bucket, key, exc)
+                return Deletion(entry, error=exc)
+            return Deletion(entry, deleted)
+
+        async def key_s(indexes: list[int]) -> None:
             async with slots:
-                try:
-                    await self.delete_from(handle, key)
-                except errors.S3Error as exc:
-                    if isinstance(exc, WithheldDetail):  # rendered in the result, not alone
-                        log.warning("DeleteObjects %s/%s: %s", handle.bucket, key, exc)
-                    return key, exc
-                return key, None
+                for i in indexes:
+                    done[i] = await one(entries[i])
 
-        return list(await asyncio.gather(*(one(k) for k in keys)))
+        await asyncio.gather(*(key_s(indexes) for indexes in by_key.values()))
+        return [d for d in done if d is not None]
 
     async def copy(
         self,
@@ -384,7 +449,10 @@ class ObjectWriter:
         check_encryption(dst, encryption or {})
 
         async def copy_version(src: MountHandle, info: ObjectInfo) -> ObjectInfo:
-            if src.id == dst.id and source.key == dst_key and attrs is None and not encryption:
+            # A version named by id may be copied onto its own key as it is: that makes it
+            # the current version again, as S3 has it.
+            itself = src.id == dst.id and source.key == dst_key and info.version_id is None
+            if itself and attrs is None and not encryption:
                 raise errors.InvalidRequest(
                     "This copy request is illegal because it is trying to copy an object to"
                     " itself without changing the object's metadata, storage class, website"
@@ -399,7 +467,7 @@ class ObjectWriter:
                     kept = dict(info.tags) if info.tags is not None else {}
                     if info.tags is None:
                         with store_errors(info.key):
-                            kept = await src.store.get_tags(info.key)
+                            kept = await src.store.get_tags(info.key, info.version_id)
                 chosen = replace(chosen, tags=kept, encryption=encryption or {})
             return await self._copy_version(src, info, dst, dst_key, chosen)
 
@@ -416,31 +484,62 @@ class ObjectWriter:
         if src.id == dst.id:
             ticket = self.shared.versions.ticket(dst, dst_key)
             with store_errors(info.key):
-                new = await dst.store.copy(info.key, dst_key, attrs, if_match=info.etag)
+                new = await dst.store.copy(
+                    info.key, dst_key, attrs, if_match=info.etag, version_id=info.version_id
+                )
             await self.written(dst, dst_key, new, ticket)
             return new
         if attrs is None:
             attrs = WriteAttrs.of(info)
             if info.tags is None:  # the stat did not tell them: the source's store does
                 with store_errors(info.key):
-                    attrs = replace(attrs, tags=await src.store.get_tags(info.key))
+                    tags = await src.store.get_tags(info.key, info.version_id)
+                attrs = replace(attrs, tags=tags)
         body = await self.reads.open_body(src, info, 0, info.size)
         async with aclosing(body):
             return await self.put_to(dst, dst_key, body, info.size, attrs)
 
     # -- tags ----------------------------------------------------------------------------------
 
-    async def get_tags(self, bucket: str, key: str) -> dict[str, str]:
+    async def get_tags(
+        self, bucket: str, key: str, version_id: str | None = None
+    ) -> dict[str, str]:
+        """The tags of the key's current version, or of the version named by id."""
         handle = self.shared.mount(bucket)
+        version_id = await self._tagged(handle, key, version_id)
         with store_errors(key):
-            return await handle.store.get_tags(key)
+            return await handle.store.get_tags(key, version_id)
 
-    async def put_tags(self, bucket: str, key: str, tags: dict[str, str]) -> None:
-        """Replace the key's tags (empty: remove them); its version stays the same, and the
-        tag count the nodes hand out with it is the new one at once."""
+    async def put_tags(
+        self, bucket: str, key: str, tags: dict[str, str], version_id: str | None = None
+    ) -> None:
+        """Replace the tags (empty: remove them) of the key's current version, or of the
+        version named by id; its bytes stay the same, and the tag count the nodes hand out
+        with the key's current version is the new one at once."""
         handle = self.shared.writable(bucket)
+        version_id = await self._tagged(handle, key, version_id)
         ticket = self.shared.versions.ticket(handle, key)
         with store_errors(key):
-            await handle.store.put_tags(key, tags)
-            info = await handle.store.stat(key)
+            await handle.store.put_tags(key, tags, version_id)
+        try:
+            with store_errors(key):
+                info: ObjectInfo | None = await handle.store.stat(key)
+        except errors.NoSuchKey:
+            info = None  # a version named by id, under a delete marker (or deleted meanwhile)
         await self.written(handle, key, info, ticket)
+
+    async def _tagged(self, handle: MountHandle, key: str, version_id: str | None) -> str | None:
+        """The version id a tagging request passes to the store: the one named, once the
+        store has said it has it (Versions.addressed: NoSuchVersion, a delete marker 405);
+        None for the current version. A store that keeps one version has only "null"."""
+        if version_id is None:
+            return None
+        if not handle.store.versions:
+            if version_id != "null":
+                raise errors.InvalidArgument(
+                    "Invalid version id specified", ArgumentName="versionId",
+                    ArgumentValue=version_id,
+                )  # fmt: skip
+            return None
+        await self.shared.versions.addressed(handle, key, version_id)
+        return version_id

@@ -44,6 +44,10 @@ class ObjectInfo:
     # ask the store for that version, which never changes. None for a key's current version,
     # read by its ETag.
     version_id: str | None = None
+    # The store's own id of this version where it keeps versions and said it (an S3 origin's
+    # VersionId), told to clients as x-amz-version-id. Never used to address the store: a
+    # key's current version is read by its ETag, and version_id above is a read by id.
+    store_version: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +208,15 @@ class IsDeleteMarker(ObjectNotFound):
     """The version asked for is a delete marker: it has no bytes nor metadata to read."""
 
 
+class MarkedDeleted(ObjectNotFound):
+    """The key's current version is a delete marker (`version_id`, where the store said it):
+    there is no object, as for any missing key, and S3 says why (x-amz-delete-marker)."""
+
+    def __init__(self, message: str, version_id: str | None) -> None:
+        super().__init__(message)
+        self.version_id = version_id
+
+
 class VersionChanged(StoreError):
     """The object no longer has the ETag the reader asked for (it was overwritten)."""
 
@@ -267,6 +280,13 @@ class StoreRejected(StoreError):
 
 class InvalidVersionId(StoreRejected):
     """The store refused a version id as no id of its own (S3 answers 400 to a malformed one)."""
+
+
+def one_version(scheme: str, version_id: str | None) -> None:
+    """Refuse a version id in a store that keeps one version of each key (the service passes
+    none: it answers such ids itself)."""
+    if version_id is not None:
+        raise StoreRejected(f"{scheme}:// stores keep one version of a key")
 
 
 def same_etag(a: str | None, b: str | None) -> bool:
@@ -447,15 +467,24 @@ class ObjectWrites(Protocol):
         """
 
     @abc.abstractmethod
-    async def delete(self, key: str) -> None:
-        """Remove the key; a missing key is not an error."""
+    async def delete(self, key: str) -> VersionDeleted | None:
+        """Remove the key; a missing key is not an error. A store that keeps versions says
+        what it did where it made a delete marker (S3's versioned buckets); None otherwise."""
 
     @abc.abstractmethod
     async def copy(
-        self, src_key: str, dst_key: str, attrs: WriteAttrs | None, *, if_match: str | None = None
+        self,
+        src_key: str,
+        dst_key: str,
+        attrs: WriteAttrs | None,
+        *,
+        if_match: str | None = None,
+        version_id: str | None = None,
     ) -> ObjectInfo:
-        """Server-side copy within this store; attrs None keeps the source's. if_match guards
-        the source's version (VersionChanged)."""
+        """Server-side copy within this store; attrs None keeps the source's (and, with
+        them, its tags). if_match guards the source's version (VersionChanged). version_id:
+        copy that version of the source (stores that keep versions; the others refuse any,
+        `one_version`)."""
 
 
 class MultipartUploads(Protocol):
@@ -557,13 +586,17 @@ class Store(ObjectWrites, MultipartUploads, abc.ABC):
 
     # -- tags: S3's object tags (at most 10, checked by the caller), kept by the store
 
-    async def get_tags(self, key: str) -> dict[str, str]:
-        """The object's tags (empty for none); ObjectNotFound if there is no object."""
+    async def get_tags(self, key: str, version_id: str | None = None) -> dict[str, str]:
+        """The object's tags (empty for none); ObjectNotFound if there is no object. With
+        version_id, that version's (stores that keep versions; the others refuse any)."""
         raise StoreRejected(f"{self.scheme}:// stores keep no tags")
 
-    async def put_tags(self, key: str, tags: Mapping[str, str]) -> None:
+    async def put_tags(
+        self, key: str, tags: Mapping[str, str], version_id: str | None = None
+    ) -> None:
         """Replace the object's tags (empty: remove them), leaving its bytes, ETag and other
-        attributes as they are; ObjectNotFound if there is no object."""
+        attributes as they are; ObjectNotFound if there is no object. With version_id, that
+        version's (stores that keep versions and can; the others refuse any)."""
         raise StoreRejected(f"{self.scheme}:// stores keep no tags")
 
     async def part_sizes(self, key: str, etag: str) -> list[int] | None:

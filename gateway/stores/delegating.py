@@ -14,6 +14,7 @@ from gateway.stores.base import (
     ObjectWrites,
     PartInfo,
     Store,
+    VersionDeleted,
     WriteAttrs,
 )
 
@@ -48,12 +49,20 @@ class DelegatingStore(Store):
         )
 
     async def copy(
-        self, src_key: str, dst_key: str, attrs: WriteAttrs | None, *, if_match: str | None = None
+        self,
+        src_key: str,
+        dst_key: str,
+        attrs: WriteAttrs | None,
+        *,
+        if_match: str | None = None,
+        version_id: str | None = None,
     ) -> ObjectInfo:
-        return await self.writes.copy(src_key, dst_key, attrs, if_match=if_match)
+        return await self.writes.copy(
+            src_key, dst_key, attrs, if_match=if_match, version_id=version_id
+        )
 
-    async def delete(self, key: str) -> None:
-        await self.writes.delete(key)
+    async def delete(self, key: str) -> VersionDeleted | None:
+        return await self.writes.delete(key)
 
     async def create_container(self) -> None:
         await self.writes.create_container()

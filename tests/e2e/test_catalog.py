@@ -163,7 +163,11 @@ def test_a_load_of_a_catalog_mount_syncs_the_prefix_and_lists_its_items_from_the
     got = node.client().get_object(Bucket=bucket, Key="many/007")
     assert got["Body"].read() == b"body of many/007"
     assert got["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit"
-    assert proxy.count() == 0
+    # No byte fetched again (on a busy machine the TTL may have run out since the load: then
+    # the version alone is asked, as on any mount).
+    assert [
+        r.path for r in proxy.requests if r.method == "GET" and "list-type" not in r.query
+    ] == []
     # Changed behind the gateway's back: the next load re-syncs (writing only the change)
     # and loads the new key, whose listing came from the catalog.
     origin_s3.put_object(Bucket=bucket, Key="many/500", Body=b"new")

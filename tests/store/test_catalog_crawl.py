@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from gateway.catalog import Catalog, SyncProgress, sync, sync_parallel
 from gateway.meta import MetaStore, Mount
-from gateway.service.versions import VersionRows
+from gateway.service.version_rows import VersionRows
 from gateway.stores import ObjectInfo, Store, open_store
 from tests.support.origin import CountingProxy
 

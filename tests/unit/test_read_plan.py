@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 from gateway.cache import BlockKey
 from gateway.cluster.placement import Node
-from gateway.service.reads import plan
+from gateway.service.plan import plan
 from gateway.stores import ObjectInfo
 
 KiB = 1024

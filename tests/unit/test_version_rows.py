@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from gateway.meta import MetaStore, SecretBox
-from gateway.service.versions import BATCH, Entry, VersionRows
+from gateway.service.version_rows import BATCH, Entry, VersionRows
 from gateway.stores import ObjectInfo
 from tests.unit.test_meta import object_info
 

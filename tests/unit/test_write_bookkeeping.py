@@ -27,9 +27,9 @@ from gateway.meta import MetaStore, SecretBox
 from gateway.meta.engine import sqlite_path
 from gateway.service import S3Service
 from gateway.service.conditions import Conditions
-from gateway.service.inputs import CopySource
+from gateway.service.inputs import CopySource, DeleteEntry
 from gateway.service.shared import Shared
-from gateway.service.versions import Entry, VersionRows
+from gateway.service.version_rows import Entry, VersionRows
 from gateway.service.writes import WriteConditions
 from gateway.stores import ObjectInfo, WriteAttrs
 from tests.support.net import eventually_async
@@ -152,8 +152,9 @@ async def test_every_write_has_its_row_when_it_returns(node: Node) -> None:
     assert await rows(node) == {"b": copied.etag}
 
     etag_c = await put(node, IMMUTABLE, "c", b"third")
-    outcome = await node.service.delete_objects(IMMUTABLE, ["b", "c", "never"])
-    assert [error for _, error in outcome] == [None, None, None]
+    entries = [DeleteEntry("b"), DeleteEntry("c"), DeleteEntry("never")]
+    outcome = await node.service.delete_objects(IMMUTABLE, entries)
+    assert [d.error for d in outcome] == [None, None, None]
     assert etag_c and await rows(node) == {}
 
 

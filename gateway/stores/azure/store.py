@@ -116,11 +116,13 @@ class AzureStore(DelegatingStore):
 
     # -- list --------------------------------------------------------------------------------
 
-    async def get_tags(self, key: str) -> dict[str, str]:
-        return await self.writes.get_tags(key)
+    async def get_tags(self, key: str, version_id: str | None = None) -> dict[str, str]:
+        return await self.writes.get_tags(key, version_id)
 
-    async def put_tags(self, key: str, tags: Mapping[str, str]) -> None:
-        await self.writes.put_tags(key, tags)
+    async def put_tags(
+        self, key: str, tags: Mapping[str, str], version_id: str | None = None
+    ) -> None:
+        await self.writes.put_tags(key, tags, version_id)
 
     async def _list_page(self, q: ListRequest) -> ListPage:
         """Azure has no start-after, and its markers are opaque: entries up to start_after are

@@ -44,6 +44,7 @@ from gateway.stores.base import (
     VersionChanged,
     WriteAttrs,
     WriteConflict,
+    one_version,
 )
 from gateway.stores.bodies import StreamedBody, drain, split
 from gateway.stores.etags import check_part_number, check_part_order
@@ -232,8 +233,15 @@ class Writes:
                 raise self.blobs.error(exc, key) from None
 
     async def copy(
-        self, src_key: str, dst_key: str, attrs: WriteAttrs | None, *, if_match: str | None = None
+        self,
+        src_key: str,
+        dst_key: str,
+        attrs: WriteAttrs | None,
+        *,
+        if_match: str | None = None,
+        version_id: str | None = None,
     ) -> ObjectInfo:
+        one_version("az", version_id)
         dst = self.blobs.path(dst_key)
         src = await self.blobs.find(src_key)
         if if_match is not None and not same_etag(src.info.etag, if_match):
@@ -296,12 +304,16 @@ class Writes:
 
     # -- tags: the blob's index tags (Set Blob Tags, Get Blob Tags) -------------------------
 
-    async def get_tags(self, key: str) -> dict[str, str]:
+    async def get_tags(self, key: str, version_id: str | None = None) -> dict[str, str]:
+        one_version("az", version_id)
         path = self.blobs.path(key, reading=True)
         r = await self.blobs.send(key, "GET", path, [("comp", "tags")])
         return read_tags(r.content)
 
-    async def put_tags(self, key: str, tags: Mapping[str, str]) -> None:
+    async def put_tags(
+        self, key: str, tags: Mapping[str, str], version_id: str | None = None
+    ) -> None:
+        one_version("az", version_id)
         path = self.blobs.path(key, reading=True)
         body = tags_xml(tags)
         headers = {"content-type": "application/xml", "content-length": str(len(body))}

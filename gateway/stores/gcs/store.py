@@ -20,6 +20,7 @@ from gateway.stores.base import (
     ObjectInfo,
     ObjectNotFound,
     StoreError,
+    StoreRejected,
     StoreUnavailable,
     VersionChanged,
     VersionDeleted,
@@ -255,13 +256,22 @@ class GcsStore(DelegatingStore):
 
     # -- tags: one custom metadata key of ours (resources.TAGS_KEY) ----------------------
 
-    async def get_tags(self, key: str) -> dict[str, str]:
+    async def get_tags(self, key: str, version_id: str | None = None) -> dict[str, str]:
+        if version_id is not None and _generation(key, version_id) is not None:
+            return dict((await self.stat_version(key, version_id)).tags or {})
         return dict((await self.stat(key)).tags or {})
 
-    async def put_tags(self, key: str, tags: Mapping[str, str]) -> None:
+    async def put_tags(
+        self, key: str, tags: Mapping[str, str], version_id: str | None = None
+    ) -> None:
+        generation = None if version_id is None else _generation(key, version_id)
         url = self.client.object_url(self.client.readable(key))
         for _ in range(3):
             resource = await self.client.resource(key)
+            if generation is not None and str(resource.get("generation")) != generation:
+                # A patch of a noncurrent generation is not trusted to reach it
+                # (fake-gcs-server patches the live one): only the live one is tagged.
+                raise StoreRejected(f"{key}: GCS tags only the live generation here")
             # Only the metadata changes (the metageneration, not the generation or the bytes),
             # of the version read: one written meanwhile (412) is read again and tagged.
             query = {"ifGenerationMatch": str(resource.get("generation", 0))}

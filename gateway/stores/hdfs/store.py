@@ -17,6 +17,7 @@ from gateway.stores.base import (
     StoreRejected,
     StoreUnavailable,
     VersionChanged,
+    one_version,
 )
 from gateway.stores.delegating import DelegatingStore
 from gateway.stores.etags import bare
@@ -95,7 +96,8 @@ class HdfsStore(DelegatingStore):
 
     # -- tags: in the meta xattr, beside the ETag and attributes -----------------------------
 
-    async def get_tags(self, key: str) -> dict[str, str]:
+    async def get_tags(self, key: str, version_id: str | None = None) -> dict[str, str]:
+        one_version(self.scheme, version_id)
         info = await self.stat(key)
         return dict(info.tags or {})
 
@@ -109,7 +111,10 @@ class HdfsStore(DelegatingStore):
             return None
         return list(meta.parts)
 
-    async def put_tags(self, key: str, tags: Mapping[str, str]) -> None:
+    async def put_tags(
+        self, key: str, tags: Mapping[str, str], version_id: str | None = None
+    ) -> None:
+        one_version(self.scheme, version_id)
         status, info, _ = await self.tree.stat_path(key)
         if not self.tree.xattrs:
             if tags:

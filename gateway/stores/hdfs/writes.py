@@ -27,6 +27,7 @@ from gateway.stores.base import (
     VersionChanged,
     WriteAttrs,
     WriteConflict,
+    one_version,
 )
 from gateway.stores.etags import bare, new_md5
 from gateway.stores.file_meta import XATTR, StoredMeta, encode, is_internal
@@ -297,8 +298,15 @@ class Writes:
                 await self.discard(temp)
 
     async def copy(
-        self, src_key: str, dst_key: str, attrs: WriteAttrs | None, *, if_match: str | None = None
+        self,
+        src_key: str,
+        dst_key: str,
+        attrs: WriteAttrs | None,
+        *,
+        if_match: str | None = None,
+        version_id: str | None = None,
     ) -> ObjectInfo:
+        one_version("hdfs", version_id)
         dest = self.tree.target(dst_key)
         status, info, known = await self.tree.stat_path(src_key)
         if if_match is not None and if_match != "*" and bare(if_match) != bare(info.etag):

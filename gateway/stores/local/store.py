@@ -17,6 +17,7 @@ from gateway.stores.base import (
     StoreRejected,
     Swept,
     VersionChanged,
+    one_version,
 )
 from gateway.stores.delegating import DelegatingStore
 from gateway.stores.etags import bare
@@ -153,10 +154,14 @@ class LocalStore(DelegatingStore):
         """Recorded when the gateway joined the parts (complete_multipart)."""
         return await anyio.to_thread.run_sync(self._parts_sync, key, etag)
 
-    async def get_tags(self, key: str) -> dict[str, str]:
+    async def get_tags(self, key: str, version_id: str | None = None) -> dict[str, str]:
+        one_version(self.scheme, version_id)
         return await anyio.to_thread.run_sync(self._tags_sync, key, None)
 
-    async def put_tags(self, key: str, tags: Mapping[str, str]) -> None:
+    async def put_tags(
+        self, key: str, tags: Mapping[str, str], version_id: str | None = None
+    ) -> None:
+        one_version(self.scheme, version_id)
         await anyio.to_thread.run_sync(self._tags_sync, key, dict(tags))
 
     # -- listing -----------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from gateway.stores.base import (
     VersionChanged,
     WriteAttrs,
     WriteConflict,
+    one_version,
 )
 from gateway.stores.etags import bare, new_md5
 from gateway.stores.file_meta import (
@@ -181,8 +182,15 @@ class Writes:
     # -- copy --------------------------------------------------------------------------------
 
     async def copy(
-        self, src_key: str, dst_key: str, attrs: WriteAttrs | None, *, if_match: str | None = None
+        self,
+        src_key: str,
+        dst_key: str,
+        attrs: WriteAttrs | None,
+        *,
+        if_match: str | None = None,
+        version_id: str | None = None,
     ) -> ObjectInfo:
+        one_version("file", version_id)
         dest = await anyio.to_thread.run_sync(self.tree.target, dst_key)
         src = await anyio.to_thread.run_sync(self._open_source, src_key, if_match)
         try:

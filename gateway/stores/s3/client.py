@@ -27,6 +27,7 @@ from gateway.stores.base import (
     ContainerNotFound,
     InvalidPart,
     KeyTooLong,
+    MarkedDeleted,
     MetadataTooLarge,
     ObjectNotFound,
     PreconditionFailed,
@@ -74,6 +75,16 @@ def status_of(exc: ClientError) -> int:
 
 def _code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code") or status_of(exc))
+
+
+def marked_deleted(exc: ClientError, key: str) -> MarkedDeleted | None:
+    """A 404 that says the key's current version is a delete marker (x-amz-delete-marker),
+    with the marker's version id where the origin gave it."""
+    headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders") or {}
+    if str(headers.get("x-amz-delete-marker", "")).lower() != "true":
+        return None
+    return MarkedDeleted(f"{key}: its current version is a delete marker",
+                         headers.get("x-amz-version-id") or None)  # fmt: skip
 
 
 class S3Client:
@@ -226,7 +237,7 @@ class S3Client:
             # The mount points at a bucket that is not there: a misconfiguration, not a miss.
             return StoreMissing(f"origin bucket {self.bucket!r} does not exist")
         if code in _NOT_FOUND:
-            return ObjectNotFound(key)
+            return marked_deleted(exc, key) or ObjectNotFound(key)
         if code in _DENIED or status == 403:
             return StoreAccessDenied(f"{where}: {code}")
         if code == "PreconditionFailed" or status == 412:
@@ -284,11 +295,17 @@ class S3Client:
     # -- operations --------------------------------------------------------------------------
 
     async def head(
-        self, key: str, if_match: str | None = None, checksums: bool = False
+        self,
+        key: str,
+        if_match: str | None = None,
+        checksums: bool = False,
+        version_id: str | None = None,
     ) -> dict[str, Any]:
         if not key:
             raise ObjectNotFound(key)
         args = {"Bucket": self.bucket, "Key": self.prefix + key}
+        if version_id is not None:
+            args["VersionId"] = version_id
         if if_match is not None:
             args["IfMatch"] = if_match
         if checksums:
@@ -298,7 +315,8 @@ class S3Client:
             return head
         except ClientError as exc:
             if _code(exc) in _NOT_FOUND:
-                raise await self._head_missing(key) from None
+                marked = marked_deleted(exc, key)
+                raise (marked or await self._head_missing(key)) from None
             raise self.error(exc, key) from None
         except TRANSPORT_ERRORS as exc:
             raise self.error(exc, key) from None

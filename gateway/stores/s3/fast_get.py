@@ -66,6 +66,7 @@ _PLAIN = {
     "cache-control": "CacheControl",
     "content-range": "ContentRange",
     "etag": "ETag",
+    "x-amz-version-id": "VersionId",
     "x-amz-storage-class": "StorageClass",
     "x-amz-checksum-type": "ChecksumType",
     "x-amz-tagging-count": "TagCount",

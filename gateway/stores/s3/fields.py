@@ -159,6 +159,7 @@ def info_of(key: str, h: Mapping[str, Any]) -> ObjectInfo:
         checksums=checksums_of(h),
         tag_count=tag_count_of(h),
         encryption=encryption,
+        store_version=str(h["VersionId"]) if h.get("VersionId") else None,
     )
 
 

@@ -31,6 +31,7 @@ from gateway.stores.base import (
     VersionDeleted,
     VersionEntry,
     VersionsPage,
+    WriteAttrs,
     check_answer,
     kept,
 )
@@ -78,6 +79,7 @@ class S3Store(DelegatingStore):
         # The origin refuses VersionId=null, and its bucket was never versioned: "null" is the
         # key's current version (see _null_is_current).
         self.null_is_current = False
+        self._ever_versioned = False  # its bucket was seen versioned (get_versioning)
 
     def __repr__(self) -> str:
         return repr(self.client)
@@ -362,6 +364,13 @@ class S3Store(DelegatingStore):
         )
 
     async def delete_version(self, key: str, version_id: str) -> VersionDeleted:
+        if await self._never_versioned():
+            # Its one version of each key is the null one; an origin may take any other id
+            # for the current object (moto deletes it), so no other id is sent to it.
+            if version_id != "null":
+                raise InvalidVersionId(f"{key}: the origin keeps no versions; asked {version_id!r}")
+            await self.writes.delete(key)
+            return VersionDeleted("null", False)
         where = {**self.client.object_args(key), "VersionId": version_id}
         try:
             r = await (await self.client.botocore()).delete_object(**where)
@@ -373,7 +382,35 @@ class S3Store(DelegatingStore):
 
     async def get_versioning(self) -> str | None:
         r = await self.client.call("", "get_bucket_versioning", Bucket=self.client.bucket)
-        return str(r["Status"]) if r.get("Status") else None
+        status = str(r["Status"]) if r.get("Status") else None
+        self._ever_versioned = self._ever_versioned or status is not None
+        return status
+
+    async def _never_versioned(self) -> bool:
+        """Whether the origin's bucket was never versioned (asked until it is seen versioned:
+        a bucket once versioned never goes back). Credentials that may not ask cannot tell:
+        not known to be never versioned."""
+        if self._ever_versioned:
+            return False
+        try:
+            return await self.get_versioning() is None
+        except StoreAccessDenied:
+            return False
+
+    async def copy(
+        self,
+        src_key: str,
+        dst_key: str,
+        attrs: WriteAttrs | None,
+        *,
+        if_match: str | None = None,
+        version_id: str | None = None,
+    ) -> ObjectInfo:
+        if version_id == "null" and self.null_is_current:
+            version_id = None  # the origin refuses the id; its one version is the current one
+        return await self.writes.copy(
+            src_key, dst_key, attrs, if_match=if_match, version_id=version_id
+        )
 
     def versioning_settable(self) -> bool:
         # Versioning is its bucket's: a mount of a prefix must not change it for the rest.
@@ -387,17 +424,27 @@ class S3Store(DelegatingStore):
 
     # -- tags: the origin's own object tags --------------------------------------------------
 
-    async def get_tags(self, key: str) -> dict[str, str]:
-        r = await self.client.call(key, "get_object_tagging", **self.client.object_args(key))
+    async def get_tags(self, key: str, version_id: str | None = None) -> dict[str, str]:
+        where = self._tagged(key, version_id)
+        r = await self.client.call(key, "get_object_tagging", **where)
         return {t["Key"]: t["Value"] for t in r.get("TagSet") or []}
 
-    async def put_tags(self, key: str, tags: Mapping[str, str]) -> None:
-        where = self.client.object_args(key)
+    async def put_tags(
+        self, key: str, tags: Mapping[str, str], version_id: str | None = None
+    ) -> None:
+        where = self._tagged(key, version_id)
         if tags:
             tag_set = [{"Key": k, "Value": v} for k, v in tags.items()]
             await self.client.call(key, "put_object_tagging", **where, Tagging={"TagSet": tag_set})
         else:
             await self.client.call(key, "delete_object_tagging", **where)
+
+    def _tagged(self, key: str, version_id: str | None) -> dict[str, Any]:
+        """The arguments that name the object (that version of it) whose tags are asked."""
+        where = self.client.object_args(key)
+        if version_id is not None and not (version_id == "null" and self.null_is_current):
+            where["VersionId"] = version_id
+        return where
 
     # -- parts: the origin says each part's size (HEAD ?partNumber=N) -----------------------
 

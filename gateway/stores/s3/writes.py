@@ -24,6 +24,7 @@ from gateway.stores.base import (
     UploadJournal,
     UploadNotFound,
     VersionChanged,
+    VersionDeleted,
     WriteAttrs,
 )
 from gateway.stores.bodies import REPLAY_LIMIT, StreamedBody, drain, split
@@ -112,7 +113,7 @@ class Writes:
         info = written.info(key, size, etag, answered_at(response))
         # A versioned origin names the version it made: the writer's client is told it.
         version = response.get("VersionId")
-        return replace(info, version_id=str(version)) if version else info
+        return replace(info, store_version=str(version)) if version else info
 
     async def _version_of(self, key: str) -> ObjectInfo:
         if not self._warned_no_etag:
@@ -195,9 +196,14 @@ class Writes:
 
     # -- delete and copy ---------------------------------------------------------------------
 
-    async def delete(self, key: str) -> None:
-        if key:
-            await self.client.call(key, "delete_object", **self.client.object_args(key))
+    async def delete(self, key: str) -> VersionDeleted | None:
+        if not key:
+            return None
+        r = await self.client.call(key, "delete_object", **self.client.object_args(key))
+        # A versioned bucket keeps the object and makes a delete marker, which it names.
+        if r.get("DeleteMarker") or r.get("VersionId"):
+            return VersionDeleted(r.get("VersionId") or None, bool(r.get("DeleteMarker")))
+        return None
 
     async def copy(
         self,
@@ -206,12 +212,16 @@ class Writes:
         attrs: WriteAttrs | None,
         *,
         if_match: str | None = None,
+        version_id: str | None = None,
     ) -> ObjectInfo:
         where = self.client.object_args(dst_key)
         # The HEAD gives the size, the source's attributes, and the if_match check on origins
         # that ignore CopySourceIfMatch (moto does); the copy itself is pinned with it too.
-        src = info_of(src_key, await self.client.head(src_key, if_match, checksums=True))
+        head = await self.client.head(src_key, if_match, checksums=True, version_id=version_id)
+        src = info_of(src_key, head)
         source = {"Bucket": self.client.bucket, "Key": self.client.prefix + src_key}
+        if version_id is not None:
+            source["VersionId"] = version_id
         pin: dict[str, Any] = {"CopySourceIfMatch": if_match} if if_match is not None else {}
         keep = attrs if attrs is not None else WriteAttrs.of(src)
         if src.size > COPY_LIMIT:
