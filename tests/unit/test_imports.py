@@ -281,7 +281,6 @@ PAST_THE_FACE: set[tuple[str, str]] = {
 MAX_LINES = 700
 OVER_MAX_LINES = {
     "gateway.cli",
-    "gateway.server",
     "gateway.cache.fills",
     "gateway.cache.pages",
     "gateway.cache.blockfile",
