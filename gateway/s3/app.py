@@ -32,7 +32,7 @@ from gateway.s3.post_object import PostObject
 from gateway.s3.routing import Operation, route
 from gateway.s3.sigv2 import SigV2Verifier, is_sigv2
 from gateway.s3.sigv4 import AuthResult, SigV4Verifier
-from gateway.service import ZERO_COPY, S3Service
+from gateway.service import Caller, S3Service
 
 log = logging.getLogger("gateway.s3")
 
@@ -147,9 +147,8 @@ class S3App:
                 await self.authenticate(req, op)
                 self.authorize(req, op, scope)
                 limits.check_request(req.key, req.query)
-                if op.name == "GetObject" and ZEROCOPY in scope.get("extensions", ()):
-                    # Blocks of the cache go out from their files (this request's task only).
-                    ZERO_COPY.set(True)
+                # Blocks of the cache go out from their files where the server sends them.
+                req.zero_copy = ZEROCOPY in scope.get("extensions", ())
                 reply = await op.handler(self.ctx, req)
         except errors.S3Error as exc:
             reply = error_reply(exc, req)
@@ -248,7 +247,7 @@ class S3App:
         client = scope.get("client")
         source_ip = client[0] if client else None
         secure = scope.get("scheme") == "https"
-        self.service.enter_caller(req.access_key, source_ip, secure)
+        req.caller = Caller(req.access_key, source_ip, secure)
         action = op.action_for(req.query)
         if action == "s3:DeleteObject" and req.key is None:
             return  # DeleteObjects: each key is decided by the service, alone

@@ -46,7 +46,7 @@ async def list_buckets(ctx: Context, req: S3Request) -> Reply:
     region = req.query.get("bucket-region")
     buckets = [
         b
-        for b in sorted(ctx.service.list_buckets(), key=lambda b: b.name)
+        for b in sorted(ctx.service.list_buckets(req.caller), key=lambda b: b.name)
         if b.name.startswith(prefix or "") and (after is None or b.name > after)
     ]
     if region is not None and region != ctx.region:
@@ -353,7 +353,9 @@ async def get_object(ctx: Context, req: S3Request) -> Reply:
         elif req.method == "HEAD":
             result = await service.head_object(req.bucket, req.key, rng, cond, version)
         else:
-            result = await service.get_object(req.bucket, req.key, rng, cond, version)
+            result = await service.get_object(
+                req.bucket, req.key, rng, cond, version, zero_copy=req.zero_copy
+            )
     except errors.InvalidRange as exc:
         exc.headers["content-range"] = f"bytes */{exc.fields.get('ActualObjectSize', '*')}"
         raise
@@ -406,7 +408,9 @@ async def get_object_part(ctx: Context, req: S3Request) -> Reply:
     if req.method == "HEAD":
         result = await ctx.service.head_object(req.bucket, req.key, rng, pinned, version)
     else:
-        result = await ctx.service.get_object(req.bucket, req.key, rng, pinned, version)
+        result = await ctx.service.get_object(
+            req.bucket, req.key, rng, pinned, version, zero_copy=req.zero_copy
+        )
     reply = _object_reply(req, result, overrides)
     if count is not None:
         reply.header("x-amz-mp-parts-count", str(count))

@@ -78,7 +78,9 @@ async def _upload_part_copy(ctx: Context, req: S3Request, number: int, upload_id
                 ArgumentValue=raw,
             )
         source = replace(source, range=(rng.first, rng.last + 1))
-    src, part = await ctx.service.upload_part_copy(req.bucket, req.key, upload_id, number, source)
+    src, part = await ctx.service.upload_part_copy(
+        req.bucket, req.key, upload_id, number, source, req.caller
+    )
     reply = _xml(xml.copy_result(part.etag, datetime.now(UTC), part=True))
     source_version_header(reply, src)
     return reply

@@ -242,7 +242,7 @@ async def copy_object(ctx: Context, req: S3Request) -> Reply:
     if attrs is not None:
         attrs = replace(attrs, tags={}, encryption={})  # given apart, below
     src, new = await ctx.service.copy_object(
-        source, req.bucket, req.key, attrs, new_tags, encryption
+        source, req.bucket, req.key, attrs, new_tags, encryption, req.caller
     )
     reply = _xml(xml.copy_result(new.etag, new.last_modified))
     version_header(reply, new)
@@ -327,7 +327,7 @@ async def delete_objects(ctx: Context, req: S3Request) -> Reply:
             refused.append(Deletion(entry, error=exc))
         else:
             kept.append(entry)
-    outcome = [*refused, *await ctx.service.delete_objects(req.bucket, kept)]
+    outcome = [*refused, *await ctx.service.delete_objects(req.bucket, kept, req.caller)]
     deleted = [] if quiet else [_deleted(d) for d in outcome if d.error is None]
     failed = [
         xml.FailedObject(d.entry.key, d.entry.version_id, d.error.code, d.error.detail)
@@ -356,7 +356,7 @@ async def create_bucket(ctx: Context, req: S3Request) -> Reply:
         # AWS's answer to a new bucket asked with ACLs, its ownership being enforced.
         raise errors.InvalidBucketAclWithObjectOwnership() from None
     xml_in.create_bucket(await read_small_body(req, 64 << 10))
-    created = await ctx.service.create_bucket(req.bucket)
+    created = await ctx.service.create_bucket(req.bucket, req.caller)
     if not created and ctx.region != "us-east-1":
         # S3 answers us-east-1's CreateBucket of one's own bucket with 200, for old clients.
         raise errors.BucketAlreadyOwnedByYou(BucketName=req.bucket)

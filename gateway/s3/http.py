@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard, cast
 from urllib.parse import parse_qsl, unquote
 
 if TYPE_CHECKING:  # the edge imports this module without the service
-    from gateway.service import Chunk, FileRegion
+    from gateway.service import Caller, Chunk, FileRegion
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -42,6 +42,8 @@ class S3Request:
     virtual_host: bool = False  # the bucket came from the Host header
     receive: Receive | None = None  # the body, for operations that read one
     auth: Any = None  # the AuthResult of a signed request (body checks need it)
+    caller: Caller | None = None  # who asks, once authenticated (the service decides again)
+    zero_copy: bool = False  # the server sends files itself (http.response.zerocopysend)
 
     @property
     def resource(self) -> str:

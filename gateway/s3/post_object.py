@@ -317,7 +317,6 @@ class PostObject:
         client = scope.get("client")
         source_ip = client[0] if client else None
         secure = scope.get("scheme") == "https"
-        self.service.enter_caller(access_key, source_ip, secure)
         headers = _as_headers(fields)  # what a policy's conditions on headers look at
         self.service.authorize(access_key, "s3:PutObject", req.bucket, key, source_ip,
                                secure=secure, headers=headers)  # fmt: skip

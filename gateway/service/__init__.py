@@ -1,6 +1,7 @@
 """The S3 operations, free of HTTP. The S3 front end imports this package and nothing deeper:
 the one face it calls (S3Service), and the values that cross it."""
 
+from gateway.service.authz import Caller
 from gateway.service.conditions import ByteRange, Conditions, check_conditions, http_date
 from gateway.service.face import Bucket, S3Service
 from gateway.service.inputs import CopySource, DeleteEntry, Deletion, ListQuery, UploadsQuery
@@ -10,16 +11,16 @@ from gateway.service.multipart import (
     UploadListing,
     check_part_number,
 )
-from gateway.service.reads import ZERO_COPY, Chunk, FileRegion, LocalBlocks, ObjectResult
+from gateway.service.reads import Chunk, FileRegion, LocalBlocks, ObjectResult
 from gateway.service.writes import MAX_PUT_SIZE, WriteConditions
 from gateway.stores import ListPage, ObjectInfo, PartInfo, WriteAttrs
 
 __all__ = [
     "MAX_PART_SIZE",
     "MAX_PUT_SIZE",
-    "ZERO_COPY",
     "Bucket",
     "ByteRange",
+    "Caller",
     "Chunk",
     "Conditions",
     "CopySource",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -78,15 +77,13 @@ class BucketRules:
 
 class Caller(NamedTuple):
     """Who is asking, for the operations that decide more than once (DeleteObjects per key,
-    a copy's source): set by the front end for the request's task. (A tuple: made on every
+    a copy's source, ListBuckets, CreateBucket's owner): made by the front end once it has
+    authenticated the request, and passed to those operations. (A tuple: made on every
     request, a frozen dataclass cost more than the decision.)"""
 
     access_key: str | None
     source_ip: str | None
     secure: bool | None = None  # over TLS (aws:SecureTransport); None: not known
-
-
-CALLER: ContextVar[Caller | None] = ContextVar("gateway_caller", default=None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from datetime import datetime
 from gateway import errors
 from gateway.iam import MalformedPolicy, compile_policy
 from gateway.meta import MetaUnavailable
-from gateway.service import authz
+from gateway.service.authz import Caller
 from gateway.service.buckets import Buckets
 from gateway.service.conditions import ByteRange, Conditions
 from gateway.service.encrypted import EncryptedReads
@@ -125,15 +125,11 @@ class S3Service:
         policy's Condition could change it."""
         return self._shared.namespace.auth.quick(access_key, action, bucket, key)
 
-    def enter_caller(
-        self, access_key: str | None, source_ip: str | None, secure: bool | None = None
+    def _check_caller(
+        self, caller: Caller | None, action: str, bucket: str, key: str | None
     ) -> None:
-        """Who asks, for the rest of this request's task: the operations that decide again
-        (DeleteObjects per key, a copy's source, ListBuckets, CreateBucket's owner) read it."""
-        authz.CALLER.set(authz.Caller(access_key, source_ip, secure))
-
-    def _check_caller(self, action: str, bucket: str, key: str | None) -> None:
-        caller = authz.CALLER.get()
+        """Authorize again, for an operation that decides more than once (None: a caller
+        the front end did not name, the node's own work)."""
         if caller is not None:
             self.authorize(
                 caller.access_key, action, bucket, key, caller.source_ip, secure=caller.secure
@@ -162,9 +158,8 @@ class S3Service:
 
     # -- service and buckets ---------------------------------------------------------------
 
-    def list_buckets(self) -> list[Bucket]:
+    def list_buckets(self, caller: Caller | None) -> list[Bucket]:
         """The buckets the caller may see: its own and those a policy grants it anything in."""
-        caller = authz.CALLER.get()
         auth = self._shared.namespace.auth
         return [
             Bucket(h.bucket, h.mount.created_at)
@@ -175,10 +170,9 @@ class S3Service:
     def head_bucket(self, bucket: str) -> None:
         self._shared.mount(bucket)
 
-    async def create_bucket(self, bucket: str) -> bool:
+    async def create_bucket(self, bucket: str, caller: Caller | None) -> bool:
         """False when the bucket exists and is the caller's; BucketAlreadyExists when it is
         someone else's, or its name is taken in the bucket store."""
-        caller = authz.CALLER.get()
         return await self._buckets.create(bucket, caller.access_key if caller else None)
 
     async def delete_bucket(self, bucket: str) -> None:
@@ -298,9 +292,12 @@ class S3Service:
 
     async def get_object(
         self, bucket: str, key: str, rng: ByteRange | None, cond: Conditions,
-        version_id: str | None = None,
+        version_id: str | None = None, zero_copy: bool = False,
     ) -> ObjectResult:  # fmt: skip
-        return await self.reader.get_object(bucket, key, rng, cond, version_id)
+        """`zero_copy`: the HTTP server sends files itself (the ASGI extension
+        http.response.zerocopysend), so blocks of this node's cache may come as regions of
+        their files (FileRegion) rather than bytes."""
+        return await self.reader.get_object(bucket, key, rng, cond, version_id, zero_copy)
 
     async def put_object(
         self,
@@ -321,17 +318,20 @@ class S3Service:
         attrs: WriteAttrs | None,
         tags: dict[str, str] | None = None,
         encryption: dict[str, str] | None = None,
+        caller: Caller | None = None,
     ) -> tuple[ObjectInfo, ObjectInfo]:
         """attrs None keeps the source's (directive COPY), tags None its tags (tagging
         directive COPY); encryption asked of the copy. The source's and the copy's infos."""
-        self._check_caller(_source_action(source), source.bucket, source.key)
+        self._check_caller(caller, _source_action(source), source.bucket, source.key)
         return await self._writer.copy(source, bucket, key, attrs, tags, encryption)
 
     async def delete_object(self, bucket: str, key: str) -> VersionDeleted | None:
         """On a store that keeps versions, the delete marker it made, where it made one."""
         return await self._writer.delete(bucket, key)
 
-    async def delete_objects(self, bucket: str, entries: list[DeleteEntry]) -> list[Deletion]:
+    async def delete_objects(
+        self, bucket: str, entries: list[DeleteEntry], caller: Caller | None
+    ) -> list[Deletion]:
         """Every entry tried, each with its own outcome, in the request's order; an entry the
         caller may not delete is AccessDenied, alone: one that names a version is authorized
         as s3:DeleteObjectVersion, as DeleteObject with versionId is."""
@@ -340,7 +340,7 @@ class S3Service:
         for i, entry in enumerate(entries):
             action = "s3:DeleteObject" if entry.version_id is None else "s3:DeleteObjectVersion"
             try:
-                self._check_caller(action, bucket, entry.key)
+                self._check_caller(caller, action, bucket, entry.key)
             except errors.AccessDenied as exc:
                 denied[i] = Deletion(entry, error=exc)
             else:
@@ -425,9 +425,10 @@ class S3Service:
         upload_id: str,
         part_number: int,
         source: CopySource,
+        caller: Caller | None = None,
     ) -> tuple[ObjectInfo, PartInfo]:
         """The source's info and the part's."""
-        self._check_caller(_source_action(source), source.bucket, source.key)
+        self._check_caller(caller, _source_action(source), source.bucket, source.key)
         return await self.multipart.upload_part_copy(bucket, key, upload_id, part_number, source)
 
     async def complete_multipart_upload(

@@ -18,7 +18,6 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, Iterator
 from contextlib import aclosing
-from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import NamedTuple, cast
 
@@ -58,10 +57,6 @@ _WALK_ENDS = 4  # ends remembered per version: as many sequential readers of it 
 _READ_TRIES = 4  # reads of an object that changes under them, before 503
 # Versions of keys past their TTL asked of the store at once for one short-circuit request.
 STAT_CONCURRENCY = 32
-
-# Set by the S3 front end for a GetObject whose HTTP server sends files (the ASGI extension
-# http.response.zerocopysend): blocks of this node's cache are then given as FileRegions.
-ZERO_COPY: ContextVar[bool] = ContextVar("zero_copy", default=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,11 +187,13 @@ class Reader:
 
     async def get_object(
         self, bucket: str, key: str, rng: ByteRange | None, cond: Conditions,
-        version_id: str | None = None,
+        version_id: str | None = None, zero_copy: bool = False,
     ) -> ObjectResult:  # fmt: skip
+        """`zero_copy`: blocks of this node's cache may come as FileRegions (the HTTP server
+        sends files itself)."""
         handle = self.mount(bucket)
         if version_id is not None and (version_id != "null" or handle.store.versions):
-            return await self._get_version(handle, key, version_id, rng, cond)
+            return await self._get_version(handle, key, version_id, rng, cond, zero_copy)
         ticket = self.versions.ticket(handle, key)
         force = False  # open even a key whose version is known: the store no longer has it
         for _ in range(_READ_TRIES):
@@ -208,7 +205,7 @@ class Reader:
                 info = await self.stat(handle, key)
                 check_conditions(cond, info)
                 start, end = rng.resolve(info.size) if rng else (0, info.size)
-                body, how = await self._body(handle, info, start, end)
+                body, how = await self._body(handle, info, start, end, zero_copy)
                 return ObjectResult(info, start, end, rng is not None, body, how)
             except (VersionChanged, errors.NoSuchKey) as exc:
                 await self.versions.changed(handle, key, exc, ticket)
@@ -224,7 +221,7 @@ class Reader:
 
     async def _get_version(
         self, handle: MountHandle, key: str, version_id: str, rng: ByteRange | None,
-        cond: Conditions,
+        cond: Conditions, zero_copy: bool = False,
     ) -> ObjectResult:  # fmt: skip
         """A GET of a version named by its id: through the cache as any version (its blocks are
         named by its ETag, shared with the key's current version when that is the same)."""
@@ -232,7 +229,7 @@ class Reader:
         check_conditions(cond, info)
         start, end = rng.resolve(info.size) if rng else (0, info.size)
         try:
-            body, how = await self._body(handle, info, start, end)
+            body, how = await self._body(handle, info, start, end, zero_copy)
         except VersionChanged:
             # The store holds other bytes under that version id than it said (its ETag): it
             # was removed and the id is not what it named. Asked again on the next read.
@@ -328,17 +325,15 @@ class Reader:
 
     async def _body(
         self, handle: MountHandle, info: ObjectInfo, start: int, end: int,
-        zero_copy: bool | None = None,
+        zero_copy: bool = False,
     ) -> tuple[bytes | FileRegion | AsyncGenerator[Chunk, None], str]:  # fmt: skip
         """The bytes [start, end) and how they were found (hit, miss, bypass, forward).
 
         A streamed body has already produced its first chunk, so that what the store says
         first (gone, changed, unavailable) becomes an S3 error before any header is sent.
-        With `zero_copy` (by default: as ZERO_COPY says), blocks read from this node's files
+        With `zero_copy`, blocks read from this node's files
         come as FileRegions.
         """
-        if zero_copy is None:
-            zero_copy = ZERO_COPY.get()
         if not handle.cache_enabled:
             return await primed(StoreSource(handle, info).range(start, end)), "bypass"
         if start >= end:

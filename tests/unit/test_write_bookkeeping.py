@@ -153,7 +153,7 @@ async def test_every_write_has_its_row_when_it_returns(node: Node) -> None:
 
     etag_c = await put(node, IMMUTABLE, "c", b"third")
     entries = [DeleteEntry("b"), DeleteEntry("c"), DeleteEntry("never")]
-    outcome = await node.service.delete_objects(IMMUTABLE, entries)
+    outcome = await node.service.delete_objects(IMMUTABLE, entries, None)
     assert [d.error for d in outcome] == [None, None, None]
     assert etag_c and await rows(node) == {}
 
