@@ -5,6 +5,8 @@ epoch in a new shuffled order by K concurrent readers, through each path:
 - gateway: epoch 1 cold (every read a miss), then warm;
 - local: the same bytes as files on local disk, read by the same client (the limit);
 - nginx static: the same files over HTTP (what any HTTP server can do here), if nginx exists;
+- nginx proxy_cache: a C cache in front of the same origin through the same WAN (epoch 1 its
+  cold misses: what a miss can cost on this machine; then its hits);
 - with --preload, gateway+preload: a fresh gateway where `gateway load` starts at t=0, as
   epoch 1 starts: the epoch against the same epoch direct, the load against the WAN's rate.
 """
@@ -140,6 +142,11 @@ def run(options: Options, args: argparse.Namespace) -> None:
             paths.append(
                 ("nginx static", nginx.static_url, [f"/{BUCKET}/{k}" for k in keys], nginx.pid)
             )
+            # A C cache in front of the same origin through the same WAN: its epoch 1 is what
+            # a miss can cost on this machine (issue 39's reference), its next ones its hits.
+            paths.append(
+                ("nginx proxy_cache", nginx.proxy_url, origin_targets(origin.url, keys), nginx.pid)
+            )
         if args.client and not args.only_preload:
             # The gateway's client library against the same node, after the gateway's own
             # epochs (its cache is warm): reads of the node's block files handed over its
@@ -183,7 +190,7 @@ def run(options: Options, args: argparse.Namespace) -> None:
                 random.Random(epoch).shuffle(order)  # the same order for every path
                 jobs = [Job(targets[i]) for i in order]
                 conns = origin.requests()
-                through_gateway = name.startswith(("gateway", "client"))
+                through_gateway = name.startswith(("gateway", "client", "nginx proxy"))
                 watch = origin.watch(pid if through_gateway else None)
                 tally, cpu = measure(
                     client, base_url, jobs, args.readers, options.phase_timeout, pid, watch
@@ -289,4 +296,11 @@ def _ratios(rows: list[Row]) -> dict[str, float]:
         ) / _seconds(rows, "direct", 1)
     if any(row["path"] == "nginx static" for row in rows):
         ratios["gateway warm / nginx static (objects/s)"] = warm / _median(rows, "nginx static")
+    if any(row["path"] == "nginx proxy_cache" for row in rows):
+        ratios["gateway cold / nginx proxy_cache cold (objects/s)"] = cold / _median(
+            rows, "nginx proxy_cache", range(1, 2)
+        )
+        ratios["gateway warm / nginx proxy_cache warm (objects/s)"] = warm / _median(
+            rows, "nginx proxy_cache", range(2, 10**6)
+        )
     return ratios
