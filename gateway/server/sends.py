@@ -186,10 +186,14 @@ class Outbox:
                 queue[0] = view[budget:]
                 transport.write(view[:budget])
                 budget = 0
-        if self._paused or self._watching:
-            self._arm()
-        elif not queue:
+        if not queue:
+            # All handed over, though the transport may hold the end of the last slice (then
+            # paused): its senders go on, and the send timeout watches what is held.
             self._emptied()
+            if self._paused:
+                self._arm()
+        elif self._paused or self._watching:
+            self._arm()
         elif self._turn is None:
             self._turn = self._loop.call_soon(self._pump)  # the other connections first
 

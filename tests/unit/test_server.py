@@ -42,9 +42,13 @@ async def _body(receive: Receive) -> bytes:
 
 
 @contextlib.asynccontextmanager
-async def serving(app: Any, **limits: Any) -> AsyncIterator[tuple[Server, int]]:
+async def serving(app: Any, sndbuf: int = 0, **limits: Any) -> AsyncIterator[tuple[Server, int]]:
+    """A server on a loopback port; `sndbuf`: the send buffer of its connections (Linux's
+    accepted sockets take the listener's), the kernel's own when 0."""
     server = Server(app, ServerConfig(EdgeLimits(**limits), graceful_timeout=2.0))
     sock = socket.socket()
+    if sndbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
     sock.bind(("127.0.0.1", 0))
     listener = await asyncio.get_running_loop().create_server(server.protocol, sock=sock)
     try:
@@ -472,6 +476,43 @@ def test_a_slow_reader_holds_the_sender_back_and_gets_every_byte(tmp_path: Any) 
             assert not sent.is_set()
             while len(got) < len(data):
                 got += await reader.read(64 << 10)
+                await asyncio.sleep(0)
+            assert got == data
+            await asyncio.wait_for(sent.wait(), 30)
+            writer.close()
+
+    uvloop.run(main())
+
+
+def test_a_slow_reader_of_a_streamed_answer_in_memory_gets_every_part() -> None:
+    # A body sent in parts from memory (as a cold read streams blocks) to a client that reads
+    # a little at a time, through a send buffer smaller than a slice: each part's last slice
+    # leaves the connection paused with nothing queued, and the sender of that part is let
+    # go all the same (else the next part is never sent and the client waits for ever).
+    parts = [bytes([65 + i]) * ((1 << 20) + 4099 * i) for i in range(4)]
+    data = b"".join(parts)
+    sent = asyncio.Event()
+
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        headers = [(b"content-length", str(len(data)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for part in parts:
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        sent.set()
+
+    async def main() -> None:
+        async with serving(app, sndbuf=32 << 10) as (_, port):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 10)
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+            reader, writer = await asyncio.open_connection(sock=sock, limit=16 << 10)
+            writer.write(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+            await reader.readuntil(b"\r\n\r\n")
+            got = bytearray()
+            while len(got) < len(data):
+                got += await asyncio.wait_for(reader.read(4 << 10), 30)
                 await asyncio.sleep(0)
             assert got == data
             await asyncio.wait_for(sent.wait(), 30)
