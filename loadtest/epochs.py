@@ -77,6 +77,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the client rows' processes' descriptor limit (ulimit -n; raising it needs root)",
     )  # fmt: skip
     p.add_argument(
+        "--pause", type=float, default=0.0,
+        help="seconds to wait before each epoch after the first (more than the metadata TTL: "
+        "the epoch starts with every version and lease lapsed, as after a pause in training)",
+    )  # fmt: skip
+    p.add_argument(
         "--only-client", action="store_true",
         help="the client library's rows, with the gateway's (which warm its cache) and local",
     )  # fmt: skip
@@ -99,6 +104,7 @@ def run(options: Options, args: argparse.Namespace) -> None:
         "metadata_ttl": options.metadata_ttl,
         "gateway_args": list(options.gateway_args),
         "client_nofile": args.client_nofile,
+        "pause": args.pause,
     }
     report.load_generator = (
         f"loadtest.httpclient: {options.processes} processes x asyncio/uvloop raw HTTP/1.1, "
@@ -175,14 +181,21 @@ def run(options: Options, args: argparse.Namespace) -> None:
                     {**creds, "local_socket": socket_path, "dataset": f"{IMMUTABLE}/epochs"},
                     [f"{IMMUTABLE}/{k}" for k in keys],
                 ))  # fmt: skip
+                variants.append((
+                    "client http ttl -1",
+                    {**creds, "dataset": f"{IMMUTABLE}/epochs"},
+                    [f"{IMMUTABLE}/{k}" for k in keys],
+                ))  # fmt: skip
             for name, opts, where in variants:
-                if name == "client http" and not args.client_http:
+                if name.startswith("client http") and not args.client_http:
                     continue
                 paths.append((name, CLIENT + json.dumps(opts), where, gateway.pid))
         client = r.client()
         load: dict[str, Any] = {}
         for name, base_url, targets, pid in paths:
             for epoch in range(1, args.epochs + 1):
+                if epoch > 1 and args.pause > 0:
+                    time.sleep(args.pause)  # versions and leases lapse, as the option says
                 if name == "gateway+preload" and epoch == 1:
                     assert preloaded is not None
                     loader = _start_load(preloaded.data_dir, args.preload_concurrency, load)
@@ -290,6 +303,10 @@ def _ratios(rows: list[Row]) -> dict[str, float]:
         ratios["client short-circuit ttl -1 warm / local (objects/s)"] = _median(
             rows, "client short-circuit ttl -1", range(2, 10**6)
         ) / _median(rows, "local")
+    if any(row["path"] == "client http ttl -1" for row in rows):
+        ratios["client http warm / client http ttl -1 warm (objects/s)"] = _median(
+            rows, "client http", range(2, 10**6)
+        ) / _median(rows, "client http ttl -1", range(2, 10**6))
     if any(row["path"] == "gateway+preload" for row in rows):
         ratios["gateway+preload epoch 1 / direct epoch 1 (seconds)"] = _seconds(
             rows, "gateway+preload", 1

@@ -125,9 +125,12 @@ class ListedVersions:
                     "INSERT INTO spans (mount, prefix, after, hi, at) VALUES (?, ?, ?, ?, ?)",
                     (mount_id, prefix, after, hi, at),
                 )
+                # A listing asked before one already recorded (it finished later) tells no
+                # key's state after the newer one: a key's row keeps the newest listing's.
                 db.executemany(
-                    "INSERT OR REPLACE INTO listed (mount, key, etag, size, at)"
-                    " VALUES (?, ?, ?, ?, ?)",
+                    "INSERT INTO listed (mount, key, etag, size, at) VALUES (?, ?, ?, ?, ?)"
+                    " ON CONFLICT (mount, key) DO UPDATE SET etag = excluded.etag,"
+                    " size = excluded.size, at = excluded.at WHERE excluded.at >= listed.at",
                     [(mount_id, key, etag, size, at) for key, etag, size in entries],
                 )
                 db.execute("DELETE FROM spans WHERE at < ?", (at - _KEEP,))

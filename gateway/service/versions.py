@@ -126,9 +126,11 @@ class Versions:
                 listed = await self.revalidator.find(handle, key)
                 if listed is not None:
                     if listed.etag is None:
+                        # Not listed: asked alone below before it is answered 404. Deletes
+                        # are rare, and a listing that missed a key (a store that lists
+                        # lazily) must never turn data that is there into a 404.
                         counters.revalidated("listing", "gone")
-                        raise errors.NoSuchKey(Key=key)
-                    if same(listed.etag, previous.etag) and listed.size == previous.size:
+                    elif same(listed.etag, previous.etag) and listed.size == previous.size:
                         counters.revalidated("listing", "fresh")
                         info = previous
                         now -= max(0.0, time.time() - listed.at)

@@ -1,0 +1,46 @@
+"""What the node's listings said (gateway/service/listed.py), on the SQLite file its workers
+share: spans, keys in them, and listings that finish in another order than they were asked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gateway.service.listed import ListedVersions, after_for
+
+MOUNT = 7
+PREFIX = "epochs/"
+
+
+def _keys(first: int, last: int) -> list[tuple[str, str, int]]:
+    return [(f"{PREFIX}{i:04d}.bin", f'"etag-{i}"', 100 + i) for i in range(first, last + 1)]
+
+
+def test_a_key_in_a_span_is_listed_or_gone_and_one_outside_is_not_answered(
+    tmp_path: Path,
+) -> None:
+    listed = ListedVersions(str(tmp_path))
+    listed.record(MOUNT, PREFIX, after_for(f"{PREFIX}0010.bin"), f"{PREFIX}0019.bin", 100.0,
+                  [k for k in _keys(10, 19) if k[0] != f"{PREFIX}0015.bin"])  # fmt: skip
+    found = listed.lookup(MOUNT, f"{PREFIX}0012.bin", since=50.0)
+    assert found is not None and (found.etag, found.size, found.at) == ('"etag-12"', 112, 100.0)
+    gone = listed.lookup(MOUNT, f"{PREFIX}0015.bin", since=50.0)
+    assert gone is not None and gone.etag is None
+    assert listed.lookup(MOUNT, f"{PREFIX}0020.bin", since=50.0) is None  # past the span
+    assert listed.lookup(MOUNT, f"{PREFIX}0009.bin", since=50.0) is None  # before it
+    assert listed.lookup(MOUNT, f"{PREFIX}0012.bin", since=100.0) is None  # too old
+
+
+def test_a_listing_that_finishes_after_a_newer_one_never_makes_a_key_gone(
+    tmp_path: Path,
+) -> None:
+    # Two listings over the same keys (two workers, or two askers from different keys), the
+    # older asked first and recorded last: each key is still listed, at the newer time.
+    listed = ListedVersions(str(tmp_path))
+    listed.record(MOUNT, PREFIX, after_for(f"{PREFIX}0050.bin"), None, 200.0, _keys(50, 99))
+    listed.record(MOUNT, PREFIX, after_for(f"{PREFIX}0000.bin"), None, 150.0, _keys(0, 99))
+    for i in (0, 49, 50, 70, 99):
+        found = listed.lookup(MOUNT, f"{PREFIX}{i:04d}.bin", since=100.0)
+        assert found is not None and found.etag == f'"etag-{i}"', (i, found)
+    assert listed.lookup(MOUNT, f"{PREFIX}0070.bin", since=100.0).at == 200.0  # type: ignore[union-attr]
+    gone = listed.lookup(MOUNT, f"{PREFIX}0100.bin", since=100.0)
+    assert gone is not None and gone.etag is None  # past both lists' ends: not there
