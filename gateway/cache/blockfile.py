@@ -485,7 +485,12 @@ def commit(
             os.unlink(public)
             return False
         if seal:
-            fd = _sealed(fd, public)
+            # fs-verity seals no file open for writing: the fill's lock moves to a read-only
+            # descriptor, and the file is sealed under it.
+            writable, fd = fd, os.open(f"/proc/self/fd/{fd}", _READ)
+            os.close(writable)
+            _relock(fd, public)
+            _seal(fd, public)
         dest = block_path(root, mount_id, name)
         try:
             os.rename(public, dest)
@@ -510,34 +515,27 @@ class _Lost(Exception):
     """Another process removed our fill's file in the moment its lock was not held."""
 
 
-def _sealed(fd: int, public: str) -> int:
-    """Seal the fill's file and return a read-only descriptor on it that holds the fill lock
-    (`fd`, closed here, held it): fs-verity seals no file open for writing, so the lock moves
-    from the writable descriptor to a read-only one. Between the two another process may find
-    the lock free and remove the file as a dead fill's: _Lost then (its public name may be a
-    new fill's by now, not ours to touch). A file the disk could not seal is kept unsealed:
-    zero-copy sends check it as before (docs/cache.md, "Sealed blocks")."""
+def _relock(fd: int, public: str) -> None:
+    """Take the fill's lock again on `fd` (its file open read-only). It was free for a moment:
+    another process may have removed the file as a dead fill's meanwhile; _Lost then (the
+    public name may be a new fill's by now, not ours to touch)."""
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    mine = os.fstat(fd)
     try:
-        ro = os.open(f"/proc/self/fd/{fd}", _READ)
-    finally:
-        os.close(fd)
+        now = os.stat(public)
+    except FileNotFoundError:
+        raise _Lost from None
+    if (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
+        raise _Lost
+
+
+def _seal(fd: int, path: str) -> None:
+    """Seal the block file (verity.py). One the disk could not seal is kept unsealed: zero-copy
+    sends check it as they check any (docs/cache.md, "Sealed blocks")."""
     try:
-        fcntl.flock(ro, fcntl.LOCK_EX)
-        mine = os.fstat(ro)
-        try:
-            now = os.stat(public)
-        except FileNotFoundError:
-            raise _Lost from None
-        if (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
-            raise _Lost
-        try:
-            verity.seal(ro)
-        except OSError as exc:
-            log.warning("cache: could not seal block %s: %s", public, exc)
-    except BaseException:
-        os.close(ro)
-        raise
-    return ro
+        verity.seal(fd)
+    except OSError as exc:
+        log.warning("cache: could not seal block %s: %s", path, exc)
 
 
 def discard(fd: int, root: str, name: str) -> None:
@@ -697,19 +695,12 @@ def spool(lock: str, index: int, data: bytes, flags: int, seal: bool = False) ->
         raise
     os.close(fd)
     if seal:
-        _seal_path(path)
+        fd = os.open(path, _READ)
+        try:
+            _seal(fd, path)
+        finally:
+            os.close(fd)
     return path
-
-
-def _seal_path(path: str) -> None:
-    """Seal a file no one has open for writing; one the disk cannot seal stays unsealed."""
-    fd = os.open(path, _READ)
-    try:
-        verity.seal(fd)
-    except OSError as exc:
-        log.warning("cache: could not seal block %s: %s", path, exc)
-    finally:
-        os.close(fd)
 
 
 def unlock_spool(fd: int, lock: str) -> None:

@@ -642,7 +642,7 @@ class PageStore:
             self.disk_trouble(f"could not commit block {entry.name}", exc)
             return False
         if not kept:
-            log.warning("cache: block not kept, free disk space is below the floor")
+            log.warning("cache: block not kept: free disk space below the floor, or lost")
             return False
         self._entered(entry, length, pinned)
         return True
