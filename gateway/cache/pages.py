@@ -189,7 +189,6 @@ class PageStore:
         self._recheck = zero_copy_recheck if blockfile.CACHESTAT else 0.0
         self._seal_blocks = seal_blocks
         self.seals = False  # whether blocks are sealed when committed (open() probes)
-        self.seal_note = "off (seal_blocks = false)"  # why (not), for the log and the docs
         self._drop_delay = drop_delay
         self.memory = MemoryTier(memory_bytes, memory_object_max)
         self.stats = PageStats()
@@ -245,8 +244,10 @@ class PageStore:
             return
         why = await self.hop(verity.probe, os.path.join(self.root, INFLIGHT_DIR))
         self.seals = not why
-        self.seal_note = why or "on: blocks are sealed (fs-verity) when committed"
-        log.info("cache: sealed blocks %s", self.seal_note)
+        if why:
+            log.info("cache: sealed blocks off: %s", why)
+        else:
+            log.info("cache: sealed blocks on: block files are sealed (fs-verity) when committed")
 
     async def _open_journal(self) -> None:
         try:
