@@ -111,6 +111,7 @@ _FLAGS: list[tuple[str, str]] = [
     ("access_log", "Log one JSON line per request."),
     ("fast_hits", "Answer plain GETs of small objects in memory at the HTTP edge."),
     ("short_circuit", "Hand cached block files to clients on this host (Unix socket)."),
+    ("seal_blocks", "Seal cached block files (fs-verity) where the file system can."),
     ("demo", "Mount a folder of sample files as bucket 'demo' if it is not mounted."),
 ]
 

@@ -58,6 +58,8 @@ class Settings:
     verify_sample: float = 1.0  # share of cache reads from disk that check their checksums
     # seconds a block checked whole may be sent from its file unread (0: never; docs/cache.md)
     zero_copy_recheck: float = 60.0
+    # seal block files with fs-verity where the cache folder's file system can (docs/cache.md)
+    seal_blocks: bool = True
     workers: int = 0  # worker processes sharing the node's cache; 0: one per core
     server: str = "gateway"  # the HTTP server: the node's own (gateway/server/) or "uvicorn"
     # PostgreSQL connections the node's workers pool together (each at least 2; docs/fleet.md)

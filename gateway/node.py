@@ -73,6 +73,7 @@ def open_pages(settings: Settings) -> PageStore:
         memory_object_max=settings.cache_memory_object_max,
         verify_sample=settings.verify_sample,
         zero_copy_recheck=settings.zero_copy_recheck,
+        seal_blocks=settings.seal_blocks,
     )
 
 

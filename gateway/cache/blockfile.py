@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from awscrt.checksums import crc32c
 
+from gateway.cache import verity
 from gateway.cache.layout import (
     INFLIGHT_DIR,
     KEYS_DIR,
@@ -84,10 +85,16 @@ def read(path: str, data_len: int, start: int, length: int, verify: bool) -> byt
 
 
 def read_fd(fd: int, data_len: int, start: int, length: int, verify: bool) -> bytes:
-    """read(), from a block file opened already (a client given the descriptor by its node)."""
-    if start == 0 and length == data_len:
-        return _read_whole(fd, data_len, verify)
-    return _read_range(fd, data_len, start, length, verify)
+    """read(), from a block file opened already (a client given the descriptor by its node).
+    A sealed file whose page the kernel refuses (EIO, verity.py) is Corrupt as any other."""
+    try:
+        if start == 0 and length == data_len:
+            return _read_whole(fd, data_len, verify)
+        return _read_range(fd, data_len, start, length, verify)
+    except OSError as exc:
+        if verity.refused(exc, fd):
+            raise Corrupt("fs-verity refused a damaged page") from exc
+        raise
 
 
 def _read_whole(fd: int, data_len: int, verify: bool) -> bytes:
@@ -136,7 +143,7 @@ def read_resident_fd(fd: int, data_len: int, verify: bool) -> memoryview | None:
 def check(fd: int, data_len: int) -> None:
     """Read the whole block and check it (size, trailer, CRC32C): Corrupt if it is damaged.
     Blocking; it also brings the block into the page cache."""
-    _read_whole(fd, data_len, True)
+    read_fd(fd, data_len, 0, data_len, True)
 
 
 def sendable(fd: int, data_len: int, start: int, length: int) -> bool:
@@ -460,10 +467,11 @@ def commit(
     sync: bool,
     min_free: int,
     key: str | None = None,
+    seal: bool = False,
 ) -> bool:
-    """Write the last bytes and the tail (trailer and piece table), rename the block into
-    place, release the lock; with `key` (the block is a block 0), record it as the key's
-    cached version.
+    """Write the last bytes and the tail (trailer and piece table), with `seal` seal the file
+    (fs-verity, verity.py), rename the block into place, release the lock; with `key` (the
+    block is a block 0), record it as the key's cached version.
 
     Returns False (and keeps nothing) when the disk's free space has dropped below `min_free`.
     fdatasync is optional: a block torn by a power cut fails its checksum and is refetched.
@@ -476,12 +484,22 @@ def commit(
         if min_free and free_bytes(root) < min_free:
             os.unlink(public)
             return False
+        if seal:
+            # fs-verity seals no file open for writing: the fill's lock moves to a read-only
+            # descriptor, and the file is sealed under it.
+            writable, fd = fd, os.open(f"/proc/self/fd/{fd}", _READ)
+            os.close(writable)
+            _relock(fd, public)
+            _seal(fd, public)
         dest = block_path(root, mount_id, name)
         try:
             os.rename(public, dest)
         except FileNotFoundError:
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             os.rename(public, dest)
+    except _Lost:
+        log.info("cache: the fill of block %s was taken for a dead one while sealed", name)
+        return False
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(public)
@@ -491,6 +509,33 @@ def commit(
     if key is not None:
         set_key(root, mount_id, key, name)
     return True
+
+
+class _Lost(Exception):
+    """Another process removed our fill's file in the moment its lock was not held."""
+
+
+def _relock(fd: int, public: str) -> None:
+    """Take the fill's lock again on `fd` (its file open read-only). It was free for a moment:
+    another process may have removed the file as a dead fill's meanwhile; _Lost then (the
+    public name may be a new fill's by now, not ours to touch)."""
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    mine = os.fstat(fd)
+    try:
+        now = os.stat(public)
+    except FileNotFoundError:
+        raise _Lost from None
+    if (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
+        raise _Lost
+
+
+def _seal(fd: int, path: str) -> None:
+    """Seal the block file (verity.py). One the disk could not seal is kept unsealed: zero-copy
+    sends check it as they check any (docs/cache.md, "Sealed blocks")."""
+    try:
+        verity.seal(fd)
+    except OSError as exc:
+        log.warning("cache: could not seal block %s: %s", path, exc)
 
 
 def discard(fd: int, root: str, name: str) -> None:
@@ -634,9 +679,10 @@ def spool_lock(root: str) -> tuple[int, str]:
     return fd, path
 
 
-def spool(lock: str, index: int, data: bytes, flags: int) -> str:
+def spool(lock: str, index: int, data: bytes, flags: int, seal: bool = False) -> str:
     """Write a whole block whose bytes are at hand (a PUT's write-through) under its writer's
-    lock; install_all renames it once the version is known."""
+    lock, sealed with `seal` (as commit() seals); install_all renames it once the version is
+    known."""
     path = f"{lock}.{index}"
     sums = Checksums()
     sums.update(data)
@@ -648,6 +694,12 @@ def spool(lock: str, index: int, data: bytes, flags: int) -> str:
         remove(path)
         raise
     os.close(fd)
+    if seal:
+        fd = os.open(path, _READ)
+        try:
+            _seal(fd, path)
+        finally:
+            os.close(fd)
     return path
 
 

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from gateway.cache import blockfile
+from gateway.cache import blockfile, verity
 from gateway.cache.janitor import Janitor, JanitorStats, read_stats
 from gateway.cache.journal import JournalWriter
 from gateway.cache.layout import (
@@ -117,6 +117,7 @@ class PageStats:
     unkept: int = 0  # blocks served from the store but not kept: the disk failed (full...)
     zero_copy: int = 0  # block reads handed over as file regions, to be sent unread
     rechecks: int = 0  # of those, the ones whose block was read and checked first
+    sealed: int = 0  # of those, the ones of a sealed file (fs-verity): never rechecked
 
 
 class FileRegion:
@@ -169,6 +170,7 @@ class PageStore:
         io_threads: int = 8,
         verify_sample: float = 1.0,
         zero_copy_recheck: float = ZERO_COPY_RECHECK,
+        seal_blocks: bool = True,
         janitor: bool = True,
         janitor_interval: float = 0.5,
         sweep_interval: float = 60.0,
@@ -185,6 +187,8 @@ class PageStore:
         self._io_threads = io_threads
         self._verify_sample = verify_sample
         self._recheck = zero_copy_recheck if blockfile.CACHESTAT else 0.0
+        self._seal_blocks = seal_blocks
+        self.seals = False  # whether blocks are sealed when committed (open() probes)
         self._drop_delay = drop_delay
         self.memory = MemoryTier(memory_bytes, memory_object_max)
         self.stats = PageStats()
@@ -223,6 +227,7 @@ class PageStore:
         for sub in (BLOCKS_DIR, INFLIGHT_DIR, JOURNAL_DIR, RETIRED_DIR):
             os.makedirs(os.path.join(self.root, sub), exist_ok=True)
         self._io = ThreadPoolExecutor(self._io_threads, thread_name_prefix="cache-io")
+        await self._probe_seals()
         removed = await self.hop(blockfile.sweep_inflight, self.root)
         removed += await self.hop(blockfile.sweep_retired, self.root)
         if removed:
@@ -231,6 +236,18 @@ class PageStore:
         if self._janitor is not None:
             self._janitor.start()
         self._flusher = asyncio.create_task(self._flush_journal())
+
+    async def _probe_seals(self) -> None:
+        """Whether this cache folder's file system seals block files (fs-verity): once per
+        open, by sealing a probe file in inflight/ (docs/cache.md, "Sealed blocks")."""
+        if not self._seal_blocks:
+            return
+        why = await self.hop(verity.probe, os.path.join(self.root, INFLIGHT_DIR))
+        self.seals = not why
+        if why:
+            log.info("cache: sealed blocks off: %s", why)
+        else:
+            log.info("cache: sealed blocks on: block files are sealed (fs-verity) when committed")
 
     async def _open_journal(self) -> None:
         try:
@@ -387,7 +404,14 @@ class PageStore:
             return None
         try:
             checked = self._checked.get(name)
-            if checked is None or time.monotonic() - checked > self._recheck:
+            if self.seals and verity.is_sealed(fd):
+                # The kernel checks each page it reads from the disk: what the page cache
+                # holds of a sealed file was checked, and a damaged page is never in it.
+                if not blockfile.sendable(fd, length, start, end - start):
+                    os.close(fd)
+                    return None
+                self.stats.sealed += 1
+            elif checked is None or time.monotonic() - checked > self._recheck:
                 await self.hop(blockfile.check, fd, length)
                 self._checked_now(name)
                 self.stats.rechecks += 1
@@ -427,7 +451,8 @@ class PageStore:
         except OSError:
             return None
         try:
-            verify = self._verifies(name, False)
+            # A sealed file's pages in the page cache were checked by the kernel (region()).
+            verify = self._verifies(name, False) and not (self.seals and verity.is_sealed(fd))
             if verify:
                 whole = blockfile.read_resident_fd(fd, length, True) is not None
             else:
@@ -612,12 +637,13 @@ class PageStore:
             kept = await self.hop(
                 blockfile.commit, fd, self.root, entry.mount_id, entry.name, data,
                 sums.tail(FLAG_PINNED if pinned else 0), self._fsync, self.min_free, record,
+                self.seals,
             )  # fmt: skip
         except OSError as exc:
             self.disk_trouble(f"could not commit block {entry.name}", exc)
             return False
         if not kept:
-            log.warning("cache: block not kept, free disk space is below the floor")
+            log.warning("cache: block not kept: free disk space below the floor, or lost")
             return False
         self._entered(entry, length, pinned)
         return True
@@ -789,7 +815,7 @@ class BlockWriter:
             self._lock = await pages.hop(blockfile.spool_lock, pages.root)
         index = len(self._spooled)
         flags = FLAG_PINNED if self._pinned else 0
-        path = await pages.hop(blockfile.spool, self._lock[1], index, block, flags)
+        path = await pages.hop(blockfile.spool, self._lock[1], index, block, flags, pages.seals)
         self._spooled.append((path, index, len(block)))
         if len(block) <= pages.memory.object_max:
             self._blocks.append(block)

@@ -87,6 +87,9 @@ async def _read(
 
 def _store(root: Path, **kw: object) -> Cache:
     kw.setdefault("capacity_bytes", 1 << 30)
+    # These tests damage block files through the file system, which a sealed (fs-verity) file
+    # refuses where tmp has it; sealing is tests/e2e/test_sealed_blocks.py's.
+    kw.setdefault("seal_blocks", False)
     kw.setdefault("janitor_interval", 0.05)
     kw.setdefault("drop_delay", 0.0)
     return Cache(root, **kw)  # type: ignore[arg-type]
