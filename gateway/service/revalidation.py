@@ -64,9 +64,17 @@ class Revalidator:
         once: a lease renewal), prefix by prefix from the first key not yet spanned."""
         if handle.ttl <= 0 or len(keys) <= LONE:
             return
-        for key in sorted(keys):
-            if self.lookup(handle, key) is None:
-                await self._list(handle, key)
+        todo = sorted(k for k in keys if self.lookup(handle, k) is None)
+        while todo:
+            # A listing from every PAGE-th key not yet spanned, side by side (one after
+            # another, 8,000 keys cost 8 round trips in a row while a client waits); where the
+            # store holds keys between them that were not asked for, a page ends short of the
+            # next start and the next round lists from the first key left.
+            await asyncio.gather(*(self._list(handle, k, join=False) for k in todo[::PAGE]))
+            left = [k for k in todo if self.lookup(handle, k) is None]
+            if len(left) == len(todo):
+                return  # no listing spans them (their TTL is shorter than a listing): alone
+            todo = left
 
     def _lone(self, handle: MountHandle, key: str) -> bool:
         """Whether this revalidation is of a lone key of its prefix (counted): few of the
@@ -83,12 +91,12 @@ class Revalidator:
         recent.append(now)
         return len(recent) <= LONE
 
-    async def _list(self, handle: MountHandle, key: str) -> None:
-        """One listing of the key's prefix from the key, or the one in flight that will span it
-        (begun at or before it, and recorded once over)."""
+    async def _list(self, handle: MountHandle, key: str, join: bool = True) -> None:
+        """One listing of the key's prefix from the key, or (`join`) the one in flight that
+        will span it (begun at or before it, and recorded once over)."""
         at = (handle.id, prefix_of(key))
         flying = self._listing.setdefault(at, [])
-        for after, done in flying:
+        for after, done in flying if join else ():
             if after < key:
                 await asyncio.shield(done)
                 if self.lookup(handle, key) is not None:
