@@ -36,14 +36,17 @@ ALLOWED: dict[str, set[str]] = {
     "gateway.catalog": {"gateway.meta", "gateway.stores"} | BASE,
     "gateway.stores": LEAF,
     "gateway.cache": LEAF,
-    # /metrics reads the workers' shared folder that `serve` names (gateway.datadir).
-    "gateway.admin": {"gateway.service", "gateway.datadir"} | BELOW_THE_SERVICE | BASE,
+    # /metrics reads the workers' shared folder that `serve` names (gateway.datadir); the one
+    # door for administration (ops.py) checks policies (iam) and writes jobs (gateway.jobs).
+    "gateway.admin": {"gateway.service", "gateway.datadir", "gateway.iam", "gateway.jobs"}
+    | BELOW_THE_SERVICE
+    | BASE,
     # Preload jobs drive the Reader (serve_block) like a client would, and check the API's
     # signatures with the S3 layer's SigV4 verifier (and who is an admin key, with iam's rule).
     "gateway.jobs": {"gateway.service", "gateway.s3", "gateway.iam"} | BELOW_THE_SERVICE | BASE,
-    # The operator console: pages over the service's mounts, the jobs API's submit, the
-    # built-in policies, and the database beneath.
-    "gateway.console": {"gateway.service", "gateway.jobs", "gateway.iam"}
+    # The operator console: pages over the service's mounts, the jobs, the built-in policies,
+    # and the database beneath; its changes through the one door for administration.
+    "gateway.console": {"gateway.service", "gateway.jobs", "gateway.iam", "gateway.admin"}
     | BELOW_THE_SERVICE
     | BASE,
     "gateway.edge": {"gateway.s3"} | BASE,  # the HTTP server's limits, answered as S3 errors
@@ -185,11 +188,9 @@ PAST_THE_FACE: set[tuple[str, str]] = {
     ("gateway.cli", "gateway.jobs.commands"),
     ("gateway.cli", "gateway.jobs.model"),
     ("gateway.cli", "gateway.meta.engine"),
-    ("gateway.cli", "gateway.service.buckets"),
     ("gateway.cli", "gateway.service.learnt"),
     ("gateway.cli", "gateway.service.listed"),
     ("gateway.cli", "gateway.service.namespace"),
-    ("gateway.cli", "gateway.service.store_errors"),
     ("gateway.client.fs", "gateway.cache.blockfile"),
     ("gateway.client.local", "gateway.cache.blockfile"),
     ("gateway.client.routing", "gateway.cluster.placement"),
@@ -198,7 +199,6 @@ PAST_THE_FACE: set[tuple[str, str]] = {
     ("gateway.cluster.registry", "gateway.meta.tables"),
     ("gateway.console.figures", "gateway.cluster.registry"),
     ("gateway.console.routes", "gateway.cluster.registry"),
-    ("gateway.console.routes", "gateway.jobs.api"),
     ("gateway.console.routes", "gateway.jobs.db"),
     ("gateway.console.routes", "gateway.jobs.model"),
     ("gateway.console.routes", "gateway.jobs.progress"),
