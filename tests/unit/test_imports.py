@@ -325,3 +325,63 @@ def test_only_the_version_authority_reads_and_writes_version_rows() -> None:
                "gateway.catalog.parallel"}  # fmt: skip
     strays = {m for m in table_users if part(m) != "gateway.meta" and m not in allowed}
     assert not strays, f"reading or writing version rows past the authority: {strays}"
+
+
+# -- one door for administration (issue 41) ----------------------------------------------------
+
+# The MetaStore's writes of what every request depends on: mounts, users, keys, policies.
+ADMIN_WRITES = {
+    "add_mount", "set_mount_option", "remove_mount", "create_key", "delete_key",
+    "set_key_disabled", "create_user", "delete_user", "create_policy", "delete_policy",
+    "attach_policy", "detach_policy", "set_bucket_policy",
+}  # fmt: skip
+# JobStore's writes; their names are common (a task's cancel, a pool's submit), so a call
+# counts when its receiver is named for a store or for jobs (`self._store`, `self._jobs`).
+JOB_WRITES = {"submit", "cancel"}
+THE_DOOR = "gateway.admin.ops"
+# What the doors call the Administration they hold (its methods bear the writes' names).
+DOOR_NAMES = {"ops", "admin", "self._admin"}
+# The S3 API's own bucket operations (CreateBucket, DeleteBucket, Put/DeleteBucketPolicy,
+# PutBucketCors) are the service's, answered with S3's error codes: the service may not call
+# up into gateway.admin, and these are not administration.
+S3_BUCKET_OPERATIONS = {
+    ("gateway.service.buckets", "add_mount"),
+    ("gateway.service.buckets", "remove_mount"),
+    ("gateway.service.face", "set_bucket_policy"),
+    ("gateway.service.face", "set_mount_option"),
+}
+
+
+def admin_write_calls() -> set[tuple[str, str]]:
+    """(module, method) for each call of an administration write outside the database's own
+    packages (gateway.meta, and gateway.jobs.db, where they are defined), but on the
+    Administration a door holds."""
+    found = set()
+    for name, path in modules().items():
+        if part(name) == "gateway.meta" or name == "gateway.jobs.db":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            method = node.func.attr
+            receiver = ast.unparse(node.func.value).lower()
+            if receiver in DOOR_NAMES:
+                continue
+            if method in ADMIN_WRITES or (
+                method in JOB_WRITES and ("store" in receiver or "job" in receiver)
+            ):
+                found.add((name, method))
+    return found
+
+
+def test_only_the_door_for_administration_writes_mounts_tenants_keys_and_jobs() -> None:
+    """The CLI, the console and the jobs API change mounts, users, keys, policies and jobs
+    through gateway/admin/ops.py alone, so that each check is made once, the same for all."""
+    strays = sorted(
+        (module, method)
+        for module, method in admin_write_calls()
+        if module != THE_DOOR and (module, method) not in S3_BUCKET_OPERATIONS
+    )
+    assert not strays, f"administration written past gateway/admin/ops.py: {strays}"
+    door = {method for module, method in admin_write_calls() if module == THE_DOOR}
+    assert door == (ADMIN_WRITES - {"set_bucket_policy"}) | JOB_WRITES, door
