@@ -203,8 +203,6 @@ PAST_THE_FACE: set[tuple[str, str]] = {
     ("gateway.console.routes", "gateway.jobs.model"),
     ("gateway.console.routes", "gateway.jobs.progress"),
     ("gateway.console.routes", "gateway.service.shared"),
-    ("gateway.console.sessions", "gateway.meta.store"),
-    ("gateway.console.sessions", "gateway.meta.tables"),
     ("gateway.edge", "gateway.s3.http"),
     ("gateway.jobs.api", "gateway.s3.sigv4"),
     ("gateway.jobs.db", "gateway.meta.store"),
