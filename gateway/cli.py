@@ -594,7 +594,9 @@ def mount_add(bucket: str, uri: str, pairs: tuple[str, ...], check: bool, **kwar
     if check:
         _checked(lambda: reach_mount(bucket, uri, options))
     try:
-        m = _with_admin(settings, lambda ops: ops.add_mount(bucket, uri, options, settings, False))
+        m = _with_admin(
+            settings, lambda ops: ops.add_mount(bucket, uri, options, settings, check=False)
+        )
     except MountExists as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"mounted {m.bucket} -> {m.uri} {json.dumps(m.public_options())}")
