@@ -24,14 +24,13 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from gateway.config import Settings, build_settings, cpu_cores, load_toml
 from gateway.meta import (
     ADMIN_USER,
-    USER_NAME,
     AccessKeyExists,
     InUse,
     MetaStore,
@@ -42,6 +41,9 @@ from gateway.meta import (
     UserExists,
     open_meta,
 )
+
+if TYPE_CHECKING:
+    from gateway.admin import Administration
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -221,12 +223,14 @@ def _make_private(settings: Settings) -> None:
 
 
 async def _with_meta(settings: Settings, work: Callable[[MetaStore], Coroutine[Any, Any, T]]) -> T:
+    from gateway.admin import tell_node
     from gateway.datadir import DIR_MODE, private_umask
 
     private_umask()  # the database, and the key file, the node's alone (gateway/datadir.py)
     settings.data_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     meta = open_meta(settings)
-    meta.on_change = functools.partial(_tell_node, settings)
+    # A change tells the workers of a node over this data dir (gateway/admin/ops.py).
+    meta.on_change = functools.partial(tell_node, settings.effective_cache_dir)
     try:
         await meta.migrate()
         return await work(meta)
@@ -234,16 +238,32 @@ async def _with_meta(settings: Settings, work: Callable[[MetaStore], Coroutine[A
         await meta.close()
 
 
-def _tell_node(settings: Settings) -> None:
-    """Tell the workers of a node over this data dir that mounts, tenants or keys changed, so
-    that the change holds on all of them when this command returns (other nodes: at their
-    next refresh, refresh_interval)."""
-    from gateway.generations import Generations
+def _with_admin(settings: Settings, work: Callable[[Administration], Coroutine[Any, Any, T]]) -> T:
+    """Run `work` through the one door for administration (gateway/admin/ops.py), over the
+    node's database; what it refuses is said as the command's error (exit 2 for a malformed
+    argument, else 1)."""
+    from gateway.admin import AdminError, Administration, Invalid
 
-    node = Generations.existing(str(settings.effective_cache_dir))
-    if node is not None:
-        node.bump_state()
-        node.close()
+    try:
+        return _run(_with_meta(settings, lambda meta: work(Administration(meta))))
+    except Invalid as exc:
+        raise click.BadParameter(str(exc), param_hint=exc.param) from None
+    except AdminError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _checked(check: Callable[[], Any]) -> None:
+    """A check of gateway/admin/ops.py made before any database is opened, as its error."""
+    from gateway.admin import AdminError, Invalid
+
+    try:
+        result = check()
+        if asyncio.iscoroutine(result):
+            _run(result)
+    except Invalid as exc:
+        raise click.BadParameter(str(exc), param_hint=exc.param) from None
+    except AdminError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=_DATA_DIR_HELP)
@@ -484,22 +504,13 @@ async def _bootstrap(meta: MetaStore, s: Settings) -> tuple[str, list[str]]:
     the buckets mounted."""
     scheme = "https" if s.tls_cert else "http"
     lines = [f"gateway: S3 endpoint {scheme}://{s.host}:{s.port} (region {s.region})"]
-    created = None
+    from gateway.admin import Administration
+
+    admin = Administration(meta)
     if s.admin_access_key and s.admin_secret_key:
-        existing = await meta.get_key(s.admin_access_key)
-        if existing is not None and (
-            existing.secret_key != s.admin_secret_key or not existing.admin
-        ):
-            await meta.delete_key(s.admin_access_key)
-            existing = None
-        if existing is None:
-            await meta.create_key(
-                s.admin_access_key, s.admin_secret_key, "admin (configured)", admin=True
-            )
-    keys = await meta.list_keys()
-    if not keys:
-        created = await meta.create_key(description="created at first start", admin=True)
-        keys = [created]
+        await admin.ensure_key(s.admin_access_key, s.admin_secret_key, "admin (configured)")
+    created = await admin.first_key()
+    keys = [created] if created is not None else await meta.list_keys()
     if s.demo and await meta.get_mount("demo") is None:
         folder = (s.data_dir / "demo").resolve()
         for name, data in DEMO_FILES.items():
@@ -507,7 +518,7 @@ async def _bootstrap(meta: MetaStore, s: Settings) -> tuple[str, list[str]]:
             path.parent.mkdir(parents=True, exist_ok=True)
             if not path.exists():
                 path.write_bytes(data)
-        await meta.add_mount("demo", folder.as_uri(), {})
+        await admin.mount_demo("demo", folder.as_uri())
     key = created or keys[0]
     lines.append(f"  access key: {key.access_key}")
     if created is not None or s.demo:
@@ -532,11 +543,9 @@ def _redact(url: str) -> str:
 
 
 def validate_bucket(name: str) -> None:
-    from gateway.service.buckets import bucket_name_problem
+    from gateway.admin import check_bucket_name
 
-    problem = bucket_name_problem(name)
-    if problem:
-        raise click.BadParameter(f"{name!r}: {problem}", param_hint="BUCKET")
+    _checked(lambda: check_bucket_name(name))
 
 
 def _parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -547,59 +556,6 @@ def _parse_options(pairs: tuple[str, ...]) -> dict[str, str]:
             raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--option")
         options[name] = value
     return options
-
-
-def _validate_mount(uri: str, options: dict[str, str], settings: Settings) -> None:
-    """The store checks its own options and URI; the gateway checks the rest, and that the
-    mount leaves its own files out (each node checks again when it loads the mount)."""
-    from gateway.service.namespace import own_paths, store_options
-    from gateway.stores import open_store
-
-    try:
-        float(options.get("metadata_ttl", "0"))
-        store = open_store(uri, store_options(options))
-        _run(store.close())
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="URI or --option") from None
-    try:
-        own_paths(settings).check(store)
-    except ValueError as exc:
-        raise click.BadParameter(f"{uri}: {exc}", param_hint="URI") from None
-
-
-# Seconds `mount add` waits for the store to answer its check (a store retries a refused
-# connection or a server error a few times within this).
-MOUNT_CHECK_TIMEOUT = 30.0
-
-
-def _check_mount(bucket: str, uri: str, options: dict[str, str]) -> None:
-    """List one key of the new mount, as a node will: the store is reachable, takes the
-    credentials, and its bucket, container or folder exists. What is wrong is said with its
-    class (not found, connection refused, credentials refused) and the store's own words."""
-    from gateway.service.namespace import store_options
-    from gateway.service.store_errors import cause
-    from gateway.stores import StoreError, open_store
-
-    async def look() -> None:
-        store = open_store(uri, store_options(options))
-        try:
-            async with asyncio.timeout(MOUNT_CHECK_TIMEOUT):
-                await store.list_page(max_keys=1)
-        finally:
-            await store.close()
-
-    try:
-        _run(look())
-    except StoreError as exc:
-        raise click.ClickException(
-            f"not mounted: {bucket} -> {uri}: {cause(exc)}: {exc}\n"
-            "  (--no-check mounts it unchecked, e.g. a store that is not up yet)"
-        ) from None
-    except TimeoutError:
-        raise click.ClickException(
-            f"not mounted: {bucket} -> {uri}: no answer within {MOUNT_CHECK_TIMEOUT:g} s"
-            "\n  (--no-check mounts it unchecked, e.g. a store that is not up yet)"
-        ) from None
 
 
 _MOUNT_OPTIONS = [
@@ -629,16 +585,21 @@ def mount_add(bucket: str, uri: str, pairs: tuple[str, ...], check: bool, **kwar
     A file:// folder that holds the gateway's data dir or cache dir, or lies inside one, is
     refused: clients would read (and write) the gateway's database and secret key.
     """
+    from gateway.admin import check_mount, reach_mount
+
     validate_bucket(bucket)
     options = _parse_options(pairs)
     settings = _settings(kwargs)
-    _validate_mount(uri, options, settings)
+    # Checked before the database is opened: a refused mount makes no node.
+    _checked(lambda: check_mount(uri, options, settings))
     if check:
-        _check_mount(bucket, uri, options)
+        _checked(lambda: reach_mount(bucket, uri, options))
     try:
-        m = _run(_with_meta(settings, lambda meta: meta.add_mount(bucket, uri, options)))
-    except MountExists:
-        raise click.ClickException(f"bucket {bucket!r} is already mounted") from None
+        m = _with_admin(
+            settings, lambda ops: ops.add_mount(bucket, uri, options, settings, check=False)
+        )
+    except MountExists as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo(f"mounted {m.bucket} -> {m.uri} {json.dumps(m.public_options())}")
 
 
@@ -657,27 +618,7 @@ def mount_set(bucket: str, pairs: tuple[str, ...], unset: tuple[str, ...], **kwa
         raise click.UsageError("nothing to change: give -o KEY=VALUE or --unset KEY")
     changes = _parse_options(pairs)
     settings = _settings(kwargs)
-    m = _run(_with_meta(settings, lambda meta: meta.get_mount(bucket)))
-    if m is None:
-        raise click.ClickException(f"bucket {bucket!r} is not mounted")
-    options = {**m.options, **changes}
-    for name in unset:
-        options.pop(name, None)
-    _validate_mount(m.uri, options, settings)
-
-    async def change(meta: MetaStore) -> bool:
-        for name in unset:
-            if not await meta.set_mount_option(bucket, name, None):
-                return False
-        for name, value in changes.items():
-            if not await meta.set_mount_option(bucket, name, value):
-                return False
-        return True
-
-    if not _run(_with_meta(settings, change)):
-        raise click.ClickException(f"bucket {bucket!r} is not mounted")
-    m = _run(_with_meta(settings, lambda meta: meta.get_mount(bucket)))
-    assert m is not None
+    m = _with_admin(settings, lambda ops: ops.set_mount_options(bucket, changes, unset, settings))
     click.echo(f"changed {m.bucket} -> {m.uri} {json.dumps(m.public_options())}")
 
 
@@ -701,8 +642,7 @@ def mount_list(as_json: bool, **kwargs: Any) -> None:
 @_options(_DB_OPTIONS)
 def mount_remove(bucket: str, **kwargs: Any) -> None:
     """Remove the mount of BUCKET (the under-store is not touched)."""
-    if not _run(_with_meta(_settings(kwargs), lambda meta: meta.remove_mount(bucket))):
-        raise click.ClickException(f"bucket {bucket!r} is not mounted")
+    _with_admin(_settings(kwargs), lambda ops: ops.remove_mount(bucket))
     click.echo(f"removed {bucket}")
 
 
@@ -735,13 +675,9 @@ def keys_create(
     """Create an access key and print it with its secret (the only time it is printed)."""
     settings = _settings(kwargs)
     try:
-        key = _run(
-            _with_meta(
-                settings,
-                lambda meta: meta.create_key(
-                    access_key, secret_key, description, admin=admin, user=user
-                ),
-            )
+        key = _with_admin(
+            settings,
+            lambda ops: ops.create_key(access_key, secret_key, description, admin=admin, user=user),
         )
     except AccessKeyExists:
         raise click.ClickException(f"access key {access_key!r} exists") from None
@@ -798,15 +734,13 @@ def keys_list(as_json: bool, **kwargs: Any) -> None:
 @_options(_DB_OPTIONS)
 def keys_delete(access_key: str, **kwargs: Any) -> None:
     """Delete an access key; requests signed with it are refused within seconds."""
-    if not _run(_with_meta(_settings(kwargs), lambda meta: meta.delete_key(access_key))):
+    if not _with_admin(_settings(kwargs), lambda ops: ops.delete_key(access_key)):
         raise click.ClickException(f"no access key {access_key!r}")
     click.echo(f"deleted {access_key}")
 
 
 def _set_disabled(access_key: str, disabled: bool, kwargs: dict[str, Any]) -> None:
-    if not _run(
-        _with_meta(_settings(kwargs), lambda meta: meta.set_key_disabled(access_key, disabled))
-    ):
+    if not _with_admin(_settings(kwargs), lambda ops: ops.set_key_disabled(access_key, disabled)):
         raise click.ClickException(f"no access key {access_key!r}")
     click.echo(f"{'disabled' if disabled else 'enabled'} {access_key}")
 
@@ -831,18 +765,14 @@ def keys_enable(access_key: str, **kwargs: Any) -> None:
 
 # -- users and policies (docs/tenants.md) ------------------------------------------------
 
-_USER_NAME = USER_NAME
-_POLICY_NAME = re.compile(r"[A-Za-z0-9_+=,.@-]{1,128}")
 
-
-async def _known_policy(meta: MetaStore, name: str) -> None:
+def _no_policy(exc: NoSuchPolicy) -> click.ClickException:
+    """What the CLI says of a policy that is neither built in nor stored."""
     from gateway.iam import BUILTIN
 
-    if name not in BUILTIN and name not in await meta.custom_policies():
-        raise click.ClickException(
-            f"no policy {name!r}: the built-in ones are {', '.join(BUILTIN)};"
-            " `gateway policies create` makes others"
-        )
+    return click.ClickException(
+        f"{exc}: the built-in ones are {', '.join(BUILTIN)}; `gateway policies create` makes others"
+    )
 
 
 @main.group()
@@ -860,19 +790,13 @@ def users() -> None:
 @_options(_DB_OPTIONS)
 def users_create(name: str, policy_names: tuple[str, ...], **kwargs: Any) -> None:
     """Create user NAME (letters, digits and _+=,.@-, as IAM's user names)."""
-    from gateway.iam import DEFAULT_USER_POLICY
+    from gateway.admin import check_user_name
 
-    if not _USER_NAME.fullmatch(name):
-        raise click.BadParameter(f"{name!r}: 1-64 of letters, digits, _+=,.@-", param_hint="NAME")
-    wanted = policy_names or (DEFAULT_USER_POLICY,)
-
-    async def work(meta: MetaStore) -> None:
-        for policy in wanted:
-            await _known_policy(meta, policy)
-        await meta.create_user(name, wanted)
-
+    _checked(lambda: check_user_name(name))
     try:
-        _run(_with_meta(_settings(kwargs), work))
+        wanted = _with_admin(_settings(kwargs), lambda ops: ops.create_user(name, policy_names))
+    except NoSuchPolicy as exc:
+        raise _no_policy(exc) from None
     except UserExists:
         raise click.ClickException(f"user {name!r} exists") from None
     click.echo(f"created user {name} with policies {', '.join(wanted)}")
@@ -905,7 +829,7 @@ def users_list(as_json: bool, **kwargs: Any) -> None:
 def users_delete(name: str, **kwargs: Any) -> None:
     """Delete user NAME and its keys (refused while it owns buckets)."""
     try:
-        _run(_with_meta(_settings(kwargs), lambda meta: meta.delete_user(name)))
+        _with_admin(_settings(kwargs), lambda ops: ops.delete_user(name))
     except (NoSuchUser, InUse) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"deleted user {name}")
@@ -923,12 +847,10 @@ def policies() -> None:
 @_options(_DB_OPTIONS)
 def policies_create(name: str, document: str, **kwargs: Any) -> None:
     """Create policy NAME from a JSON document, given inline or as a file ('-': stdin)."""
-    from gateway.iam import BUILTIN, MalformedPolicy, compile_policy
+    from gateway.admin import check_policy_document, check_policy_name
+    from gateway.iam import MalformedPolicy
 
-    if not _POLICY_NAME.fullmatch(name):
-        raise click.BadParameter(f"{name!r}: 1-128 of letters, digits, _+=,.@-", param_hint="NAME")
-    if name in BUILTIN:
-        raise click.ClickException(f"{name!r} is a built-in policy")
+    _checked(lambda: check_policy_name(name))
     if document == "-":
         text = sys.stdin.read()
     elif document.lstrip().startswith("{"):
@@ -939,11 +861,11 @@ def policies_create(name: str, document: str, **kwargs: Any) -> None:
         except OSError as exc:
             raise click.BadParameter(str(exc), param_hint="FILE|JSON") from None
     try:
-        compile_policy(text)
+        check_policy_document(text)
     except MalformedPolicy as exc:
         raise click.ClickException(f"MalformedPolicy: {exc}") from None
     try:
-        _run(_with_meta(_settings(kwargs), lambda meta: meta.create_policy(name, text)))
+        _with_admin(_settings(kwargs), lambda ops: ops.create_policy(name, text))
     except PolicyExists:
         raise click.ClickException(f"policy {name!r} exists") from None
     click.echo(f"created policy {name}")
@@ -955,7 +877,7 @@ def policies_create(name: str, document: str, **kwargs: Any) -> None:
 def policies_delete(name: str, **kwargs: Any) -> None:
     """Delete custom policy NAME (refused while a user holds it)."""
     try:
-        _run(_with_meta(_settings(kwargs), lambda meta: meta.delete_policy(name)))
+        _with_admin(_settings(kwargs), lambda ops: ops.delete_policy(name))
     except (NoSuchPolicy, InUse) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"deleted policy {name}")
@@ -967,13 +889,10 @@ def policies_delete(name: str, **kwargs: Any) -> None:
 @_options(_DB_OPTIONS)
 def policies_attach(policy: str, user: str, **kwargs: Any) -> None:
     """Attach POLICY to a user (effective on every node within refresh_interval)."""
-
-    async def work(meta: MetaStore) -> bool:
-        await _known_policy(meta, policy)
-        return await meta.attach_policy(user, policy)
-
     try:
-        added = _run(_with_meta(_settings(kwargs), work))
+        added = _with_admin(_settings(kwargs), lambda ops: ops.attach_policy(user, policy))
+    except NoSuchPolicy as exc:
+        raise _no_policy(exc) from None
     except NoSuchUser as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"attached {policy} to {user}" if added else f"{user} holds {policy} already")
@@ -986,7 +905,7 @@ def policies_attach(policy: str, user: str, **kwargs: Any) -> None:
 def policies_detach(policy: str, user: str, **kwargs: Any) -> None:
     """Detach POLICY from a user."""
     try:
-        gone = _run(_with_meta(_settings(kwargs), lambda meta: meta.detach_policy(user, policy)))
+        gone = _with_admin(_settings(kwargs), lambda ops: ops.detach_policy(user, policy))
     except NoSuchUser as exc:
         raise click.ClickException(str(exc)) from None
     if not gone:
@@ -1038,6 +957,7 @@ def sync_command(target: str, page_size: int, parallel: int, quiet: bool, **kwar
     that stopped (Ctrl-C, a crash) resumes where it stopped; run again to re-sync, writing
     only what changed.
     """
+    from gateway.admin import tell_node
     from gateway.catalog import Catalog, SyncBusy, SyncProgress, catalog_options, sync_parallel
     from gateway.service.namespace import store_options
     from gateway.stores import open_store
@@ -1062,7 +982,7 @@ def sync_command(target: str, page_size: int, parallel: int, quiet: bool, **kwar
                 )  # fmt: skip
         finally:
             await store.close()
-        _tell_node(settings)  # the prefix is synced: the node's workers answer from the catalog
+        tell_node(settings.effective_cache_dir)  # synced: the node's workers answer from it
         return done
 
     try:
@@ -1243,6 +1163,7 @@ def _job_client(fn: F) -> F:
 
 def _connect(kwargs: dict[str, Any]) -> tuple[Any, bool]:
     """A connect() for gateway.jobs.commands, and whether the output is JSON."""
+    from gateway.admin import Administration
     from gateway.jobs.client import DatabaseClient, HttpClient, JobsClient
 
     endpoint = kwargs.pop("endpoint")
@@ -1269,7 +1190,7 @@ def _connect(kwargs: dict[str, Any]) -> tuple[Any, bool]:
         settings.data_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         meta = open_meta(settings)
         await meta.migrate()
-        return DatabaseClient(meta)
+        return DatabaseClient(meta, Administration(meta))
 
     return over_database, as_json
 

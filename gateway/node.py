@@ -13,6 +13,7 @@ import os
 import ssl
 
 from gateway import counters
+from gateway.admin import Administration
 from gateway.admin.metrics import publish_forever, shared_dir, watch_cache
 from gateway.admin.routes import ADMIN_PATHS, admin_app
 from gateway.cache import PageStore
@@ -189,8 +190,8 @@ class Node:
         self._tasks.append(asyncio.create_task(self._catalog_upkeep(shared).run()))
         if (folder := shared_dir()) is not None:  # one of several workers
             self._tasks.append(asyncio.create_task(publish_forever(pages, folder)))
-        jobs_api = self._start_jobs(meta, service.reader, fleet)
-        self.console = Console(meta, shared, jobs_api, s.heartbeat_timeout)
+        admin = self._start_jobs(meta, service.reader, fleet)
+        self.console = Console(meta, shared, admin, s.heartbeat_timeout)
         self.shared = shared
         self.s3 = S3App(service, s.region, s.base_domain, s.access_log)
         if s.fast_hits:
@@ -281,8 +282,10 @@ class Node:
         self.internal_port = s.effective_internal_port
         log.info("joined the fleet as %s at %s", me.id, me.address)
 
-    def _start_jobs(self, meta: MetaStore, reader: Reader, fleet: Fleet | None) -> JobsApi:
-        """The job loop (gateway/jobs): preload work for this node, polled from the database."""
+    def _start_jobs(self, meta: MetaStore, reader: Reader, fleet: Fleet | None) -> Administration:
+        """The job loop (gateway/jobs): preload work for this node, polled from the database;
+        and the one door for administration (gateway/admin/ops.py), which wakes the loop when
+        the console or the jobs API submits a job."""
         s = self.settings
         store = JobStore(meta.engine)
         me = fleet.me if fleet is not None else local_node(s)
@@ -298,9 +301,10 @@ class Node:
             poll=min(1.0, s.heartbeat_interval), takeover_after=s.job_takeover_delay,
             workers=s.workers,
         )  # fmt: skip
-        self.jobs_api = JobsApi(store, meta, self.jobs.wake)
+        admin = Administration(meta, submitted=self.jobs.wake)
+        self.jobs_api = JobsApi(store, meta, admin)
         self._tasks.append(asyncio.create_task(self.jobs.run()))
-        return self.jobs_api
+        return admin
 
     async def stop(self) -> None:
         install_fast_path(self.settings.port, None)

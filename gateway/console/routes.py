@@ -32,18 +32,18 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import Message, Receive, Scope, Send
 
+from gateway.admin import MAX_JOB_ID, Administration, Invalid
 from gateway.cluster.registry import NodeRegistry
 from gateway.iam import BUILTIN, DEFAULT_USER_POLICY, may_operate
 from gateway.jobs import progress
-from gateway.jobs.api import JobsApi
 from gateway.jobs.db import JobStore
 from gateway.jobs.model import JobView
 from gateway.meta import (
-    USER_NAME,
     AccessKeyExists,
     InUse,
     MetaStore,
     MetaUnavailable,
+    NoSuchPolicy,
     NoSuchUser,
     UserExists,
 )
@@ -72,7 +72,6 @@ SIGN_INS = "console-signins"  # the failed sign-ins the node's workers share (si
 # once into the table and removed (sessions.py).
 SIGNED_OUT = "console-signed-out"
 _RAW_HEADERS = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in _HEADERS.items()]
-MAX_JOB_ID = (1 << 63) - 1  # a job id in the database (BIGINT): past it, no such job
 _MAX_FORM = 64 << 10  # bytes of a posted form
 # What each path parameter of the actions names, for an answer that refuses it.
 _PATH_PARTS = {"access_key": "access key", "name": "user", "policy": "policy"}
@@ -86,21 +85,22 @@ def is_console_path(path: str) -> bool:
 
 
 class Console:
-    """The ASGI app behind PREFIX, over the node's database, namespace, page store and jobs
-    API. `clock` (seconds since the epoch) decides sessions' expiry and when failed sign-ins
-    stop counting."""
+    """The ASGI app behind PREFIX, over the node's database, namespace and page store; every
+    change it makes goes through the one door for administration (`admin`). `clock`
+    (seconds since the epoch) decides sessions' expiry and when failed sign-ins stop
+    counting."""
 
     def __init__(
         self,
         meta: MetaStore,
         shared: Shared,
-        jobs_api: JobsApi,
+        admin: Administration,
         heartbeat_timeout: float,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._meta = meta
         self._shared = shared
-        self._jobs_api = jobs_api
+        self._admin = admin
         self._jobs = JobStore(meta.engine)
         self._registry = NodeRegistry(meta.engine, heartbeat_timeout)
         self._clock = clock
@@ -393,7 +393,7 @@ class Console:
             "pin": form.get("pin") == "on" and kind == "load", "metadata_only": kind == "sync",
         }  # fmt: skip
         try:
-            job_id = await self._jobs_api.submit(options, session.access_key)
+            job_id = await self._admin.submit_job(options, session.access_key)
             message = f"job {job_id} submitted"
         except (ValueError, TypeError) as exc:
             message = f"refused: {exc}"
@@ -402,7 +402,7 @@ class Console:
 
     async def _cancel_job(self, request: Request, session: Session) -> Response:
         job_id = int(request.path_params["job_id"])
-        found = await self._jobs.cancel(job_id) if job_id <= MAX_JOB_ID else None
+        found = await self._admin.cancel_job(job_id)
         message = f"job {job_id} {found.state}" if found else f"no job {job_id}"
         context = await self._job_list(request, message)
         return self._render(request, "jobs_live.html", context, session)
@@ -429,12 +429,10 @@ class Console:
     async def _create_user(self, request: Request, session: Session) -> Response:
         form = await _form(request)
         name, policy = str(form.get("name", "")), str(form.get("policy", DEFAULT_USER_POLICY))
-        if not USER_NAME.fullmatch(name):
-            return self._result(request, session, f"{name!r}: 1-64 of letters, digits, _+=,.@-")
-        if policy not in BUILTIN and policy not in await self._meta.custom_policies():
-            return self._result(request, session, f"no policy {policy!r}")
         try:
-            await self._meta.create_user(name, (policy,))
+            await self._admin.create_user(name, (policy,))
+        except (Invalid, NoSuchPolicy) as exc:
+            return self._result(request, session, str(exc))
         except UserExists:
             return self._result(request, session, f"user {name!r} exists")
         return self._result(request, session, f"created user {name} with policy {policy}")
@@ -442,7 +440,7 @@ class Console:
     async def _delete_user(self, request: Request, session: Session) -> Response:
         name = request.path_params["name"]
         try:
-            await self._meta.delete_user(name)
+            await self._admin.delete_user(name)
         except (NoSuchUser, InUse) as exc:
             return self._result(request, session, str(exc))
         return self._result(request, session, f"deleted user {name}")
@@ -450,11 +448,9 @@ class Console:
     async def _attach(self, request: Request, session: Session) -> Response:
         form = await _form(request)
         name, policy = str(form.get("user", "")), str(form.get("policy", ""))
-        if policy not in BUILTIN and policy not in await self._meta.custom_policies():
-            return self._result(request, session, f"no policy {policy!r}")
         try:
-            added = await self._meta.attach_policy(name, policy)
-        except NoSuchUser as exc:
+            added = await self._admin.attach_policy(name, policy)
+        except (NoSuchPolicy, NoSuchUser) as exc:
             return self._result(request, session, str(exc))
         said = f"attached {policy} to {name}" if added else f"{name} holds {policy} already"
         return self._result(request, session, said)
@@ -462,7 +458,7 @@ class Console:
     async def _detach(self, request: Request, session: Session) -> Response:
         name, policy = request.path_params["name"], request.path_params["policy"]
         try:
-            gone = await self._meta.detach_policy(name, policy)
+            gone = await self._admin.detach_policy(name, policy)
         except NoSuchUser as exc:
             return self._result(request, session, str(exc))
         said = f"detached {policy} from {name}" if gone else f"{name} does not hold {policy}"
@@ -474,7 +470,7 @@ class Console:
         user = str(form.get("user", "")) or None
         description = str(form.get("description", ""))
         try:
-            key = await self._meta.create_key(
+            key = await self._admin.create_key(
                 None, None, description, admin=form.get("admin") == "on", user=user
             )
         except (NoSuchUser, AccessKeyExists) as exc:
@@ -483,7 +479,7 @@ class Console:
 
     async def _delete_key(self, request: Request, session: Session) -> Response:
         access_key = request.path_params["access_key"]
-        if not await self._meta.delete_key(access_key):
+        if not await self._admin.delete_key(access_key):
             return self._result(request, session, f"no access key {access_key}")
         return self._result(request, session, f"deleted key {access_key}")
 
@@ -497,7 +493,7 @@ class Console:
         """Disable or enable a key; this process's namespace re-reads the keys at once, the
         other workers and nodes at their next refresh (refresh_interval)."""
         access_key = request.path_params["access_key"]
-        if not await self._meta.set_key_disabled(access_key, disabled):
+        if not await self._admin.set_key_disabled(access_key, disabled):
             return self._result(request, session, f"no access key {access_key}")
         with contextlib.suppress(MetaUnavailable):  # the periodic refresh will see it
             await self._shared.namespace.refresh_keys()
@@ -518,7 +514,7 @@ class Console:
             "verify": True,
         }  # fmt: skip
         try:
-            job_id = await self._jobs_api.submit(options, session.access_key)
+            job_id = await self._admin.submit_job(options, session.access_key)
         except (ValueError, TypeError) as exc:
             context = {"job": None, "message": f"refused: {exc}"}
             return self._render(request, "cache_live.html", context, session)

@@ -23,12 +23,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.meta.store import transaction
-from gateway.meta.tables import console_signed_out
+from gateway.meta import SignOuts
 
 COOKIE = "gateway_console"
 SESSION_TTL = 12 * 3600.0  # seconds a login lasts
@@ -126,9 +123,8 @@ class SignedOut:
     def __init__(
         self, engine: AsyncEngine, clock: Callable[[], float] = time.time, legacy: str | None = None
     ) -> None:
-        self._engine = engine
+        self._table = SignOuts(engine)
         self._clock = clock
-        self._postgres = engine.dialect.name == "postgresql"
         self._known: dict[str, float] = {}  # nonces signed out, by their sessions' expiry
         self._legacy = legacy  # the file a node kept its sign-outs in before 0009, taken in once
 
@@ -141,26 +137,15 @@ class SignedOut:
         if session.nonce in self._known:
             return True
         await self._take_in_legacy()
-        query = sa.select(console_signed_out.c.expires).where(
-            console_signed_out.c.nonce == session.nonce
-        )
-        async with transaction(self._engine) as conn:
-            expires = (await conn.execute(query)).scalar_one_or_none()
+        expires = await self._table.expires(session.nonce)
         if expires is None:
             return False
         self._remember(session.nonce, expires)
         return True
 
     async def _write(self, ended: dict[str, float]) -> None:
-        insert = (postgresql.insert if self._postgres else sqlite.insert)(console_signed_out)
-        rows = [{"nonce": n, "expires": e} for n, e in ended.items()]
-        async with transaction(self._engine) as conn:
-            # A node whose clock is behind still refuses a session for PRUNE_AFTER.
-            before = self._clock() - PRUNE_AFTER
-            await conn.execute(
-                sa.delete(console_signed_out).where(console_signed_out.c.expires <= before)
-            )
-            await conn.execute(insert.values(rows).on_conflict_do_nothing())
+        # A node whose clock is behind still refuses a session for PRUNE_AFTER.
+        await self._table.add(ended, prune_before=self._clock() - PRUNE_AFTER)
 
     def _remember(self, nonce: str, expires: float) -> None:
         if len(self._known) >= MAX_REMEMBERED:

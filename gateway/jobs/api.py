@@ -16,7 +16,6 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -26,7 +25,7 @@ from starlette.types import Receive, Scope, Send
 from gateway import errors
 from gateway.iam import may_operate
 from gateway.jobs.db import JobStore, UnknownBucket
-from gateway.jobs.model import JobSpec
+from gateway.jobs.model import JobWrites
 from gateway.meta import MetaStore
 from gateway.s3.sigv4 import SigV4Verifier
 
@@ -43,12 +42,13 @@ def is_jobs_path(path: str) -> bool:
 
 
 class JobsApi:
-    """The ASGI app behind PREFIX."""
+    """The ASGI app behind PREFIX: jobs read from `store`, submitted and cancelled through
+    `writes` (the one door for administration, which wakes this node's job loop)."""
 
-    def __init__(self, store: JobStore, meta: MetaStore, submitted: Callable[[], None]) -> None:
+    def __init__(self, store: JobStore, meta: MetaStore, writes: JobWrites) -> None:
         self._store = store
         self._meta = meta
-        self._submitted = submitted  # wakes this node's job loop
+        self._writes = writes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
@@ -91,7 +91,7 @@ class JobsApi:
         path, method = request.url.path, request.method
         if path == PREFIX and method == "POST":
             try:
-                job_id = await self.submit(_json(body), who)
+                job_id = await self._writes.submit_job(_json(body), who)
             except (ValueError, TypeError) as exc:
                 code = "NoSuchBucket" if isinstance(exc, UnknownBucket) else "InvalidArgument"
                 status = 404 if isinstance(exc, UnknownBucket) else 400
@@ -108,18 +108,10 @@ class JobsApi:
             return await self._one(int(m.group(1)))
         if (m := _CANCEL.match(path)) and method == "POST":
             job_id = int(m.group(1))
-            if job_id > MAX_ID or await self._store.cancel(job_id) is None:
+            if await self._writes.cancel_job(job_id) is None:
                 return _missing(job_id)
             return await self._one(job_id)
         return JSONResponse({"error": "NotFound", "message": f"no {method} {path}"}, 404)
-
-    async def submit(self, options: dict[str, Any], who: str) -> int:
-        """Submit a job from its options as JSON (the API's body, the console's form) on
-        behalf of access key `who`, and wake this node's job loop; its id. ValueError (or
-        UnknownBucket) for options that make no job."""
-        job_id = await self._store.submit(JobSpec.from_json(options), who)
-        self._submitted()
-        return job_id
 
     async def _one(self, job_id: int, status: int = 200) -> Response:
         job = await self._store.get(job_id) if job_id <= MAX_ID else None

@@ -15,7 +15,7 @@ from botocore.credentials import Credentials
 
 from gateway.jobs.api import PREFIX
 from gateway.jobs.db import JobStore
-from gateway.jobs.model import JobSpec, JobView
+from gateway.jobs.model import JobSpec, JobView, JobWrites
 from gateway.meta import MetaStore
 
 
@@ -32,15 +32,18 @@ class JobsClient(Protocol):
 
 
 class DatabaseClient:
-    """Jobs straight in the database the nodes share."""
+    """Jobs straight in the database the nodes share, submitted and cancelled through
+    `writes` (the one door for administration)."""
 
-    def __init__(self, meta: MetaStore) -> None:
+    def __init__(self, meta: MetaStore, writes: JobWrites) -> None:
         self._meta = meta
         self._store = JobStore(meta.engine)
+        self._writes = writes
 
     async def submit(self, spec: JobSpec) -> JobView:
         try:
-            job_id = await self._store.submit(spec, f"{getpass.getuser()}@{socket.gethostname()}")
+            who = f"{getpass.getuser()}@{socket.gethostname()}"
+            job_id = await self._writes.submit_job(spec, who)
         except ValueError as exc:
             raise JobsError(str(exc)) from None
         job = await self._store.get(job_id)
@@ -54,7 +57,7 @@ class DatabaseClient:
         return await self._store.recent(limit)
 
     async def cancel(self, job_id: int) -> JobView | None:
-        return await self._store.cancel(job_id)
+        return await self._writes.cancel_job(job_id)
 
     async def close(self) -> None:
         await self._meta.close()

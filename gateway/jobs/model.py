@@ -7,7 +7,7 @@ import fnmatch
 import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 QUEUED = "queued"
 LISTING = "listing"
@@ -265,3 +265,13 @@ class JobView:
             nodes=tuple(NodeProgress(node=k, **v) for k, v in sorted(raw["nodes"].items())),
             errors=tuple(JobError(**e) for e in raw["errors"]),
         )
+
+
+class JobWrites(Protocol):
+    """Where jobs are submitted and cancelled: the one door for administration
+    (gateway/admin/ops.py), handed to the jobs API and the CLI's database client by whoever
+    builds them, since it sits above this package."""
+
+    async def submit_job(self, spec: JobSpec | dict[str, Any], submitted_by: str) -> int: ...
+
+    async def cancel_job(self, job_id: int) -> JobView | None: ...

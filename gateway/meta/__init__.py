@@ -26,6 +26,7 @@ from .models import (
     UserExists,
 )
 from .secrets import InvalidSecretKey, SecretBox, WrongSecretKey
+from .signed_out import SignOuts
 from .store import MetaStore, open_meta
 from .uploads import PartRecord, StoreUploadRecord, UploadGone, UploadLeases, UploadRecord
 
@@ -51,6 +52,7 @@ __all__ = [
     "PartRecord",
     "PolicyExists",
     "SecretBox",
+    "SignOuts",
     "StoreUploadRecord",
     "TenancyRows",
     "UploadGone",

@@ -2,6 +2,7 @@
 the one face it calls (S3Service), and the values that cross it."""
 
 from gateway.service.authz import Caller
+from gateway.service.buckets import bucket_name_problem
 from gateway.service.conditions import ByteRange, Conditions, check_conditions, http_date
 from gateway.service.face import Bucket, S3Service
 from gateway.service.inputs import CopySource, DeleteEntry, Deletion, ListQuery, UploadsQuery
@@ -11,7 +12,9 @@ from gateway.service.multipart import (
     UploadListing,
     check_part_number,
 )
+from gateway.service.namespace import own_paths, store_options
 from gateway.service.reads import Chunk, FileRegion, LocalBlocks, ObjectResult
+from gateway.service.store_errors import cause
 from gateway.service.writes import MAX_PUT_SIZE, WriteConditions
 from gateway.stores import ListPage, ObjectInfo, PartInfo, WriteAttrs
 
@@ -39,7 +42,11 @@ __all__ = [
     "UploadsQuery",
     "WriteAttrs",
     "WriteConditions",
+    "bucket_name_problem",
+    "cause",
     "check_conditions",
     "check_part_number",
     "http_date",
+    "own_paths",
+    "store_options",
 ]
