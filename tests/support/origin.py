@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from tests.support import procs
 from tests.support.net import free_port, wait_http
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) belong to one connection and are never forwarded.
@@ -49,7 +50,7 @@ class MotoServer:
             self.port = free_port()
             self.url = f"http://127.0.0.1:{self.port}"
             with open(self.log_path, "ab") as log:
-                self.proc = subprocess.Popen(
+                self.proc = procs.start(
                     [str(binary), "-H", "127.0.0.1", "-p", str(self.port)],
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -71,6 +72,7 @@ class MotoServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        procs.end(self.proc)
 
 
 def start_moto(tmpdir: str | os.PathLike[str]) -> MotoServer:
