@@ -478,6 +478,23 @@ DEMO_FILES = {
 }
 
 
+async def _ensure_admin_key(meta: MetaStore, access_key: str, secret_key: str) -> None:
+    """The configured admin key, made (or remade, if its secret changed) at start. Nodes of a
+    fleet started at once on a fresh database all find it missing: the one whose create comes
+    second finds the key the first made, and it is the one configured, so that node starts."""
+    existing = await meta.get_key(access_key)
+    if existing is not None and (existing.secret_key != secret_key or not existing.admin):
+        await meta.delete_key(access_key)
+        existing = None
+    if existing is None:
+        try:
+            await meta.create_key(access_key, secret_key, "admin (configured)", admin=True)
+        except AccessKeyExists:
+            made = await meta.get_key(access_key)
+            if made is None or made.secret_key != secret_key or not made.admin:
+                raise
+
+
 async def _bootstrap(meta: MetaStore, s: Settings) -> tuple[str, list[str]]:
     """Keys and the demo mount a fresh node needs; returns what to print for the user, and
     the buckets mounted."""
@@ -485,16 +502,7 @@ async def _bootstrap(meta: MetaStore, s: Settings) -> tuple[str, list[str]]:
     lines = [f"gateway: S3 endpoint {scheme}://{s.host}:{s.port} (region {s.region})"]
     created = None
     if s.admin_access_key and s.admin_secret_key:
-        existing = await meta.get_key(s.admin_access_key)
-        if existing is not None and (
-            existing.secret_key != s.admin_secret_key or not existing.admin
-        ):
-            await meta.delete_key(s.admin_access_key)
-            existing = None
-        if existing is None:
-            await meta.create_key(
-                s.admin_access_key, s.admin_secret_key, "admin (configured)", admin=True
-            )
+        await _ensure_admin_key(meta, s.admin_access_key, s.admin_secret_key)
     keys = await meta.list_keys()
     if not keys:
         created = await meta.create_key(description="created at first start", admin=True)
