@@ -12,8 +12,9 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -88,6 +89,7 @@ class ProxiedRequest:
     query: str
     range: str | None
     if_match: str | None = None
+    at: float = field(default_factory=time.monotonic)  # when the proxy received it
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
