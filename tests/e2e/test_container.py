@@ -5,7 +5,6 @@ Dockerfile's base image where no image registry is reachable (docs/fleet.md)."""
 
 from __future__ import annotations
 
-import atexit
 import shutil
 import subprocess
 import uuid
@@ -19,6 +18,7 @@ import pytest
 from botocore.config import Config
 from cryptography.fernet import Fernet
 
+from tests.support import procs
 from tests.support.gateway import ACCESS_KEY, SECRET_KEY, run_cli
 from tests.support.net import eventually, free_port
 from tests.support.origin import CountingProxy
@@ -67,15 +67,17 @@ def image() -> str:
 
 
 class Containers:
-    """Containers this test started, each removed (with its volume) however the test ends."""
+    """Containers this test started, each removed (with its volume) however the test ends:
+    by the fixture, else at the session's end, else by the harness's reaper once the test
+    process is gone (tests/support/procs.py)."""
 
     def __init__(self) -> None:
         self.names: list[str] = []
-        atexit.register(self.remove_all)  # a test process that ends without its finalizers
 
     def run(self, *args: str) -> str:
         name = f"gateway-e2e-{uuid.uuid4().hex[:10]}"
         self.names.append(name)
+        procs.cleanup_at_end(name, ["docker", "rm", "-f", "-v", name])
         out = _docker("run", "-d", "--name", name, "--network", "host", *args)
         assert out.returncode == 0, out.stderr
         return name
@@ -83,6 +85,7 @@ class Containers:
     def remove_all(self) -> None:
         for name in self.names:
             _docker("rm", "-f", "-v", name)
+            procs.ended(name)
         self.names.clear()
 
 

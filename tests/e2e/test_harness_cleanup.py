@@ -63,3 +63,20 @@ def test_a_timed_out_test_leaves_no_process_it_started(tmp_path: Path, method: s
     assert len(started) == 3, started  # the node and its two workers
     # The thread method's os._exit leaves the reaper to end them, a moment after pytest.
     eventually(lambda: not any(_running(pid) for pid in started), timeout=15)
+
+
+def test_a_cleanup_left_registered_runs_when_the_test_process_dies(tmp_path: Path) -> None:
+    """What is no process of the harness's (a container) is ended by its registered command,
+    even when the process that registered it ends by os._exit: the reaper runs it."""
+    left, done = tmp_path / "left", tmp_path / "done"
+    script = (
+        "import os\n"
+        "from tests.support import procs\n"
+        f"procs.cleanup_at_end('left', ['touch', {str(left)!r}])\n"
+        f"procs.cleanup_at_end('done', ['touch', {str(done)!r}])\n"
+        "procs.ended('done')\n"
+        "os._exit(1)\n"
+    )
+    subprocess.run([sys.executable, "-c", script], cwd=ROOT, timeout=60)
+    eventually(left.exists, timeout=15)
+    assert not done.exists()
