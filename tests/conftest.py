@@ -13,6 +13,7 @@ import pytest
 from botocore.config import Config
 
 from gateway.meta import MetaStore, SecretBox, default_database_url
+from tests.support import procs
 from tests.support.origin import CountingProxy, MotoServer, start_moto
 from tests.support.postgres import temp_database
 
@@ -130,3 +131,9 @@ def anyio_backend() -> str:
 @pytest.fixture(scope="module")
 def module_dir(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
     return tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """No server process outlives the session, whatever ended its tests (a timeout that cut a
+    fixture short): tests/support/procs.py."""
+    procs.end_all()

@@ -25,7 +25,15 @@ from typing import Any
 from gateway.config import Settings
 from gateway.iam import BUILTIN, DEFAULT_USER_POLICY, compile_policy
 from gateway.jobs import JobSpec, JobStore, JobView
-from gateway.meta import USER_NAME, AccessKey, MetaStore, Mount, MountExists, NoSuchPolicy
+from gateway.meta import (
+    USER_NAME,
+    AccessKey,
+    AccessKeyExists,
+    MetaStore,
+    Mount,
+    MountExists,
+    NoSuchPolicy,
+)
 
 POLICY_NAME = re.compile(r"[A-Za-z0-9_+=,.@-]{1,128}")
 MAX_JOB_ID = (1 << 63) - 1  # a job id in the database (BIGINT): past it, no such job
@@ -229,13 +237,20 @@ class Administration:
 
     async def ensure_key(self, access_key: str, secret_key: str, description: str) -> None:
         """An admin key with this secret, as the node's settings name it (`--admin-access-key`):
-        made, or made anew when the stored one differs."""
+        made, or made anew when the stored one differs. Nodes of a fleet started at once on a
+        fresh database all find it missing: the one whose create comes second finds the key
+        the first made, and it is the one configured, so that node starts."""
         found = await self._meta.get_key(access_key)
         if found is not None and (found.secret_key != secret_key or not found.admin):
             await self._meta.delete_key(access_key)
             found = None
         if found is None:
-            await self._meta.create_key(access_key, secret_key, description, admin=True)
+            try:
+                await self._meta.create_key(access_key, secret_key, description, admin=True)
+            except AccessKeyExists:
+                made = await self._meta.get_key(access_key)
+                if made is None or made.secret_key != secret_key or not made.admin:
+                    raise
 
     async def first_key(self) -> AccessKey | None:
         """An admin key for a node that has none (its first start), or None when it has."""

@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gateway.stores import Store, open_store
+from tests.support import procs
 from tests.support.net import wait_http
 from tests.support.stores import (
     DECOYS,
@@ -63,7 +64,7 @@ class AzuriteServer:
         # Without --disableTelemetry Azurite tries to reach the internet.
         args += ["--disableProductStyleUrl", "--disableTelemetry", "--silent"]
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
+            self.proc = procs.start(
                 args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
         # Any answer below 500 means it listens; an unsigned account GET gets 4xx.
@@ -72,14 +73,16 @@ class AzuriteServer:
     def stop(self, kill: bool = False) -> None:
         """Stop the server; kill=True is a crash (SIGKILL), connections cut mid-request."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        procs.end(proc)
 
     def restart(self) -> None:
         """Start again on the same port and location: the blobs written before are there."""

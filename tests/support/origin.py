@@ -12,12 +12,14 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from tests.support import procs
 from tests.support.net import free_port, wait_http
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) belong to one connection and are never forwarded.
@@ -49,7 +51,7 @@ class MotoServer:
             self.port = free_port()
             self.url = f"http://127.0.0.1:{self.port}"
             with open(self.log_path, "ab") as log:
-                self.proc = subprocess.Popen(
+                self.proc = procs.start(
                     [str(binary), "-H", "127.0.0.1", "-p", str(self.port)],
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -71,6 +73,7 @@ class MotoServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        procs.end(self.proc)
 
 
 def start_moto(tmpdir: str | os.PathLike[str]) -> MotoServer:
@@ -86,6 +89,7 @@ class ProxiedRequest:
     query: str
     range: str | None
     if_match: str | None = None
+    at: float = field(default_factory=time.monotonic)  # when the proxy received it
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

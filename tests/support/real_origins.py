@@ -21,6 +21,7 @@ import boto3
 from botocore.config import Config
 
 from gateway.stores import open_store
+from tests.support import procs
 from tests.support.net import eventually, free_port, wait_http
 from tests.support.stores import DECOYS, MOUNT_PREFIX, Origin
 
@@ -55,7 +56,7 @@ class RealOrigin:
             self.port = free_port()
             self.url = f"http://127.0.0.1:{self.port}"
             with self.log_path.open("ab") as log:
-                self.proc = subprocess.Popen(
+                self.proc = procs.start(
                     self.command(), stdout=log, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, env=self.env(),
                 )  # fmt: skip
@@ -102,6 +103,8 @@ class RealOrigin:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if proc is not None:
+            procs.end(proc)
 
 
 class RcloneS3(RealOrigin):
