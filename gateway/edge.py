@@ -29,7 +29,7 @@ from gateway.config import Settings
 from gateway.counters import REGISTRY
 from gateway.s3.http import new_request_id
 
-log = logging.getLogger("gateway.edge")
+log = logging.getLogger(__name__)
 
 STATUS_LINES = {
     int(s): b"HTTP/1.1 %d %s\r\n" % (int(s), s.phrase.encode()) for s in HTTPStatus

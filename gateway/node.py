@@ -41,7 +41,7 @@ from gateway.service.reads import Reader
 from gateway.service.shared import Shared
 from gateway.stores import ObjectInfo
 
-log = logging.getLogger("gateway.app")
+log = logging.getLogger(__name__)
 # Seconds /readyz waits for the database before it says the node is not ready.
 READY_TIMEOUT = 3.0
 

@@ -30,7 +30,7 @@ from gateway.cache import PageStore
 from gateway.counters import BUCKET_READS, REGISTRY
 from gateway.datadir import MULTIPROC_ENV
 
-log = logging.getLogger("gateway.metrics")
+log = logging.getLogger(__name__)
 
 PUBLISH_INTERVAL = 1.0  # seconds between a worker's publications of its cache figures
 

@@ -42,7 +42,7 @@ from gateway.cache.layout import (
     tail_size,
 )
 
-log = logging.getLogger("gateway.cache")
+log = logging.getLogger(__name__)
 
 _READ = os.O_RDONLY | os.O_CLOEXEC
 _CREATE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC

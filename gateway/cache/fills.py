@@ -31,7 +31,7 @@ from gateway.cache.layout import PIECE, Checksums
 from gateway.cache.pages import BlockKey, Entry, FillFailed, PageStore, key_name
 from gateway.cache.subblocks import SubKey
 
-log = logging.getLogger("gateway.cache")
+log = logging.getLogger(__name__)
 
 _FROM_BLOCK = "from block"  # a sub-block claim given up: its bytes come from the block
 WRITE_BATCH = 1 << 20  # a fill writes to its file in batches of this size

@@ -44,7 +44,7 @@ from gateway.cache.layout import (
 )
 from gateway.cache.policy import PROTECTED, Policy
 
-log = logging.getLogger("gateway.cache")
+log = logging.getLogger(__name__)
 
 _HEX2 = re.compile(r"[0-9a-f]{2}")
 _LOG_INTERVAL = 60.0  # seconds between two log lines about evictions (or failed passes)

@@ -22,7 +22,7 @@ from typing import NamedTuple
 from gateway.cache.layout import FLAG_PINNED, JOURNAL_DIR, SNAPSHOT
 from gateway.cache.policy import Entry
 
-log = logging.getLogger("gateway.cache")
+log = logging.getLogger(__name__)
 
 # op, flags, version (OPEN only), mount (the pid for OPEN), size, name (the magic for OPEN)
 RECORD = struct.Struct("<BBHIQ32s")

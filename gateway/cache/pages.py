@@ -46,7 +46,7 @@ from gateway.cache.layout import (
 from gateway.cache.memory import MemoryTier
 from gateway.cache.subblocks import SubKey
 
-log = logging.getLogger("gateway.cache")
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _NAME_DOMAIN = b"gateway.cache.block.v1\x00"

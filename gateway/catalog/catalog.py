@@ -21,7 +21,7 @@ from gateway.meta.catalog import catalog_syncs as S
 from gateway.meta.store import transaction
 from gateway.stores import ListPage
 
-log = logging.getLogger("gateway.catalog")
+log = logging.getLogger(__name__)
 
 
 def utcnow() -> datetime:

@@ -21,7 +21,7 @@ from botocore.config import Config
 
 from gateway.stores import ObjectInfo, ObjectNotFound, Store
 
-log = logging.getLogger("gateway.catalog")
+log = logging.getLogger(__name__)
 
 WAIT = 5  # seconds a receive waits for a message (SQS long polling)
 BACKOFF = 2.0  # seconds before polling again after a failure

@@ -23,7 +23,7 @@ from gateway.meta.catalog import catalog_syncs as S
 from gateway.meta.store import transaction
 from gateway.stores import Store
 
-log = logging.getLogger("gateway.catalog")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 from gateway.client.fs import GatewayFileSystem
 
-log = logging.getLogger("gateway.client")
+log = logging.getLogger(__name__)
 
 
 LEASE_AHEAD = 256  # objects leased with each batch beyond the batch's own, while there is room

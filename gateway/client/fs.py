@@ -38,7 +38,7 @@ from gateway.client.local import HELLO_PATH, Lease, ShortCircuit, ShortCircuitEr
 from gateway.client.routing import Routing
 from gateway.client.stats import ClientStats
 
-log = logging.getLogger("gateway.client")
+log = logging.getLogger(__name__)
 
 _REFUSED = {"AccessDenied", "SignatureDoesNotMatch", "InvalidAccessKeyId", "403"}
 _VERSIONS_KEPT = 1 << 18

@@ -47,7 +47,7 @@ _RECV = 1 << 18
 # The node hung up: it ended (a crash, a restart) or closed the connection on its side.
 _GONE = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
 
-log = logging.getLogger("gateway.client")
+log = logging.getLogger(__name__)
 
 
 class ShortCircuitError(Exception):

@@ -14,7 +14,7 @@ from gateway.config import Settings
 
 from .placement import Node
 
-log = logging.getLogger("gateway.cluster")
+log = logging.getLogger(__name__)
 
 NODE_ID_FILE = "node-id"
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})

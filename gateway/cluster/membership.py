@@ -21,7 +21,7 @@ from gateway.meta.engine import POSTGRES_CONNECT_TIMEOUT_S
 from .placement import DEFAULT_MAX_REPLICAS, DEFAULT_PARTITIONS, Node, Placement
 from .registry import CHANNEL, UP, NodeFigures, NodeRecord, NodeRegistry
 
-log = logging.getLogger("gateway.cluster")
+log = logging.getLogger(__name__)
 
 # Woken this long after a peer's heartbeat is due to lapse: rounding in the database's clock
 # arithmetic must not make us look a hair too early and then wait a whole interval.

@@ -20,7 +20,7 @@ from gateway.cluster.peers import ERROR_HEADER, PREFIX, Fleet, info_to_wire
 from gateway.cluster.stamps import AUTH_HEADER, canonical
 from gateway.stores import ObjectInfo, VersionChanged
 
-log = logging.getLogger("gateway.internal")
+log = logging.getLogger(__name__)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

@@ -26,7 +26,7 @@ from gateway.cluster.placement import Node, Placement, owner_key
 from gateway.cluster.stamps import AUTH_HEADER, auth_value, canonical, verify
 from gateway.stores import ObjectInfo, VersionChanged
 
-log = logging.getLogger("gateway.fleet")
+log = logging.getLogger(__name__)
 
 ERROR_HEADER = "x-gateway-error"
 PREFIX = "/_fleet/"

@@ -37,7 +37,7 @@ from gateway.service.reads import Reader
 from gateway.stores import ListPage, ObjectInfo, VersionChanged
 from gateway.stores.etags import same
 
-log = logging.getLogger("gateway.jobs")
+log = logging.getLogger(__name__)
 
 # Fetches from the store by this node's clients in flight at which preload slows down to its
 # floor (a client's miss never queues behind preload work: it has slots of its own; this keeps

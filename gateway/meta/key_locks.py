@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from .models import MetaError
 from .tables import UTCDateTime, database_clock, metadata, object_key_type
 
-log = logging.getLogger("gateway.meta.key_locks")
+log = logging.getLogger(__name__)
 
 # A lock a key; the row is there only while someone holds it (or held it and died).
 key_locks = sa.Table(

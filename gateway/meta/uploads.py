@@ -31,7 +31,7 @@ from gateway.stores.base import UploadJournal
 from .models import MetaError
 from .tables import database_clock, multipart_parts, multipart_uploads, store_uploads
 
-log = logging.getLogger("gateway.meta.uploads")
+log = logging.getLogger(__name__)
 
 # Who holds a lease, as the log shows it: this process, on this host.
 OWNER = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"

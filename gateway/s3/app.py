@@ -34,7 +34,7 @@ from gateway.s3.sigv2 import SigV2Verifier, is_sigv2
 from gateway.s3.sigv4 import AuthResult, SigV4Verifier
 from gateway.service import Caller, S3Service
 
-log = logging.getLogger("gateway.s3")
+log = logging.getLogger(__name__)
 
 DOCUMENTS = "/_gateway/"  # no bucket is named so: "_" may not begin one
 # Documents are never public: anonymous requests for them are refused.

@@ -57,7 +57,7 @@ from gateway.s3 import limits
 from gateway.s3.sigv4 import SigV4Verifier
 from gateway.service import LocalBlocks, S3Service
 
-log = logging.getLogger("gateway.local")
+log = logging.getLogger(__name__)
 
 HELLO_PATH = "/_gateway/short-circuit"  # what the client presigns to prove its key
 MAX_MESSAGE = 1 << 20  # bytes of one request's JSON

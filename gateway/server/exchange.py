@@ -16,7 +16,7 @@ from gateway import errors
 from gateway.edge import STATUS_LINES
 from gateway.server.sends import Outbox
 
-log = logging.getLogger("gateway.server")
+log = logging.getLogger(__name__)
 
 App = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]], Any], Awaitable[None]]
 

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-log = logging.getLogger("gateway.server")
+log = logging.getLogger(__name__)
 
 # Bytes one connection hands the kernel in a turn. Small enough that 64 connections' turns
 # take a few milliseconds, large enough that a turn's cost (a call and a system call) is

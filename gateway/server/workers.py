@@ -19,7 +19,7 @@ from typing import Any
 
 from gateway.server.protocol import ASGI_VERSION, App, Server, ServerConfig
 
-log = logging.getLogger("gateway.server")
+log = logging.getLogger(__name__)
 
 # -- one process ---------------------------------------------------------------------------
 

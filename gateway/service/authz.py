@@ -31,7 +31,7 @@ from gateway.iam.actions import ACTIONS
 from gateway.iam.grammar import HEADER_KEYS, S3_ARN
 from gateway.meta import TenancyRows
 
-log = logging.getLogger("gateway.authz")
+log = logging.getLogger(__name__)
 
 ALL_BUCKETS = S3_ARN + "*"  # the resource of ListAllMyBuckets
 # Anonymous reads of a public_read=true mount, as a bucket policy would say them.

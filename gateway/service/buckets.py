@@ -19,7 +19,7 @@ from gateway.service.shared import Shared
 from gateway.service.store_errors import meta_unavailable, store_errors
 from gateway.stores import create_bucket, delete_bucket, open_store
 
-log = logging.getLogger("gateway.buckets")
+log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _IP = re.compile(r"^\d+\.\d+\.\d+\.\d+$")

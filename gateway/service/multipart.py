@@ -31,7 +31,7 @@ from gateway.service.writes import (
 )
 from gateway.stores import ObjectInfo, PartInfo, StoreError, WriteAttrs
 
-log = logging.getLogger("gateway.multipart")
+log = logging.getLogger(__name__)
 
 MAX_PARTS = 10_000
 MAX_PART_SIZE = 5 << 30

@@ -30,7 +30,7 @@ from gateway.meta.secrets import KEY_FILE_NAME
 from gateway.service.authz import Authorizer, build_authorizer
 from gateway.stores import Store, open_store
 
-log = logging.getLogger("gateway.namespace")
+log = logging.getLogger(__name__)
 
 # Re-reads on demand (an unknown key or bucket) start at most this often, so that a flood of
 # requests naming buckets that do not exist costs the database a few small queries a second.

@@ -20,7 +20,7 @@ from gateway.service.plan import Span, block_key
 from gateway.service.sources import StoreSource, primed
 from gateway.stores import ObjectInfo
 
-log = logging.getLogger("gateway.service")
+log = logging.getLogger(__name__)
 
 OPEN_POLL = 0.001  # first look again at a sibling worker's open of a key (doubling to 20 ms)
 OPEN_WAIT = 60.0  # a sibling's open taking longer than this: open the key here as well

@@ -48,7 +48,7 @@ from gateway.service.versions import Versions
 from gateway.stores import ListPage, ObjectInfo, VersionChanged, VersionsPage
 from gateway.stores import base as store_base
 
-log = logging.getLogger("gateway.service")
+log = logging.getLogger(__name__)
 # The stores' answer checks are counted in this process's metrics (stores import no counters).
 store_base.answer_report = counters.store_answer
 

@@ -22,7 +22,7 @@ from gateway.service.plan import Span
 from gateway.service.store_errors import store_errors
 from gateway.stores import ObjectInfo
 
-log = logging.getLogger("gateway.service")
+log = logging.getLogger(__name__)
 
 # A piece of a body: bytes, or a region of a block file that the HTTP server sends itself.
 Chunk = bytes | FileRegion

@@ -16,7 +16,7 @@ from gateway import errors
 from gateway.meta import MetaUnavailable
 from gateway.stores import base as store
 
-log = logging.getLogger("gateway.store_errors")
+log = logging.getLogger(__name__)
 
 
 class WithheldDetail(errors.S3Error):

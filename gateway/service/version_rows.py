@@ -31,7 +31,7 @@ from gateway.meta import MetaStore, MetaUnavailable
 from gateway.meta.versions import object_versions
 from gateway.stores import ObjectInfo
 
-log = logging.getLogger("gateway.service")
+log = logging.getLogger(__name__)
 
 BATCH = 256  # changes a transaction at most
 DELAY = 0.25  # seconds changes wait for others to share their transaction

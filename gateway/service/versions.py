@@ -40,7 +40,7 @@ from gateway.service.version_rows import VersionRows
 from gateway.stores import ObjectInfo
 from gateway.stores.etags import same
 
-log = logging.getLogger("gateway.service")
+log = logging.getLogger(__name__)
 
 
 class Versions:

@@ -29,7 +29,7 @@ from gateway.service.shared import Reads, Shared
 from gateway.service.store_errors import WithheldDetail, store_errors
 from gateway.stores import ObjectInfo, VersionChanged, VersionDeleted, WriteAttrs
 
-log = logging.getLogger("gateway.writes")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

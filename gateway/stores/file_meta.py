@@ -17,7 +17,7 @@ from typing import Any
 
 from gateway.stores.base import MetadataTooLarge, ObjectInfo, UploadNotFound, WriteAttrs
 
-log = logging.getLogger("gateway.stores.local")
+log = logging.getLogger(__name__)
 
 XATTR = "user.s3gw.meta"
 UPLOADS_DIR = ".s3gw-uploads"

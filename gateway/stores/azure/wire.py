@@ -21,7 +21,7 @@ from defusedxml import ElementTree
 from gateway.stores.base import StoreUnavailable
 from gateway.stores.retry import SYSTEM_CLOCK, Backoff, Clock
 
-log = logging.getLogger("gateway.stores.azure")
+log = logging.getLogger(__name__)
 
 API_VERSION = "2025-01-05"
 # Worth another try: throttling (429, 503 ServerBusy), timeouts and server faults.

@@ -45,7 +45,7 @@ from gateway.stores.gcs.resources import (
     slices,
 )
 
-log = logging.getLogger("gateway.stores.gcs")
+log = logging.getLogger(__name__)
 
 # Bodies up to this size are gathered in memory and sent as one multipart upload, which GCS
 # (and the emulator) can make conditional and which can be sent again after a failure.

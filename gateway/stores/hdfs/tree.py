@@ -33,7 +33,7 @@ from gateway.stores.file_meta import (
 from gateway.stores.hdfs.client import RemoteFailure, Status, WebHdfs
 from gateway.stores.retry import SYSTEM_CLOCK, Clock
 
-log = logging.getLogger("gateway.stores.hdfs")
+log = logging.getLogger(__name__)
 
 OPTIONS = frozenset(
     {

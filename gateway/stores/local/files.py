@@ -41,7 +41,7 @@ from gateway.stores.file_meta import (
     synthetic_etag,
 )
 
-log = logging.getLogger("gateway.stores.local")
+log = logging.getLogger(__name__)
 
 NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 # Bodies are written in batches of at least this, so one thread hop moves a MiB or more.

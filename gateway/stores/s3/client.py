@@ -43,7 +43,7 @@ from gateway.stores.base import (
 )
 from gateway.stores.s3.fast_get import FastGet, body_chunks
 
-log = logging.getLogger("gateway.stores")
+log = logging.getLogger(__name__)
 
 # Large enough that per-chunk overhead vanishes, small enough to start streaming early.
 CHUNK_SIZE = 512 * 1024

@@ -41,7 +41,7 @@ from botocore.utils import percent_encode
 
 from gateway.stores.s3.http1 import FAILURES, Pool, ProtocolError, Response
 
-log = logging.getLogger("gateway.stores")
+log = logging.getLogger(__name__)
 
 _META = "x-amz-meta-"
 # Answers botocore would not retry either, common on the miss path: raised here as botocore

@@ -49,7 +49,7 @@ from gateway.stores.s3.fast_get import FastGet
 from gateway.stores.s3.fields import CUSTOMER_KEY_MARK, encryption_args, info_of, utc
 from gateway.stores.s3.writes import Writes
 
-log = logging.getLogger("gateway.stores")
+log = logging.getLogger(__name__)
 
 __all__ = ["CHUNK_SIZE", "S3Store", "open_s3", "parse_timestamp"]
 

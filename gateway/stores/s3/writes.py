@@ -38,7 +38,7 @@ from gateway.stores.s3.fields import (
     info_of,
 )
 
-log = logging.getLogger("gateway.stores.s3")
+log = logging.getLogger(__name__)
 
 # Bodies above this go up as a multipart upload of PART_SIZE parts: memory holds one part,
 # never the body, and a part that fails can be sent again. Up to it, a body goes in one
