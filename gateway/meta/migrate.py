@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -74,5 +75,9 @@ def run_migrations(url: str) -> None:
 def _upgrade(url: str) -> None:
     from alembic import command
 
+    # Alembic tells each step at INFO ("Context impl SQLiteImpl", "Running upgrade ..."): a
+    # node's first start would open with a score of its lines before its own. Its warnings
+    # and errors still show.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     with _ALEMBIC_LOCK:
         command.upgrade(alembic_config(url), "head")
