@@ -608,10 +608,13 @@ def _stood_in_for(away: list[str]) -> str:
 
 def _fetched(objects: int, fetched_objects: int, fetched: int, cached: int) -> str:
     """What a load that ended well fetched from the store, and what it found cached already:
-    a reload of an unchanged prefix says it fetched nothing. Objects count once per node that
-    fetched any of their blocks, so they are told as an upper bound only in a fleet."""
+    a reload of an unchanged prefix says it fetched nothing. (In a fleet an object whose
+    blocks several nodes fetched counts on each of them: the count of objects fetched is then
+    at most the objects', the bytes exact.)"""
     if not fetched:
         return f": nothing fetched, all {objects} already cached"
+    if not cached:
+        return ": all fetched from the store"
     fetched_objects = min(fetched_objects, objects)
     return (
         f": {fetched_objects} fetched from the store ({_size(fetched)}),"
