@@ -76,7 +76,7 @@ class LineColumn(ProgressColumn):
 
 
 def _fraction(done: int, total: int) -> str:
-    """"73.1/100.0 MiB" as rich's download column writes it, in the units of the total."""
+    """ "73.1/100.0 MiB" as rich's download column writes it, in the units of the total."""
     whole, unit = size(total).rsplit(" ", 1)
     scale = 1024 ** ("B", "KiB", "MiB", "GiB", "TiB").index(unit)
     part = str(done) if unit == "B" else f"{done / scale:.1f}"
