@@ -38,6 +38,12 @@ def migrations_dir() -> Path:
     raise RuntimeError(f"no Alembic migrations found in {package}/_migrations or beside it")
 
 
+# Alembic tells each step at INFO (its plugins as it is imported, "Context impl SQLiteImpl",
+# "Running upgrade ..."): a node's first start would open with a score of its lines before its
+# own. Set before any import of alembic (all of them are below); its warnings still show.
+logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
 def alembic_config(url: str) -> Config:
     """A Config built in code, so that no alembic.ini is needed at run time."""
     from alembic.config import Config
@@ -75,9 +81,5 @@ def run_migrations(url: str) -> None:
 def _upgrade(url: str) -> None:
     from alembic import command
 
-    # Alembic tells each step at INFO ("Context impl SQLiteImpl", "Running upgrade ..."): a
-    # node's first start would open with a score of its lines before its own. Its warnings
-    # and errors still show.
-    logging.getLogger("alembic").setLevel(logging.WARNING)
     with _ALEMBIC_LOCK:
         command.upgrade(alembic_config(url), "head")
