@@ -6,15 +6,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
 import os
 import ssl
+from collections.abc import Callable
 
 from gateway import counters
 from gateway.admin import Administration
-from gateway.admin.metrics import publish_forever, shared_dir, watch_cache
+from gateway.admin.metrics import cache_figures, publish_forever, shared_dir, watch_cache
 from gateway.admin.routes import ADMIN_PATHS, admin_app
 from gateway.cache import PageStore
 from gateway.catalog.upkeep import CatalogMount, Upkeep
@@ -23,7 +25,7 @@ from gateway.cluster.membership import Membership
 from gateway.cluster.peer_api import PeerApi
 from gateway.cluster.peers import Fleet
 from gateway.cluster.placement import DEFAULT_MAX_REPLICAS, DEFAULT_PARTITIONS
-from gateway.cluster.registry import NodeFigures, NodeRegistry
+from gateway.cluster.registry import MountLine, NodeFigures, NodeRegistry
 from gateway.config import Settings, build_settings
 from gateway.console import Console, is_console_path
 from gateway.edge import install_fast_path
@@ -86,6 +88,31 @@ def fleet_tls(settings: Settings) -> ssl.SSLContext | None:
         return None
     cafile = str(settings.fleet_ca) if settings.fleet_ca else None
     return ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=cafile)
+
+
+def node_figures(shared: Shared) -> NodeFigures:
+    """This node's cache figures (every worker's counts) and totals, its mounts named by their
+    buckets: what its heartbeat writes for `gateway status`, and what its console shows."""
+    cache = cache_figures(shared.pages)
+    requests, sent = counters.totals()
+    names = {h.id: h.bucket for h in shared.namespace.mounts()}
+    mounts = tuple(
+        MountLine(
+            names.get(m.mount_id, f"mount {m.mount_id}"),
+            m.cache_bytes,
+            m.pinned_bytes,
+            m.capacity_bytes,
+            m.hits,
+            m.misses,
+            m.preload_fills,
+        )
+        for m in cache.mounts
+    )
+    return NodeFigures(
+        cache_bytes=cache.cache_bytes, hits=cache.hits, misses=cache.misses, requests=requests,
+        sent_bytes=sent, capacity_bytes=cache.capacity_bytes, pinned_bytes=cache.pinned_bytes,
+        preload_fills=cache.preload_fills, mounts=mounts,
+    )  # fmt: skip
 
 
 def s3_url(settings: Settings) -> str:
@@ -181,8 +208,9 @@ class Node:
         )
         shared.namespace.configure(s)  # the node's own files, kept out of every mount
         await shared.namespace.refresh()
+        figures = functools.partial(node_figures, shared)
         if fleet is not None:
-            await self._join_fleet(fleet, service.reader, meta, pages)
+            await self._join_fleet(fleet, service.reader, meta, figures)
         self._tasks = [
             asyncio.create_task(shared.namespace.run(s.refresh_interval)),
             asyncio.create_task(service.multipart.run_janitor(min(3600.0, s.multipart_max_age))),
@@ -191,7 +219,7 @@ class Node:
         if (folder := shared_dir()) is not None:  # one of several workers
             self._tasks.append(asyncio.create_task(publish_forever(pages, folder)))
         admin = self._start_jobs(meta, service.reader, fleet)
-        self.console = Console(meta, shared, admin, s.heartbeat_timeout)
+        self.console = Console(meta, shared, admin, s.heartbeat_timeout, figures=figures)
         self.shared = shared
         self.s3 = S3App(service, s.region, s.base_domain, s.access_log)
         if s.fast_hits:
@@ -251,23 +279,10 @@ class Node:
         return Upkeep(shared.catalog, mounts, changed, self.settings.refresh_interval)
 
     async def _join_fleet(
-        self, fleet: Fleet, reader: Reader, meta: MetaStore, pages: PageStore
+        self, fleet: Fleet, reader: Reader, meta: MetaStore, figures: Callable[[], NodeFigures]
     ) -> None:
         s = self.settings
         me = fleet.me
-
-        def figures() -> NodeFigures:
-            node = pages.janitor_stats()
-            requests, sent = counters.totals()
-            return NodeFigures(
-                cache_bytes=node.bytes_used if node else 0,
-                hits=pages.stats.hits,
-                misses=pages.stats.misses,
-                requests=requests,
-                sent_bytes=sent,
-                capacity_bytes=pages.capacity,
-            )
-
         membership = Membership(
             meta,
             me,

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gateway.cache import PageStore
+from gateway.cache import CacheFigures, JanitorStats, MountFigures, PageStore
 from gateway.counters import BUCKET_READS, REGISTRY
 from gateway.datadir import MULTIPROC_ENV
 
@@ -35,9 +35,11 @@ log = logging.getLogger(__name__)
 PUBLISH_INTERVAL = 1.0  # seconds between a worker's publications of its cache figures
 
 _COUNTERS = (
-    ("gateway_cache_hits", "Block reads answered by the cache", "hits"),
+    ("gateway_cache_hits", "Clients' block reads answered by the cache", "hits"),
     ("gateway_cache_memory_hits", "Block reads answered by the memory tier", "memory_hits"),
-    ("gateway_cache_misses", "Block reads that waited for the store", "misses"),
+    ("gateway_cache_misses", "Clients' block reads that waited for the store", "misses"),
+    ("gateway_cache_preload_fills", "Blocks preload jobs fetched (not misses)", "preload_fills"),
+    ("gateway_cache_preload_hits", "Blocks preload jobs found cached", "preload_hits"),
     ("gateway_cache_joins", "Misses that joined a fill in flight (single flight)", "joins"),
     ("gateway_cache_hit_bytes", "Bytes answered from the cache", "hit_bytes"),
     ("gateway_cache_fills", "Blocks fetched from a store and kept", "fills"),
@@ -74,22 +76,32 @@ def _process_figures(pages: PageStore) -> dict[str, float]:
 # This process's reads by bucket (gateway/counters.py), as published: [bucket, cache, reads,
 # bytes] each.
 BucketReads = list[list[Any]]
+# Block reads by mount id, as published: [hits, misses, preload hits, preload fills] each.
+MountCounts = dict[int, list[int]]
 
 
 def _process_bucket_reads() -> BucketReads:
     return [[bucket, cache, n, sent] for (bucket, cache), (n, sent) in BUCKET_READS.items()]
 
 
-def publish(pages: PageStore, folder: Path) -> tuple[dict[str, float], BucketReads]:
+def _process_mount_counts(pages: PageStore) -> MountCounts:
+    return {
+        mount: [c.hits, c.misses, c.preload_hits, c.preload_fills]
+        for mount, c in pages.stats.mounts.items()
+    }
+
+
+def publish(pages: PageStore, folder: Path) -> tuple[dict[str, float], BucketReads, MountCounts]:
     """Write this worker's cache figures and reads by bucket where the other workers' scrapes
     find them."""
     figures = _process_figures(pages)
     buckets = _process_bucket_reads()
+    mounts = _process_mount_counts(pages)
     path = folder / f"cache_{os.getpid()}.json"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"figures": figures, "buckets": buckets}))
+    tmp.write_text(json.dumps({"figures": figures, "buckets": buckets, "mounts": mounts}))
     os.replace(tmp, path)
-    return figures, buckets
+    return figures, buckets, mounts
 
 
 async def publish_forever(pages: PageStore, folder: Path) -> None:
@@ -120,20 +132,24 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _node_figures(pages: PageStore, folder: Path) -> tuple[dict[str, float], BucketReads]:
+def _node_figures(
+    pages: PageStore, folder: Path
+) -> tuple[dict[str, float], BucketReads, MountCounts]:
     """Counters of every worker that ever published; gauges of the live ones."""
     own = publish(pages, folder)
     total = dict.fromkeys(own[0], 0.0)
     reads: dict[tuple[str, str], list[int]] = {}
+    per_mount: MountCounts = {}
     for path in folder.glob("cache_*.json"):
         pid = int(path.stem.split("_", 1)[1])
         if pid == os.getpid():
-            figures, buckets = own
+            figures, buckets, mounts = own
         else:
             try:
                 doc = json.loads(path.read_text())
                 figures, buckets = doc["figures"], doc["buckets"]
-            except (OSError, ValueError, KeyError, TypeError):
+                mounts = {int(m): counts for m, counts in doc.get("mounts", {}).items()}
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 continue  # being replaced, or gone
         live = pid == os.getpid() or _alive(pid)
         for name, value in figures.items():
@@ -143,7 +159,57 @@ def _node_figures(pages: PageStore, folder: Path) -> tuple[dict[str, float], Buc
             counted = reads.setdefault((bucket, cache), [0, 0])
             counted[0] += n
             counted[1] += sent
-    return total, [[b, c, n, sent] for (b, c), (n, sent) in reads.items()]
+        for mount, counts in mounts.items():
+            summed = per_mount.setdefault(mount, [0, 0, 0, 0])
+            for i, n in enumerate(counts):
+                summed[i] += n
+    return total, [[b, c, n, sent] for (b, c), (n, sent) in reads.items()], per_mount
+
+
+def _figures(pages: PageStore) -> tuple[dict[str, float], BucketReads, MountCounts]:
+    """The node's counts: every worker's summed when there are several, else this process's."""
+    folder = shared_dir()
+    if folder is not None:
+        return _node_figures(pages, folder)
+    return _process_figures(pages), _process_bucket_reads(), _process_mount_counts(pages)
+
+
+def cache_figures(pages: PageStore) -> CacheFigures:
+    """The node's cache at a glance (`gateway status`, the console, the heartbeat): bytes
+    held and pinned and the budget (the janitor's last pass), the clients' hits and misses and
+    the preload's fills (every worker's), for the node and per mount. Blocking (small file
+    reads): call it off the event loop's hot path, as a scrape does."""
+    counts, _, per_mount = _figures(pages)
+    node = pages.janitor_stats()
+    mount_ids = sorted(set(per_mount) | set(node.mounts if node else ()))
+    mounts = tuple(
+        _mount_figures(pages, node, mount, per_mount.get(mount, [0, 0, 0, 0]))
+        for mount in mount_ids
+    )
+    return CacheFigures(
+        cache_bytes=node.bytes_used if node else 0,
+        pinned_bytes=node.pinned_bytes if node else 0,
+        capacity_bytes=pages.capacity,
+        hits=int(counts["hits"]),
+        misses=int(counts["misses"]),
+        preload_fills=int(counts["preload_fills"]),
+        mounts=mounts,
+    )
+
+
+def _mount_figures(
+    pages: PageStore, node: JanitorStats | None, mount: int, counts: list[int]
+) -> MountFigures:
+    hits, misses, _, preload_fills = counts
+    return MountFigures(
+        mount_id=mount,
+        cache_bytes=node.mounts.get(mount, 0) if node else 0,
+        pinned_bytes=node.mount_pinned.get(mount, 0) if node else 0,
+        capacity_bytes=node.quotas.get(mount, pages.capacity) if node else pages.capacity,
+        hits=hits,
+        misses=misses,
+        preload_fills=preload_fills,
+    )
 
 
 class CacheCollector(Collector):
@@ -154,12 +220,7 @@ class CacheCollector(Collector):
         self._pages = pages
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        folder = shared_dir()
-        figures, buckets = (
-            _node_figures(self._pages, folder)
-            if folder is not None
-            else (_process_figures(self._pages), _process_bucket_reads())
-        )
+        figures, buckets, per_mount = _figures(self._pages)
         for name, doc, field in _COUNTERS:
             yield CounterMetricFamily(name, doc, figures[field])
         for name, doc, field in _GAUGES:
@@ -209,12 +270,48 @@ class CacheCollector(Collector):
             "Blocks evicted by the janitor",
             node.evictions if node else 0,
         )
-        per_mount = GaugeMetricFamily(
+        mount_bytes = GaugeMetricFamily(
             "gateway_cache_mount_bytes", "Bytes of blocks on disk per mount", labels=["mount"]
         )
         for mount, used in sorted(node.mounts.items() if node else []):
-            per_mount.add_metric([str(mount)], used)
-        yield per_mount
+            mount_bytes.add_metric([str(mount)], used)
+        yield mount_bytes
+        yield from self._per_mount(node, per_mount)
+
+    def _per_mount(
+        self, node: JanitorStats | None, counts: MountCounts
+    ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """The mounts' own figures, labelled by mount id as gateway_cache_mount_bytes is."""
+        pinned = GaugeMetricFamily(
+            "gateway_cache_mount_pinned_bytes", "Bytes of pinned blocks per mount",
+            labels=["mount"],
+        )  # fmt: skip
+        for mount, n in sorted(node.mount_pinned.items() if node else []):
+            pinned.add_metric([str(mount)], n)
+        yield pinned
+        capacity = GaugeMetricFamily(
+            "gateway_cache_mount_capacity_bytes",
+            "A mount's byte budget: its quota, else the cache's",
+            labels=["mount"],
+        )
+        for mount in sorted(set(node.mounts) | set(counts) if node else counts):
+            budget = node.quotas.get(mount, self._pages.capacity) if node else self._pages.capacity
+            capacity.add_metric([str(mount)], budget)
+        yield capacity
+        names = (
+            ("gateway_cache_mount_hits", "Clients' block reads answered by the cache, per mount"),
+            (
+                "gateway_cache_mount_misses",
+                "Clients' block reads that waited for the store, per mount",
+            ),
+            ("gateway_cache_mount_preload_hits", "Blocks preload jobs found cached, per mount"),
+            ("gateway_cache_mount_preload_fills", "Blocks preload jobs fetched, per mount"),
+        )
+        for i, (name, doc) in enumerate(names):
+            family = CounterMetricFamily(name, doc, labels=["mount"])
+            for mount, values in sorted(counts.items()):
+                family.add_metric([str(mount)], values[i])
+            yield family
 
 
 _cache: CacheCollector | None = None

@@ -3,7 +3,9 @@ worker processes of one node, evicted by one janitor (`PageStore`, storage), and
 the stores one fetch per block on the node (`Fills`). Imports nothing from the rest of the
 gateway."""
 
+from gateway.cache.figures import CacheFigures, MountFigures
 from gateway.cache.fills import Arrival, Fetch, Fills
+from gateway.cache.janitor import JanitorStats
 from gateway.cache.pages import (
     BlockKey,
     BlockWriter,
@@ -14,6 +16,6 @@ from gateway.cache.pages import (
 )
 
 __all__ = [
-    "Arrival", "BlockKey", "BlockWriter", "Fetch", "FileRegion", "FillFailed", "Fills", "PageStats",
-    "PageStore",
+    "Arrival", "BlockKey", "BlockWriter", "CacheFigures", "Fetch", "FileRegion", "FillFailed",
+    "Fills", "JanitorStats", "MountFigures", "PageStats", "PageStore",
 ]  # fmt: skip

@@ -218,6 +218,7 @@ class Fills:
         retired_ok: bool = False,
         cold: bool = False,
         sparse: bool = False,
+        preload: bool = False,
     ) -> AsyncGenerator[bytes, None]:
         """Bytes [start, end) of the block (`length` bytes in all), from the cache or, on a
         miss, from `fetch` (the block from the store), caching it on the way.
@@ -230,14 +231,16 @@ class Fills:
         version was invalidated since) is good, and better than the store's new version.
         `cold`: the block is very likely not on disk (its version was just learnt from the
         store): no read of the disk first; the fill's claim finds a block that is there, and
-        reads it (one thread hop a miss fewer)."""
+        reads it (one thread hop a miss fewer).
+        `preload`: a preload job reads (gateway/jobs): its hits and fills are counted apart
+        from the clients' hits and misses."""
         pages = self.pages
-        data = pages.peek(bkey, pinned)
+        data = pages.peek(bkey, pinned, preload)
         if data is not None:
             yield data if (start, end) == (0, length) else data[start:end]
             return
         if retired_ok and pages.retired(bkey.version):
-            data = await pages.read_retired(bkey, length, start, end)
+            data = await pages.read_retired(bkey, length, start, end, preload)
             if data is not None:
                 yield data
                 return
@@ -252,7 +255,7 @@ class Fills:
                         yield chunk
                 return
             if not cold:
-                data = await pages.read_disk(bkey, length, start, end, pinned)
+                data = await pages.read_disk(bkey, length, start, end, pinned, preload)
                 if data is not None:
                     yield data
                     return
@@ -263,7 +266,7 @@ class Fills:
                 self.stats.joins += 1
         else:
             self.stats.joins += 1
-        self.stats.misses += 1
+        self.stats.miss(bkey.mount_id, preload)
         sent = False
         try:
             async for chunk in fill.read(start, end):
@@ -280,15 +283,16 @@ class Fills:
             yield data
 
     async def read_hit(
-        self, bkey: BlockKey, length: int, start: int, end: int, *, pinned: bool = False
-    ) -> bytes | None:
+        self, bkey: BlockKey, length: int, start: int, end: int, *, pinned: bool = False,
+        preload: bool = False,
+    ) -> bytes | None:  # fmt: skip
         """Bytes [start, end) if the block is cached (memory or disk), else None: no fetch."""
-        data = self.pages.peek(bkey, pinned)
+        data = self.pages.peek(bkey, pinned, preload)
         if data is not None:
             return data if (start, end) == (0, length) else data[start:end]
         if bkey.name in self._fills:
             return None
-        return await self.pages.read_disk(bkey, length, start, end, pinned)
+        return await self.pages.read_disk(bkey, length, start, end, pinned, preload)
 
     def prefetch(self, bkey: BlockKey, length: int, fetch: Fetch, *, pinned: bool = False) -> bool:
         """Start filling a block a reader will want soon, if a prefetch slot is free and it is
@@ -554,7 +558,7 @@ class Fills:
         if new:
             fills.update(self._start_subs(bkey, length, new, fetch, pinned))
         if fills:
-            self.stats.misses += 1
+            self.stats.miss(bkey.mount_id, False)
         # Every fill these bytes need has begun to arrive before the first of them goes out
         # (a fill asks for all its runs at once first): a version gone from the store fails
         # the read before it has sent anything, not after its first sub-block.

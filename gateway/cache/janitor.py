@@ -71,6 +71,8 @@ class JanitorStats:
     protected_bytes: int = 0  # of blocks used twice or more (the segment a sweep cannot take)
     unpinned_blocks: int = 0  # pins an operator took off, over every janitor of the directory
     unpinned_bytes: int = 0
+    mount_pinned: dict[int, int] = dataclasses.field(default_factory=dict)  # pinned per mount
+    quotas: dict[int, int] = dataclasses.field(default_factory=dict)  # mounts' own budgets
 
 
 def read_stats(root: str) -> JanitorStats | None:
@@ -78,7 +80,9 @@ def read_stats(root: str) -> JanitorStats | None:
     try:
         with open(os.path.join(root, STATS), "rb") as f:
             raw = json.load(f)
-        raw["mounts"] = {int(k): v for k, v in raw["mounts"].items()}
+        for name in ("mounts", "mount_pinned", "quotas"):
+            if name in raw:  # JSON's keys are strings; a file of an older janitor has fewer
+                raw[name] = {int(k): v for k, v in raw[name].items()}
         return JanitorStats(**raw)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
@@ -543,6 +547,8 @@ class Janitor:
             protected_bytes=policy.segment_bytes(PROTECTED),
             unpinned_blocks=self._unpinned[0],
             unpinned_bytes=self._unpinned[1],
+            mount_pinned=policy.pinned_mounts(),
+            quotas=dict(self._quotas),
         )
         tmp = f"{self.root}/.{STATS}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:

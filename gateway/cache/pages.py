@@ -103,10 +103,25 @@ Version = tuple[int, str, str, int]  # mount id, key, ETag, block size: one obje
 
 
 @dataclass(slots=True)
+class MountCounts:
+    """One mount's block reads, as PageStats counts them for the whole process."""
+
+    hits: int = 0
+    misses: int = 0
+    preload_hits: int = 0
+    preload_fills: int = 0
+
+
+@dataclass(slots=True)
 class PageStats:
-    hits: int = 0  # block reads answered from memory or disk
+    hits: int = 0  # block reads of clients answered from memory or disk
     memory_hits: int = 0
-    misses: int = 0  # block reads that had to fetch, or wait for a fetch
+    misses: int = 0  # block reads of clients that had to fetch, or wait for a fetch
+    # Preload (gateway load) reads its blocks through the same paths; counted apart, so that
+    # a preload's fills are not the clients' misses (a hit ratio of 0% after a preload) and its
+    # looks at blocks already cached are not their hits.
+    preload_hits: int = 0
+    preload_fills: int = 0
     joins: int = 0  # misses that joined a fill in flight instead of fetching again
     hit_bytes: int = 0
     fills: int = 0  # fills this process led to the end and kept
@@ -118,6 +133,32 @@ class PageStats:
     zero_copy: int = 0  # block reads handed over as file regions, to be sent unread
     rechecks: int = 0  # of those, the ones whose block was read and checked first
     sealed: int = 0  # of those, the ones of a sealed file (fs-verity): never rechecked
+    mounts: dict[int, MountCounts] = field(default_factory=dict)  # the four counts by mount
+
+    def mount(self, mount_id: int) -> MountCounts:
+        counts = self.mounts.get(mount_id)
+        if counts is None:
+            counts = self.mounts[mount_id] = MountCounts()
+        return counts
+
+    def hit(self, mount_id: int, preload: bool) -> None:
+        """One block read answered from the cache, by a client or by a preload."""
+        if preload:
+            self.preload_hits += 1
+            self.mount(mount_id).preload_hits += 1
+        else:
+            self.hits += 1
+            self.mount(mount_id).hits += 1
+
+    def miss(self, mount_id: int, preload: bool) -> None:
+        """One block read that fetched, or waited for a fetch: a client's miss, or a preload's
+        fill."""
+        if preload:
+            self.preload_fills += 1
+            self.mount(mount_id).preload_fills += 1
+        else:
+            self.misses += 1
+            self.mount(mount_id).misses += 1
 
 
 class FileRegion:
@@ -331,11 +372,11 @@ class PageStore:
 
     # -- reads ----------------------------------------------------------------------------------
 
-    def peek(self, bkey: BlockKey, pinned: bool = False) -> bytes | None:
+    def peek(self, bkey: BlockKey, pinned: bool = False, preload: bool = False) -> bytes | None:
         """The block's bytes if they are in the memory tier: no I/O at all."""
         data = self.memory.get(bkey.name)
         if data is not None:
-            self.stats.hits += 1
+            self.stats.hit(bkey.mount_id, preload)
             self.stats.memory_hits += 1
             self.stats.hit_bytes += len(data)
             if self._journal is not None:
@@ -518,7 +559,9 @@ class PageStore:
         """Whether the version was invalidated here and its blocks wait in retired/."""
         return bool(self._retired) and version in self._retired
 
-    async def read_retired(self, bkey: BlockKey, length: int, start: int, end: int) -> bytes | None:
+    async def read_retired(
+        self, bkey: BlockKey, length: int, start: int, end: int, preload: bool = False
+    ) -> bytes | None:
         """Bytes [start, end) of a retired block (read_retired after retired()), or None."""
         path = retired_path(self.root, bkey.name)
         try:
@@ -530,13 +573,14 @@ class PageStore:
             return None
         except OSError:
             return None
-        self.stats.hits += 1
+        self.stats.hit(bkey.mount_id, preload)
         self.stats.hit_bytes += len(data)
         return data
 
     async def read_disk(
-        self, bkey: Entry, length: int, start: int, end: int, pinned: bool = False
-    ) -> bytes | None:
+        self, bkey: Entry, length: int, start: int, end: int, pinned: bool = False,
+        preload: bool = False,
+    ) -> bytes | None:  # fmt: skip
         """Bytes [start, end) of the entry's file (`length` bytes of data), checked as
         `verify_sample` says; None when it is not there, damaged (then dropped) or unreadable.
         A small block goes into the memory tier whole."""
@@ -556,7 +600,7 @@ class PageStore:
             # Unreadable now (EIO, out of descriptors): not served, fetched; kept for later.
             self.disk_trouble(f"could not read block {name}", exc)
             return None
-        self._disk_hit(bkey, pinned)
+        self._disk_hit(bkey, pinned, preload)
         if verify and size == length:
             self._checked_now(name)
         if small:
@@ -585,7 +629,7 @@ class PageStore:
             or random.random() < self._verify_sample
         )
 
-    def _disk_hit(self, bkey: Entry, pinned: bool) -> None:
+    def _disk_hit(self, bkey: Entry, pinned: bool, preload: bool = False) -> None:
         """A block served from its file: known as checked here, its use told to the janitor."""
         if len(self._verified) >= _VERIFIED_MAX:
             self._verified.clear()
@@ -593,7 +637,7 @@ class PageStore:
         self._verified[bkey.name] = None
         if self._journal is not None:
             self._journal.access(bkey.digest, bkey.mount_id, pinned)
-        self.stats.hits += 1
+        self.stats.hit(bkey.mount_id, preload)
 
     async def read_entries(
         self, reads: list[tuple[Entry, int, int, int]], pinned: bool

@@ -275,6 +275,12 @@ class Policy:
         """Bytes per mount that holds any."""
         return {mount: m.bytes for mount, m in self._mounts.items() if m.bytes}
 
+    def pinned_mounts(self) -> dict[int, int]:
+        """Bytes of pinned blocks per mount that has any (a sum over its pins: for the
+        janitor's published figures, not for a hot path)."""
+        pinned = {mount: sum(m.pinned.values()) for mount, m in self._mounts.items()}
+        return {mount: n for mount, n in pinned.items() if n}
+
     def segment_bytes(self, segment: int) -> int:
         return self._segment_bytes[segment]
 

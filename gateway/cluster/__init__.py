@@ -15,7 +15,7 @@ from .placement import (
     object_key,
     partition_of,
 )
-from .registry import NodeFigures, NodeRecord, NodeRegistry
+from .registry import MountLine, NodeFigures, NodeRecord, NodeRegistry
 
 __all__ = [
     "DEFAULT_MAX_REPLICAS",
@@ -23,6 +23,7 @@ __all__ = [
     "BlockServer",
     "Fleet",
     "Membership",
+    "MountLine",
     "Node",
     "NodeFigures",
     "NodeRecord",

@@ -38,9 +38,11 @@ class BlockServer(Protocol):
         end: int,
         pinned: bool,
         sparse: bool = False,
+        preload: bool = False,
     ) -> bytes | AsyncGenerator[bytes, None]:
         """Bytes [start, end) of block `index`; errors (S3 or VersionChanged) before any byte.
-        `sparse`: the asking reader is not sequential (a small range may fill sub-blocks)."""
+        `sparse`: the asking reader is not sequential (a small range may fill sub-blocks).
+        `preload`: a preload job asks (its reads are counted apart from the clients')."""
         ...
 
     async def serve_open(
@@ -97,7 +99,7 @@ class PeerApi:
         try:
             body = await self._server.serve_block(
                 int(q["m"]), info, int(q["b"]), int(q["i"]), start, end, q.get("p") == "1",
-                q.get("r") == "1",
+                q.get("r") == "1", q.get("j") == "1",
             )  # fmt: skip
         except (VersionChanged, errors.S3Error) as exc:
             await _refuse(send, exc)

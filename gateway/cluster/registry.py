@@ -6,6 +6,7 @@ are none and members learn of changes by polling.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -41,9 +42,37 @@ SAMPLE_INTERVAL = 5.0
 SAMPLES_KEPT = 3600.0
 
 
+def _ratio(hits: int, misses: int) -> float | None:
+    """Hits over lookups; None before the first lookup."""
+    return hits / (hits + misses) if hits + misses else None
+
+
+@dataclass(frozen=True, slots=True)
+class MountLine:
+    """One mount's share of a node's cache, as the node reports it with each heartbeat."""
+
+    mount: str  # the mount's bucket
+    cache_bytes: int = 0
+    pinned_bytes: int = 0
+    capacity_bytes: int = 0  # its quota, else the node's capacity
+    hits: int = 0
+    misses: int = 0
+    preload_fills: int = 0
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "mount": self.mount, "cache_bytes": self.cache_bytes,
+            "pinned_bytes": self.pinned_bytes, "capacity_bytes": self.capacity_bytes,
+            "hits": self.hits, "misses": self.misses, "preload_fills": self.preload_fills,
+            "hit_ratio": _ratio(self.hits, self.misses),
+        }  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class NodeFigures:
-    """What a node reports of its cache with each heartbeat, for `gateway status`."""
+    """What a node reports of its cache with each heartbeat, for `gateway status`: bytes held
+    and pinned, its budget, the clients' hits and misses, and the blocks preload fetched
+    (counted apart: they are no client's misses), for the node and per mount."""
 
     cache_bytes: int = 0
     hits: int = 0
@@ -52,12 +81,37 @@ class NodeFigures:
     requests: int = 0
     sent_bytes: int = 0
     capacity_bytes: int = 0
+    pinned_bytes: int = 0
+    preload_fills: int = 0
+    mounts: tuple[MountLine, ...] = ()
 
     @property
     def hit_ratio(self) -> float | None:
-        """Hits over lookups; None before the first lookup."""
-        lookups = self.hits + self.misses
-        return self.hits / lookups if lookups else None
+        """The clients' hits over their lookups; None before the first lookup."""
+        return _ratio(self.hits, self.misses)
+
+    def summary(self) -> dict[str, Any]:
+        """The figures as JSON-ready values (`gateway status --json`, the console)."""
+        return {
+            "cache_bytes": self.cache_bytes, "pinned_bytes": self.pinned_bytes,
+            "capacity_bytes": self.capacity_bytes, "hits": self.hits, "misses": self.misses,
+            "preload_fills": self.preload_fills, "hit_ratio": self.hit_ratio,
+            "mounts": [m.summary() for m in self.mounts],
+        }  # fmt: skip
+
+    @classmethod
+    def from_summary(cls, doc: dict[str, Any]) -> NodeFigures:
+        """Back from summary() (the nodes table keeps the mounts as such a JSON list)."""
+        mounts = tuple(
+            MountLine(**{k: v for k, v in m.items() if k != "hit_ratio"})
+            for m in doc.get("mounts", ())
+        )
+        return cls(
+            cache_bytes=doc["cache_bytes"], hits=doc["hits"], misses=doc["misses"],
+            capacity_bytes=doc.get("capacity_bytes", 0),
+            pinned_bytes=doc.get("pinned_bytes", 0),
+            preload_fills=doc.get("preload_fills", 0), mounts=mounts,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +143,7 @@ class NodeRecord:
             "heartbeat_age": round(self.age, 3),
             "heartbeat_at": self.heartbeat_at.isoformat(),
             "started_at": self.started_at.isoformat(),
-            "cache_bytes": self.figures.cache_bytes,
-            "hits": self.figures.hits,
-            "misses": self.figures.misses,
-            "hit_ratio": self.figures.hit_ratio,
+            **self.figures.summary(),
         }
 
 
@@ -179,6 +230,10 @@ class NodeRegistry:
             "cache_bytes": figures.cache_bytes,
             "hits": figures.hits,
             "misses": figures.misses,
+            "capacity_bytes": figures.capacity_bytes,
+            "pinned_bytes": figures.pinned_bytes,
+            "preload_fills": figures.preload_fills,
+            "mounts": json.dumps([m.summary() for m in figures.mounts]),
         }
         insert = postgresql.insert if self._postgres else sqlite.insert
         statement = insert(nodes).values(row)
@@ -232,7 +287,9 @@ class NodeRegistry:
                 age=float(row["age"]),
                 started_at=row["started_at"],
                 heartbeat_at=row["heartbeat_at"],
-                figures=NodeFigures(row["cache_bytes"], row["hits"], row["misses"]),
+                figures=NodeFigures.from_summary(
+                    {**row, "mounts": json.loads(row["mounts"] or "[]")}
+                ),
             )
             for row in rows
         ]

@@ -33,7 +33,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.admin import MAX_JOB_ID, Administration, Invalid
-from gateway.cluster.registry import NodeRegistry
+from gateway.cluster.registry import MountLine, NodeFigures, NodeRegistry
 from gateway.iam import BUILTIN, DEFAULT_USER_POLICY, may_operate
 from gateway.jobs import progress
 from gateway.jobs.db import JobStore
@@ -97,8 +97,12 @@ class Console:
         admin: Administration,
         heartbeat_timeout: float,
         clock: Callable[[], float] = time.time,
+        figures: Callable[[], NodeFigures] | None = None,
     ) -> None:
+        """`figures`: this node's cache figures, every worker's (gateway/node.node_figures);
+        without it, none (a console built for its pages alone, in tests)."""
         self._meta = meta
+        self._figures = figures or NodeFigures
         self._shared = shared
         self._admin = admin
         self._jobs = JobStore(meta.engine)
@@ -338,15 +342,11 @@ class Console:
     async def _alone(self) -> dict[str, Any]:
         """A node in no fleet writes no heartbeats and no samples: its row is what it knows of
         itself now (no history, no request rate)."""
-        pages = self._shared.pages
-        stats = await asyncio.to_thread(pages.janitor_stats)
-        hits, misses = pages.stats.hits, pages.stats.misses
+        here = await asyncio.to_thread(self._figures)
         return {
             "id": "this node", "address": "not in a fleet", "zone": None, "weight": 1.0,
-            "state": "alone", "live": True, "heartbeat_age": 0.0,
-            "cache_bytes": stats.bytes_used if stats is not None else 0,
-            "capacity": pages.capacity,
-            "hit_ratio": hits / (hits + misses) if hits + misses else None,
+            "state": "alone", "live": True, "heartbeat_age": 0.0, **here.summary(),
+            "capacity": self._shared.pages.capacity,
             "rps": None, "rps_chart": "", "hits_chart": "", "cache_chart": "",
         }  # fmt: skip
 
@@ -355,6 +355,7 @@ class Console:
     async def _mounts(self, request: Request) -> dict[str, Any]:
         handles = {h.bucket: h for h in self._shared.namespace.mounts()}
         stats = await asyncio.to_thread(self._shared.pages.janitor_stats)
+        here = {m.mount: m for m in (await asyncio.to_thread(self._figures)).mounts}
         rows = []
         for mount in await self._meta.list_mounts():
             h = handles.get(mount.bucket)
@@ -370,6 +371,7 @@ class Console:
                 "quota": None if h is None else h.quota,
                 "catalog": h is not None and h.catalog is not None,
                 "used_here": used,
+                "here": here.get(mount.bucket, MountLine(mount.bucket)).summary(),
             })  # fmt: skip
         return {"mounts": rows, "page": "mounts"}
 

@@ -10,7 +10,6 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import click
-from rich.console import Console
 
 from gateway.jobs import progress
 from gateway.jobs.client import JobsClient, JobsError
@@ -50,7 +49,7 @@ def load(connect: Connect, spec: JobSpec, *, detach: bool, as_json: bool) -> int
 
 def wait(connect: Connect, job_id: int, *, as_json: bool) -> int:
     """Follow the job to its end; Ctrl-C asks whether to cancel it or to detach."""
-    console = Console(stderr=as_json)
+    console = progress.bar_console(stderr=as_json)
 
     async def look(client: JobsClient) -> JobView:
         return await progress.follow(job_id, client.get, console, sleep=asyncio.sleep)

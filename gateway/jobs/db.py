@@ -539,11 +539,13 @@ class JobStore:
                         sa.func.max(sa.cast(job_work.c.full, sa.Integer)),
                         sa.func.count(sa.distinct(
                             sa.case((job_work.c.full, job_work.c.node_id), else_=None))),
+                        sa.func.coalesce(sa.func.sum(job_work.c.loaded_bytes), 0),
+                        sa.func.coalesce(sa.func.sum(job_work.c.loaded_objects), 0),
                     ).where(job_work.c.job_id == job_id)
                 )
             ).one()  # fmt: skip
             done_bytes, failures, unkept, skipped, cached_objects, cached_bytes = sums[:6]
-            full, full_nodes = sums[6:]
+            full, full_nodes, fetched_bytes, fetched_objects = sums[6:]
             spec = JobSpec.from_json(json.loads(job["spec"]))
             if spec.verify:
                 state, message = (
@@ -562,6 +564,11 @@ class JobStore:
                     spec, job["total_objects"], job["total_bytes"], int(done_bytes),
                     int(failures), int(unkept), int(skipped), bool(full), int(full_nodes or 0),
                 )  # fmt: skip
+                if state == DONE and not spec.metadata_only:
+                    message += _fetched(
+                        job["total_objects"], int(fetched_objects), int(fetched_bytes),
+                        int(cached_bytes),
+                    )  # fmt: skip
             if away and spec.kind == "load":  # an unpin says so in its errors
                 message += f"; {_stood_in_for(away)}"
             ended = await conn.execute(
@@ -596,6 +603,22 @@ def _stood_in_for(away: list[str]) -> str:
         f"{names} away at the end: the others loaded {'its' if len(away) == 1 else 'their'}"
         f" share for the fleet without {'it' if len(away) == 1 else 'them'} (load again once"
         f" {them} back)"
+    )
+
+
+def _fetched(objects: int, fetched_objects: int, fetched: int, cached: int) -> str:
+    """What a load that ended well fetched from the store, and what it found cached already:
+    a reload of an unchanged prefix says it fetched nothing. (In a fleet an object whose
+    blocks several nodes fetched counts on each of them: the count of objects fetched is then
+    at most the objects', the bytes exact.)"""
+    if not fetched:
+        return f": nothing fetched, all {objects} already cached"
+    if not cached:
+        return ": all fetched from the store"
+    fetched_objects = min(fetched_objects, objects)
+    return (
+        f": {fetched_objects} fetched from the store ({_size(fetched)}),"
+        f" {objects - fetched_objects} already cached ({_size(cached)})"
     )
 
 

@@ -3,20 +3,12 @@ output is not a terminal, and the summary, table and detail views of `gateway jo
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Awaitable, Callable
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    ProgressColumn,
-    Task,
-    TaskProgressColumn,
-    TextColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import Progress, ProgressColumn, Task
 from rich.table import Table
 from rich.text import Text
 
@@ -36,13 +28,79 @@ def size(count: int) -> str:
     raise AssertionError("unreachable")
 
 
-class SpeedColumn(ProgressColumn):
-    """The transfer rate in the binary units of the sizes beside it (rich's own is decimal:
-    "73.1 MiB ... 19.1 MB/s")."""
+_MIN_BAR = 8  # columns of bar below which the figures on its right give way first
+_MAX_BAR = 40  # as rich's own bar: a wide terminal gets no longer a bar
+
+
+def bar_console(stderr: bool = False) -> Console:
+    """The console the bar is drawn on: as wide as the terminal (shutil's answer, which
+    COLUMNS overrides), so that the bar's line is laid out for it and never wraps."""
+    return Console(stderr=stderr, width=shutil.get_terminal_size().columns)
+
+
+class LineColumn(ProgressColumn):
+    """The whole progress line as one cell, laid out for the console's width: the job and its
+    state, the bar in the room left, then the figures (per cent, objects, bytes, the rate in
+    binary units, time left, failures). Where the line would not fit, the rate and the time
+    left give way, then the bar shrinks; the line is cut, never wrapped (rich's own columns
+    wrap their cells onto a second line when the terminal is narrower than they are)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.width = max(20, width - 1)  # a character written in the last column may wrap
 
     def render(self, task: Task) -> Text:
-        speed = task.finished_speed or task.speed
-        return Text("?" if speed is None else f"{size(int(speed))}/s", style="progress.data.speed")
+        f = task.fields
+        left = f"job {f['job']} {f['state']} "
+        total = task.total
+        done = int(task.completed)
+        figures = [
+            f"{task.percentage:3.0f}%" if total else "",
+            f"{f['objects']} objects",
+            _fraction(done, int(total)) if total else size(done),
+        ]
+        extra = [_rate(task), _time_left(task), f["failures"]]
+        right = _joined(figures + extra)
+        while len(left) + len(right) + _MIN_BAR > self.width and extra:
+            extra.pop(0)
+            right = _joined(figures + extra)
+        room = min(_MAX_BAR, max(0, self.width - len(left) - len(right) - 1))
+        filled = round(room * min(1.0, done / total)) if total else 0
+        line = Text(no_wrap=True, overflow="ellipsis")
+        line.append(left)
+        line.append("━" * filled, style="bar.complete")
+        line.append("━" * (room - filled), style="bar.back")
+        line.append(" " + right)
+        line.truncate(self.width, overflow="ellipsis")
+        return line
+
+
+def _fraction(done: int, total: int) -> str:
+    """ "73.1/100.0 MiB" as rich's download column writes it, in the units of the total."""
+    whole, unit = size(total).rsplit(" ", 1)
+    scale = 1024 ** ("B", "KiB", "MiB", "GiB", "TiB").index(unit)
+    part = str(done) if unit == "B" else f"{done / scale:.1f}"
+    return f"{part}/{whole} {unit}"
+
+
+def _joined(parts: list[str]) -> str:
+    return " ".join(p for p in parts if p)
+
+
+def _rate(task: Task) -> str:
+    """The transfer rate in the binary units of the sizes beside it (rich's own is decimal:
+    "73.1 MiB ... 19.1 MB/s")."""
+    speed = task.finished_speed or task.speed
+    return "?/s" if speed is None else f"{size(int(speed))}/s"
+
+
+def _time_left(task: Task) -> str:
+    left = task.time_remaining
+    if left is None or task.finished:
+        return ""
+    minutes, seconds = divmod(int(left), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{seconds:02d} left"
 
 
 def done_fraction(job: JobView) -> float:
@@ -171,17 +229,7 @@ async def follow(
             await sleep(POLL)
             job = await look(job_id) or job
         return job
-    columns = (
-        TextColumn("job {task.fields[job]} [bold]{task.fields[state]}[/]"),
-        BarColumn(),
-        TaskProgressColumn(),
-        TextColumn("{task.fields[objects]} objects"),
-        DownloadColumn(binary_units=True),
-        SpeedColumn(),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[failures]}"),
-    )
-    with Progress(*columns, console=console, refresh_per_second=4) as bar:
+    with Progress(LineColumn(console.width), console=console, refresh_per_second=4) as bar:
         task = bar.add_task("", total=None, job=job.id, state=job.state, objects="0/0",
                             failures="")  # fmt: skip
         while True:

@@ -604,7 +604,7 @@ class _Job:
         if warm.present(pages, bkey):
             if self.spec.pin:
                 # Read once as pinned: the janitor pins a cached block on its next use.
-                await self.reader.fills.read_hit(bkey, length, 0, length, pinned=True)
+                await self.reader.fills.read_hit(bkey, length, 0, length, pinned=True, preload=True)
             if not self.spec.verify:
                 await self.runner._usage.add(job_id, on_disk, self.budget)
             t.cached_bytes += length

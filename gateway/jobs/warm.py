@@ -67,7 +67,9 @@ async def fill_here(
 ) -> None:
     """The block in this node's cache: read through serve_block, the bytes dropped."""
     length = min(block_size, info.size - index * block_size)
-    body = await reader.serve_block(mount_id, info, block_size, index, 0, length, pinned)
+    body = await reader.serve_block(
+        mount_id, info, block_size, index, 0, length, pinned, preload=True
+    )
     if not isinstance(body, bytes):
         async with aclosing(body) as chunks:
             async for _ in chunks:
@@ -82,7 +84,9 @@ async def fill_first(reader: Reader, handle: MountHandle, listed: ObjectInfo, pi
     one store request for concurrent openers; a version known already is simply filled):
     this node's reads then know the version without asking the store, and on a
     `metadata_ttl=-1` mount every node's do (the database keeps it)."""
-    info, body = await reader.serve_open(handle.id, listed.key, handle.block_size, pinned)
+    info, body = await reader.serve_open(
+        handle.id, listed.key, handle.block_size, pinned, preload=True
+    )
     if not isinstance(body, bytes):
         async with aclosing(body) as chunks:
             async for _ in chunks:
@@ -104,7 +108,7 @@ async def fill_from(
     bkey = block_key(handle.id, info.key, info.etag, size, index)
     params: dict[str, str | int] = {
         "m": handle.id, "k": info.key, "e": info.etag, "s": info.size,
-        "b": size, "i": index, "p": int(pinned),
+        "b": size, "i": index, "p": int(pinned), "j": 1,
     }  # fmt: skip
 
     async def fetch(skip: int, stop: int | None = None) -> AsyncGenerator[bytes, None]:
@@ -124,7 +128,7 @@ async def fill_from(
                 yield chunk
 
     with store_errors(info.key):
-        chunks = reader.fills.read(bkey, length, 0, length, fetch, pinned=pinned)
+        chunks = reader.fills.read(bkey, length, 0, length, fetch, pinned=pinned, preload=True)
         async with aclosing(chunks):
             async for _ in chunks:
                 pass
@@ -139,7 +143,7 @@ async def fill_at(
     length = min(block_size, info.size - index * block_size)
     params: dict[str, str | int] = {
         "m": mount_id, "k": info.key, "e": info.etag, "s": info.size,
-        "b": block_size, "i": index, "p": int(pinned),
+        "b": block_size, "i": index, "p": int(pinned), "j": 1,  # j: a preload's read
     }  # fmt: skip
     async with aclosing(fleet.read_block(node, params, 0, length)) as chunks:
         async for _ in chunks:

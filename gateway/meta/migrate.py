@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,7 +19,7 @@ if TYPE_CHECKING:  # alembic costs ~0.3 s to import: only a database behind SCHE
 # The newest revision in migrations/versions: a database there needs no Alembic run at all
 # (MetaStore.migrate reads alembic_version and compares). A unit test holds it equal to
 # Alembic's own head, so a new migration fails the suite until this names it.
-SCHEMA_HEAD = "0011_key_locks"
+SCHEMA_HEAD = "0012_node_cache_figures"
 
 # Key of the PostgreSQL advisory lock that serializes concurrent upgrades (read by env.py).
 MIGRATION_LOCK_KEY = 0x67617465776179  # "gateway"
@@ -35,6 +36,12 @@ def migrations_dir() -> Path:
         if (candidate / "env.py").is_file():
             return candidate
     raise RuntimeError(f"no Alembic migrations found in {package}/_migrations or beside it")
+
+
+# Alembic tells each step at INFO (its plugins as it is imported, "Context impl SQLiteImpl",
+# "Running upgrade ..."): a node's first start would open with a score of its lines before its
+# own. Set before any import of alembic (all of them are below); its warnings still show.
+logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
 def alembic_config(url: str) -> Config:

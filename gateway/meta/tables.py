@@ -195,6 +195,11 @@ nodes = sa.Table(
     sa.Column("cache_bytes", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("hits", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("misses", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("capacity_bytes", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("pinned_bytes", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("preload_fills", sa.BigInteger, nullable=False, server_default="0"),
+    # The same per mount: a JSON list of objects (gateway/cluster/registry.MountLine).
+    sa.Column("mounts", sa.Text, nullable=False, server_default="[]"),
     sa.CheckConstraint("state IN ('up', 'left')", name="state"),
 )
 

@@ -49,7 +49,7 @@ def openers(fleet: Fleet | None, handle: MountHandle, key: str) -> tuple[Node, .
 
 
 async def from_store(
-    fills: Fills, handle: MountHandle, key: str, pinned: bool | None
+    fills: Fills, handle: MountHandle, key: str, pinned: bool | None, preload: bool = False
 ) -> tuple[ObjectInfo, AsyncGenerator[bytes, None]]:
     """The key opened with one store request; block 0 filled into this node's pages from it,
     its fill claimed and its first bytes in when this returns (primed)."""
@@ -61,12 +61,12 @@ async def from_store(
     span = Span(0, bkey, 0, length, 0, length)
     if pinned is None:
         pinned = handle.pinned(info.key)
-    return info, await primed(_filled(fills, handle, info, span, stream, pinned))
+    return info, await primed(_filled(fills, handle, info, span, stream, pinned, preload))
 
 
 async def _filled(
     fills: Fills, handle: MountHandle, info: ObjectInfo, span: Span,
-    opened: AsyncGenerator[bytes, None], pinned: bool,
+    opened: AsyncGenerator[bytes, None], pinned: bool, preload: bool = False,
 ) -> AsyncGenerator[bytes, None]:  # fmt: skip
     """Block 0 through this node's pages, filled from the stream the store opened with."""
     store = StoreSource(handle, info)
@@ -83,8 +83,9 @@ async def _filled(
         # The version was opened just now: its block 0 is not on disk but for a race, which
         # the fill's claim finds (it reads the block then), so no look at the disk first.
         chunks = fills.read(
-            span.key, span.length, span.start, span.end, fetch, pinned=pinned, cold=True
-        )
+            span.key, span.length, span.start, span.end, fetch, pinned=pinned, cold=True,
+            preload=preload,
+        )  # fmt: skip
         async with aclosing(chunks):
             async for chunk in chunks:
                 yield chunk

@@ -281,16 +281,19 @@ class Reader:
         return info, data
 
     async def serve_open(
-        self, mount_id: int, key: str, block_size: int, pinned: bool
+        self, mount_id: int, key: str, block_size: int, pinned: bool, preload: bool = False
     ) -> tuple[ObjectInfo, bytes | AsyncGenerator[bytes, None]]:
         """For a peer: the key's current version and its block 0 (which this node owns): from
-        the cache when the version is known here, else opened with one store request."""
+        the cache when the version is known here, else opened with one store request.
+        `preload`: for this node's preload job, whose reads are counted apart."""
         handle = await self._mount_by_id(mount_id)
         if block_size != handle.block_size or not handle.cache_enabled:
             raise errors.InvalidArgument("The mount's cache settings differ between the nodes.")
         pinned = pinned or handle.pinned(key)
         for _ in range(_READ_TRIES):
-            opened = await self.versions.open(handle, key, here=True, pinned=pinned)
+            opened = await self.versions.open(
+                handle, key, here=True, pinned=pinned, preload=preload
+            )
             if opened is not None:
                 return opened.info, opened.head
             # Known here (remembered, or block 0 kept across a restart): its bytes are here.
@@ -299,7 +302,9 @@ class Reader:
                 return info, b""
             try:
                 length = min(block_size, info.size)
-                body = await self.serve_block(mount_id, info, block_size, 0, 0, length, pinned)
+                body = await self.serve_block(
+                    mount_id, info, block_size, 0, 0, length, pinned, preload=preload
+                )
             except VersionChanged:
                 self.versions.forget(mount_id, key)
                 continue
@@ -524,22 +529,23 @@ class Reader:
 
     async def serve_block(
         self, mount_id: int, info: ObjectInfo, block_size: int, index: int, start: int, end: int,
-        pinned: bool, sparse: bool = False,
+        pinned: bool, sparse: bool = False, preload: bool = False,
     ) -> bytes | AsyncGenerator[bytes, None]:  # fmt: skip
         """For a peer: bytes [start, end) of a block this node owns, from its page store (one
         read on a hit), fetched from the store on a miss. Primed, so that errors come before
-        any byte. `sparse`: the peer's reader is not sequential (sub-blocks, as here)."""
+        any byte. `sparse`: the peer's reader is not sequential (sub-blocks, as here).
+        `preload`: for this node's preload job, whose reads are counted apart."""
         handle = await self._mount_by_id(mount_id)
         offset = index * block_size
         length = min(block_size, info.size - offset)
         if not 0 <= start <= end <= length:
             raise errors.InvalidRange()
         bkey = block_key(mount_id, info.key, info.etag, block_size, index)
-        data = await self.fills.read_hit(bkey, length, start, end, pinned=pinned)
+        data = await self.fills.read_hit(bkey, length, start, end, pinned=pinned, preload=preload)
         if data is not None:
             return data
         span = Span(index, bkey, offset, length, start, end)
-        source = PageSource(self.fills, StoreSource(handle, info), pinned, sparse)
+        source = PageSource(self.fills, StoreSource(handle, info), pinned, sparse, preload)
         return await primed(source.read(span))
 
     async def local_blocks(self, bucket: str, key: str, first: int, count: int) -> LocalBlocks:

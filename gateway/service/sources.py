@@ -97,17 +97,20 @@ async def _counted(
 class PageSource:
     """Blocks from this node's page store: one read on a hit; on a miss fetched from the store
     while they are kept, one fetch for all the readers of a block. `sparse`: the reader is not
-    sequential, so a miss of less than half a block fills only the sub-blocks that hold it."""
+    sequential, so a miss of less than half a block fills only the sub-blocks that hold it.
+    `preload`: a preload job's reads, counted apart from the clients' (Fills.read)."""
 
-    __slots__ = ("fills", "pinned", "sparse", "store")
+    __slots__ = ("fills", "pinned", "preload", "sparse", "store")
 
     def __init__(
-        self, fills: Fills, store: StoreSource, pinned: bool, sparse: bool = False
-    ) -> None:
+        self, fills: Fills, store: StoreSource, pinned: bool, sparse: bool = False,
+        preload: bool = False,
+    ) -> None:  # fmt: skip
         self.fills = fills
         self.store = store
         self.pinned = pinned
         self.sparse = sparse
+        self.preload = preload
 
     def read(
         self, span: Span, sent: bool = False, fetch: Fetch | None = None
@@ -116,7 +119,7 @@ class PageSource:
         # a cut response.
         return self.fills.read(
             span.key, span.length, span.start, span.end, fetch or self.store.fetch(span),
-            pinned=self.pinned, retired_ok=sent, sparse=self.sparse,
+            pinned=self.pinned, retired_ok=sent, sparse=self.sparse, preload=self.preload,
         )  # fmt: skip
 
     async def region(self, span: Span) -> FileRegion | None:

@@ -205,6 +205,7 @@ class Versions:
         here: bool = False,
         pinned: bool | None = None,
         force: bool = False,
+        preload: bool = False,
     ) -> Opened | None:
         """The key opened when this node knows no version of it (`force`: even so, the one it
         knew being gone from the store): its version and block 0's bytes from one request,
@@ -213,7 +214,8 @@ class Versions:
         one open of a key for the node's requests and workers (an open claim), the others wait
         and then find it known. None when the version is known, or became known while another
         request opened it: current() answers then, with no I/O. `pinned`: block 0 is kept
-        pinned (a preload with --pin); None: as the mount says."""
+        pinned (a preload with --pin); None: as the mount says. `preload`: a preload job opens
+        (its fill of block 0 is counted as the preload's, not as a client's miss)."""
         if not force and not await self._unknown(handle, key):
             return None
         at = (handle.id, key)
@@ -252,7 +254,7 @@ class Versions:
             # this node's other workers: one that learnt it first could claim block 0 itself
             # and fetch it a second time while this fill, following that one, drops the bytes
             # it opened with.
-            info, head = await from_store(self._fills, handle, key, pinned)
+            info, head = await from_store(self._fills, handle, key, pinned, preload)
             try:
                 await self._opened(handle, key, info, ticket)
             except BaseException:

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from gateway.cli import main
 from gateway.cluster import (
     Membership,
+    MountLine,
     Node,
     NodeFigures,
     NodeRegistry,
@@ -249,7 +250,12 @@ def test_status_lists_the_fleet(database_url: str, tmp_path: Path) -> None:
             ago = datetime.now(UTC) - timedelta(seconds=601)
             silent = NodeRegistry(store.engine, 600, clock=lambda: ago)
             await silent.join(Node("c-silent", "c:9001", 1.0), NodeFigures())
-            await registry.join(Node("a-up", "a:9001", 20.0, "eu-1a"), NodeFigures(5 << 20, 3, 1))
+            mount = MountLine("data", 5 << 20, 1 << 20, 64 << 20, 3, 1, 7)
+            figures = NodeFigures(
+                5 << 20, 3, 1, capacity_bytes=64 << 20, pinned_bytes=1 << 20, preload_fills=7,
+                mounts=(mount,),
+            )  # fmt: skip
+            await registry.join(Node("a-up", "a:9001", 20.0, "eu-1a"), figures)
             await registry.join(Node("b-gone", "b:9001", 10.0), NodeFigures())
             await registry.leave("b-gone")
 
@@ -262,6 +268,13 @@ def test_status_lists_the_fleet(database_url: str, tmp_path: Path) -> None:
     assert rows["a-up"]["state"] == "up" and rows["a-up"]["live"] is True
     assert rows["a-up"]["address"] == "a:9001" and rows["a-up"]["zone"] == "eu-1a"
     assert rows["a-up"]["cache_bytes"] == 5 << 20 and rows["a-up"]["hit_ratio"] == 0.75
+    # The figures a heartbeat writes besides (migration 0012), the node's and its mounts'.
+    assert rows["a-up"]["capacity_bytes"] == 64 << 20 and rows["a-up"]["pinned_bytes"] == 1 << 20
+    assert rows["a-up"]["preload_fills"] == 7
+    assert rows["a-up"]["mounts"] == [{
+        "mount": "data", "cache_bytes": 5 << 20, "pinned_bytes": 1 << 20,
+        "capacity_bytes": 64 << 20, "hits": 3, "misses": 1, "preload_fills": 7, "hit_ratio": 0.75,
+    }]  # fmt: skip
     assert rows["a-up"]["heartbeat_age"] < 600
     assert rows["b-gone"]["state"] == "left" and rows["b-gone"]["live"] is False
     assert rows["c-silent"]["state"] == "lapsed" and rows["c-silent"]["heartbeat_age"] >= 600
@@ -271,13 +284,21 @@ def test_status_lists_the_fleet(database_url: str, tmp_path: Path) -> None:
     assert out.exit_code == 0, out.output
     lines = out.output.splitlines()
     assert lines[0].split() == [
-        "NODE", "ADDRESS", "ZONE", "WEIGHT", "STATE", "HEARTBEAT", "CACHE", "HIT", "RATIO",
+        "NODE", "ADDRESS", "ZONE", "WEIGHT", "STATE", "HEARTBEAT", "CACHED", "PINNED",
+        "CAPACITY", "HITS", "MISSES", "PRELOADED", "HIT", "RATIO",
     ]  # fmt: skip
     assert lines[1].split()[:5] == ["a-up", "a:9001", "eu-1a", "20", "up"]
-    assert lines[1].split()[-3:] == ["5.0", "MiB", "75.0%"]
+    figures = ["5.0", "MiB", "1.0", "MiB", "64.0", "MiB", "3", "1", "7", "75.0%"]
+    assert lines[1].split()[-10:] == figures
     assert lines[2].split()[:5] == ["b-gone", "b:9001", "-", "10", "left"]
     assert lines[3].split()[4] == "lapsed"
-    assert lines[-1] == "1 of 3 nodes live"
+    assert lines[4] == "1 of 3 nodes live"
+    # Then each node's mounts.
+    assert lines[6].split() == [
+        "NODE", "MOUNT", "CACHED", "PINNED", "CAPACITY", "HITS", "MISSES", "PRELOADED", "HIT",
+        "RATIO",
+    ]  # fmt: skip
+    assert lines[7].split() == ["a-up", "data", *figures]
 
 
 def test_status_of_an_empty_fleet(tmp_path: Path) -> None:
