@@ -105,7 +105,7 @@ class S3App:
         self.verifier = SigV4Verifier(service.secret_for)
         self.verifier_v2 = SigV2Verifier(service.secret_for)
         self.fast = FastHits(service, self.verifier, base_domain, self.access_log, self.verifier_v2)
-        self.post_object = PostObject(service, self.verifier)
+        self.post_object = PostObject(service, self.verifier, self.verifier_v2)
         # JSON documents for clients at /_gateway/<name> (the node gives them), signed GETs.
         # Each is given the caller's access key: a document shows what that key may see.
         self.documents: dict[str, Callable[[str | None], Awaitable[bytes]]] = {}

@@ -28,6 +28,7 @@ from gateway import errors
 from gateway.s3 import limits, xml
 from gateway.s3.handlers_write import write_attrs
 from gateway.s3.http import Reply, S3Request, Scope
+from gateway.s3.sigv2 import SigV2Verifier
 from gateway.s3.sigv4 import SigV4Verifier
 from gateway.s3.sigv4_canonical import ALGORITHM
 from gateway.service import MAX_PUT_SIZE, S3Service, WriteConditions
@@ -40,7 +41,7 @@ MAX_POST_DATA = 64 << 10
 SPOOL_MEMORY = 1 << 20
 _READ = 1 << 20  # bytes of the spool read at a time, on their way to the store
 # Fields no condition needs to name (S3's list), and the prefix of those ignored altogether.
-_UNCHECKED = frozenset({"policy", "x-amz-signature", "file"})
+_UNCHECKED = frozenset({"policy", "x-amz-signature", "file", "signature", "awsaccesskeyid"})
 _IGNORED = "x-ignore-"
 _SIGNED = ("x-amz-algorithm", "x-amz-credential", "x-amz-date", "x-amz-signature")
 _STATUSES = {"200": 200, "201": 201, "204": 204}
@@ -221,9 +222,12 @@ class PostObject:
     """POST Object for the S3 front end: the form read, checked and written through the
     service, as PutObject of the form's file."""
 
-    def __init__(self, service: S3Service, verifier: SigV4Verifier) -> None:
+    def __init__(
+        self, service: S3Service, verifier: SigV4Verifier, verifier_v2: SigV2Verifier
+    ) -> None:
         self.service = service
         self.verifier = verifier
+        self.verifier_v2 = verifier_v2
 
     async def handle(self, req: S3Request, scope: Scope) -> Reply:
         assert req.bucket is not None
@@ -326,11 +330,10 @@ class PostObject:
     async def _signed(self, fields: Mapping[str, str]) -> str:
         """The access key whose signature the form's policy carries (SignatureDoesNotMatch,
         InvalidAccessKeyId, ... else)."""
-        if "signature" in fields or "awsaccesskeyid" in fields:
-            raise errors.NotImplementedError_(
-                "POST Object signed with signature version 2 is not implemented by this"
-                " gateway: sign the policy with SigV4 (x-amz-algorithm AWS4-HMAC-SHA256)."
-            )
+        if "x-amz-algorithm" not in fields and (
+            "signature" in fields or "awsaccesskeyid" in fields
+        ):
+            return await self._signed_v2(fields)
         for name in _SIGNED:
             if not fields.get(name):
                 raise errors.InvalidArgument(
@@ -355,6 +358,28 @@ class PostObject:
             if await self.service.lookup_new_key(access_key) is None:
                 raise
             return self.verifier.verify_policy(*args).access_key
+
+    async def _signed_v2(self, fields: Mapping[str, str]) -> str:
+        """The access key of a form signed with SigV2 (`AWSAccessKeyId`, `signature`: the
+        HMAC-SHA1 of the policy), as S3 still takes it."""
+        for name, shown in (("awsaccesskeyid", "AWSAccessKeyId"), ("signature", "Signature")):
+            if not fields.get(name):
+                raise errors.InvalidArgument(
+                    f"Bucket POST must contain a field named '{shown}'.  If it is specified,"
+                    " please check the order of the fields.",
+                    ArgumentName=shown,
+                    ArgumentValue="",
+                )
+        access_key, policy, signature = (
+            fields["awsaccesskeyid"], fields["policy"], fields["signature"]
+        )  # fmt: skip
+        try:
+            return self.verifier_v2.verify_policy(access_key, policy, signature).access_key
+        except errors.InvalidAccessKeyId:
+            # Perhaps created since the last refresh: look again before refusing.
+            if await self.service.lookup_new_key(access_key) is None:
+                raise
+            return self.verifier_v2.verify_policy(access_key, policy, signature).access_key
 
 
 def _as_headers(fields: Mapping[str, str]) -> dict[str, str]:

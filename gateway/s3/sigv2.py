@@ -129,6 +129,22 @@ class SigV2Verifier:
             return AuthResult(access_key, "UNSIGNED-PAYLOAD", presigned, signature, "", "", b"")
         raise errors.SignatureDoesNotMatch(AWSAccessKeyId=access_key, StringToSign=to_sign)
 
+    def verify_policy(self, access_key: str, policy: str, signature: str) -> AuthResult:
+        """A browser form signed with SigV2 (POST Object's `AWSAccessKeyId` and `signature`
+        fields): the HMAC-SHA1 of its base64 policy document itself. The policy's own
+        expiration, not a skew, bounds its life."""
+        secret = self._lookup(access_key)
+        if secret is None:
+            raise errors.InvalidAccessKeyId(AWSAccessKeyId=access_key)
+        digest = hmac.new(secret.encode(), policy.encode("utf-8"), hashlib.sha1).digest()
+        if signature.isascii() and hmac.compare_digest(
+            base64.b64encode(digest).decode(), signature
+        ):
+            return AuthResult(access_key, "UNSIGNED-PAYLOAD", False, signature, "", "", b"")
+        raise errors.SignatureDoesNotMatch(
+            AWSAccessKeyId=access_key, StringToSign=policy, SignatureProvided=signature
+        )
+
     def _check_expires(self, value: str) -> None:
         if not value:
             raise errors.AccessDenied("Query-string authentication requires Expires.")

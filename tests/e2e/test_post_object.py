@@ -7,6 +7,10 @@ them; success_action_status and success_action_redirect are answered as S3 answe
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import json
 import os
 import re
 import socket
@@ -19,7 +23,7 @@ import httpx
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.support.gateway import GatewayNode, start_gateway
+from tests.support.gateway import ACCESS_KEY, SECRET_KEY, GatewayNode, start_gateway
 from tests.support.net import eventually
 from tests.support.origin import CountingProxy
 
@@ -171,6 +175,43 @@ def test_forms_without_a_policy_or_a_multipart_body_are_refused(node: GatewayNod
     assert error(post(form, b"x"))[:2] == (400, "InvalidArgument")
     missing = httpx.post(f"{node.url}/no-such-bucket", data={"key": "k"}, files={"file": b"x"})
     assert error(missing)[:2] == (404, "NoSuchBucket")
+
+
+def _v2_form(key: str, expires: str, secret: str = SECRET_KEY) -> dict[str, Any]:
+    """A form signed with SigV2 as older SDKs and ceph/s3-tests sign it: AWSAccessKeyId and
+    the base64 HMAC-SHA1 of the base64 policy."""
+    policy = base64.b64encode(json.dumps({
+        "expiration": expires,
+        "conditions": [{"bucket": "forms"}, ["starts-with", "$key", "v2/"],
+                       ["content-length-range", 0, 1024]],
+    }).encode()).decode()  # fmt: skip
+    signature = base64.b64encode(
+        hmac.new(secret.encode(), policy.encode(), hashlib.sha1).digest()
+    ).decode()
+    return {"key": key, "AWSAccessKeyId": ACCESS_KEY, "policy": policy, "signature": signature}
+
+
+def test_a_form_signed_with_sigv2_is_taken_and_checked_as_s3_does(node: GatewayNode) -> None:
+    url = f"{node.url}/forms"
+    later, past = "2100-01-01T00:00:00Z", "2000-01-01T00:00:00Z"
+    answer = httpx.post(url, data=_v2_form("v2/ok", later), files={"file": ("a", b"v2 bytes")})
+    assert answer.status_code == 204, answer.text
+    got = node.client().get_object(Bucket="forms", Key="v2/ok")
+    assert got["Body"].read() == b"v2 bytes"
+    bad = httpx.post(url, data=_v2_form("v2/bad", later, secret="not-the-secret"),
+                     files={"file": ("a", b"x")})  # fmt: skip
+    assert error(bad)[:2] == (403, "SignatureDoesNotMatch")
+    expired = httpx.post(url, data=_v2_form("v2/old", past), files={"file": ("a", b"x")})
+    assert error(expired)[:2] == (403, "AccessDenied")
+    stranger = {**_v2_form("v2/who", later), "AWSAccessKeyId": "GKNOSUCHKEY000000001"}
+    assert error(httpx.post(url, data=stranger, files={"file": ("a", b"x")}))[:2] == (
+        403, "InvalidAccessKeyId",
+    )  # fmt: skip
+    outside = httpx.post(url, data=_v2_form("elsewhere", later), files={"file": ("a", b"x")})
+    assert error(outside)[:2] == (403, "AccessDenied")
+    for key in ("v2/bad", "v2/old", "v2/who", "elsewhere"):
+        with pytest.raises(ClientError):
+            node.client().head_object(Bucket="forms", Key=key)
 
 
 BOUNDARY = "----gatewayformboundary"
