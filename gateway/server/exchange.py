@@ -201,9 +201,13 @@ class Exchange:
             if self._chunked:
                 out.append(b"\r\n")
         self._ended(out, more)
-        outbox = self.conn.outbox
         if out:
-            outbox.send(out)
+            self.conn.outbox.send(out)
+        await self._sent(more)
+
+    async def _sent(self, more: bool) -> None:
+        """Wait until what is queued is handed over; the last part completes the answer."""
+        outbox = self.conn.outbox
         if not outbox.idle and not await outbox.flushed():
             self._gone(more)
             return
@@ -294,12 +298,7 @@ class Exchange:
         if tail:
             outbox.send(tail)
         # The caller closes the file once this returns: its bytes must be out by then.
-        if not outbox.idle and not await outbox.flushed():
-            self._gone(more)
-            return
-        if not more:
-            self.complete = True
-            self.arrived.set()
+        await self._sent(more)
 
     def _render_head(self, status: int, headers: Any) -> list[bytes]:
         line = STATUS_LINES.get(status)
