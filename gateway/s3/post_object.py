@@ -15,7 +15,7 @@ import base64
 import binascii
 import json
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -29,7 +29,7 @@ from gateway.s3 import limits, xml
 from gateway.s3.handlers_write import write_attrs
 from gateway.s3.http import Reply, S3Request, Scope
 from gateway.s3.sigv2 import SigV2Verifier
-from gateway.s3.sigv4 import SigV4Verifier
+from gateway.s3.sigv4 import AuthResult, SigV4Verifier
 from gateway.s3.sigv4_canonical import ALGORITHM
 from gateway.service import MAX_PUT_SIZE, S3Service, WriteConditions
 
@@ -334,14 +334,7 @@ class PostObject:
             "signature" in fields or "awsaccesskeyid" in fields
         ):
             return await self._signed_v2(fields)
-        for name in _SIGNED:
-            if not fields.get(name):
-                raise errors.InvalidArgument(
-                    f"Bucket POST must contain a field named '{name}'.  If it is specified,"
-                    " please check the order of the fields.",
-                    ArgumentName=name,
-                    ArgumentValue="",
-                )
+        _required(fields, [(name, name) for name in _SIGNED])
         if fields["x-amz-algorithm"] != ALGORITHM:
             raise errors.InvalidArgument(
                 "Unsupported algorithm.",
@@ -350,36 +343,41 @@ class PostObject:
             )
         args = (fields["x-amz-credential"], fields["x-amz-date"], fields["policy"],
                 fields["x-amz-signature"])  # fmt: skip
-        try:
-            return self.verifier.verify_policy(*args).access_key
-        except errors.InvalidAccessKeyId:
-            # Perhaps created since the last refresh: look again before refusing.
-            access_key = args[0].split("/", 1)[0]
-            if await self.service.lookup_new_key(access_key) is None:
-                raise
-            return self.verifier.verify_policy(*args).access_key
+        access_key = args[0].split("/", 1)[0]
+        return await self._verified(access_key, lambda: self.verifier.verify_policy(*args))
 
     async def _signed_v2(self, fields: Mapping[str, str]) -> str:
         """The access key of a form signed with SigV2 (`AWSAccessKeyId`, `signature`: the
         HMAC-SHA1 of the policy), as S3 still takes it."""
-        for name, shown in (("awsaccesskeyid", "AWSAccessKeyId"), ("signature", "Signature")):
-            if not fields.get(name):
-                raise errors.InvalidArgument(
-                    f"Bucket POST must contain a field named '{shown}'.  If it is specified,"
-                    " please check the order of the fields.",
-                    ArgumentName=shown,
-                    ArgumentValue="",
-                )
+        _required(fields, [("awsaccesskeyid", "AWSAccessKeyId"), ("signature", "Signature")])
         access_key, policy, signature = (
             fields["awsaccesskeyid"], fields["policy"], fields["signature"]
         )  # fmt: skip
+        return await self._verified(
+            access_key, lambda: self.verifier_v2.verify_policy(access_key, policy, signature)
+        )
+
+    async def _verified(self, access_key: str, verify: Callable[[], AuthResult]) -> str:
+        """The access key `verify` confirms; a key unknown to it may have been created since
+        the last refresh: looked for again before the form is refused."""
         try:
-            return self.verifier_v2.verify_policy(access_key, policy, signature).access_key
+            return verify().access_key
         except errors.InvalidAccessKeyId:
-            # Perhaps created since the last refresh: look again before refusing.
             if await self.service.lookup_new_key(access_key) is None:
                 raise
-            return self.verifier_v2.verify_policy(access_key, policy, signature).access_key
+            return verify().access_key
+
+
+def _required(fields: Mapping[str, str], names: list[tuple[str, str]]) -> None:
+    """InvalidArgument, as S3 words it, for the first of `names` (field, as shown) missing."""
+    for name, shown in names:
+        if not fields.get(name):
+            raise errors.InvalidArgument(
+                f"Bucket POST must contain a field named '{shown}'.  If it is specified,"
+                " please check the order of the fields.",
+                ArgumentName=shown,
+                ArgumentValue="",
+            )
 
 
 def _as_headers(fields: Mapping[str, str]) -> dict[str, str]:
