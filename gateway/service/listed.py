@@ -7,7 +7,12 @@ the prefix from the first of them and records what the page said: its *span* (th
 `after`, to `hi` or to the prefix's end when the page was the last) and each key listed, with
 the wall time the listing was asked. A key in a span asked within the mount's TTL is answered
 from it: listed with the same ETag and size, its held version is fresh again from then;
-another version, it changed; not listed, it is gone. One SQLite file in the cache folder (the
+another version, it changed; not listed, it is gone.
+
+Pages keep their edges: a listing begun at the prefix's start or where an earlier such page
+ended (a *chained* span) is begun at the same place the next time (`edge`), so that readers in
+any order, TTL after TTL, list each page of a prefix once, N/1000 requests, rather than from
+wherever their key is, spans that overlap. One SQLite file in the cache folder (the
 standard library's sqlite3, WAL, no fsync), made anew at each start, shared by the workers:
 one listing per prefix and TTL for the node, not per worker. A record is a hint about the
 store, never the authority over a write through the node (the caller checks the key's ticket).
@@ -15,6 +20,7 @@ store, never the authority over a write through the node (the caller checks the 
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import os
@@ -58,6 +64,33 @@ class Listed:
     etag: str | None
     size: int
     at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Edges:
+    """A prefix's page edges: where chained pages ended (`his`, sorted) and, for each edge a
+    page began at, where the newest such page ended (None: at the prefix's end)."""
+
+    prefix: str
+    his: list[str]
+    pages: dict[str, str | None]
+
+    def below(self, key: str) -> tuple[str, bool]:
+        """The last edge before `key` (the prefix's start if none), and whether a chained
+        page began there."""
+        i = bisect.bisect_left(self.his, key)
+        start = self.his[i - 1] if i else self.prefix
+        return start, start in self.pages
+
+    def gap(self) -> str | None:
+        """The first edge, walking the pages from the prefix's start, that no page began at
+        yet (None: the pages reach the prefix's end)."""
+        start: str | None = self.prefix
+        seen = set()
+        while start is not None and start in self.pages and start not in seen:
+            seen.add(start)
+            start = self.pages[start]
+        return None if start in seen else start
 
 
 class ListedVersions:
@@ -105,6 +138,28 @@ class ListedVersions:
             return Listed(None, 0, float(span[0]))  # not in the listing: gone
         return Listed(str(row[0]), int(row[1]), float(row[2]))
 
+    def edge(self, mount_id: int, prefix: str, key: str) -> tuple[str, bool]:
+        """Where a page-aligned listing that spans `key` begins (a start-after: the prefix's
+        start, or the end of a chained page before the key), and whether a page was listed
+        from there before (then it reaches the key, keys not having moved since)."""
+        return self.edges(mount_id, prefix).below(key)
+
+    def edges(self, mount_id: int, prefix: str) -> Edges:
+        """The chained pages' edges of a prefix, for many keys at once."""
+        db = self._db
+        assert db is not None
+        try:
+            rows = db.execute(
+                "SELECT after, hi FROM spans WHERE mount = ? AND prefix = ? AND chained = 1"
+                " ORDER BY at",
+                (mount_id, prefix),
+            ).fetchall()
+        except sqlite3.Error as exc:
+            log.debug("listings: edges not read: %s", exc)
+            rows = []
+        # The newest page from each edge says where the next one begins.
+        return Edges(prefix, sorted({hi for _, hi in rows if hi is not None}), dict(rows))
+
     def record(
         self,
         mount_id: int,
@@ -113,17 +168,19 @@ class ListedVersions:
         hi: str | None,
         at: float,
         entries: Sequence[tuple[str, str, int]],
+        chained: bool = False,
     ) -> None:
         """A listing asked at `at`: the keys (key, etag, size) after `after` to `hi` (None:
-        to the prefix's end), in one transaction."""
+        to the prefix's end), in one transaction; `chained`: begun at an edge (`edge`)."""
         db = self._db
         assert db is not None
         try:
             db.execute("BEGIN IMMEDIATE")
             try:
                 db.execute(
-                    "INSERT INTO spans (mount, prefix, after, hi, at) VALUES (?, ?, ?, ?, ?)",
-                    (mount_id, prefix, after, hi, at),
+                    "INSERT INTO spans (mount, prefix, after, hi, at, chained)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (mount_id, prefix, after, hi, at, int(chained)),
                 )
                 # A listing asked before one already recorded (it finished later) tells no
                 # key's state after the newer one: a key's row keeps the newest listing's.
@@ -164,7 +221,7 @@ def _open(path: str) -> sqlite3.Connection:
 def _schema(db: sqlite3.Connection) -> None:
     db.execute(
         "CREATE TABLE IF NOT EXISTS spans (mount INTEGER NOT NULL, prefix TEXT NOT NULL,"
-        " after TEXT NOT NULL, hi TEXT, at REAL NOT NULL)"
+        " after TEXT NOT NULL, hi TEXT, at REAL NOT NULL, chained INTEGER NOT NULL DEFAULT 0)"
     )
     db.execute("CREATE INDEX IF NOT EXISTS spans_by_key ON spans (mount, prefix, after)")
     db.execute(

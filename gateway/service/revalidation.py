@@ -4,15 +4,17 @@ Once the TTL has run out, a dataset of N objects read again costs N store round 
 key is asked alone (a HEAD). Object stores list a thousand keys with their ETags and sizes in
 one request, so the node lists instead wherever more than a lone key of one prefix needs
 revalidating: the first key past its TTL under a prefix is asked alone (a lone key stays one
-HEAD); the next ones within a TTL list the prefix from themselves, and every key the listing
-spans is answered from it (listed.py) by every worker of the node until the TTL runs out
-again. Concurrent askers of one prefix join a listing in flight that will span them.
+HEAD); the next ones within a TTL list the page of the prefix that holds them, and every key
+the listing spans is answered from it (listed.py) by every worker of the node until the TTL
+runs out again. Pages begin where they began before (listed.py, `edge`): readers in any order
+list each page once a TTL. Concurrent askers join a listing in flight that will span them.
 `cover()` lists ahead for many keys at once (a short-circuit client's lease renewal).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections import deque
@@ -28,17 +30,24 @@ log = logging.getLogger(__name__)
 PAGE = 1000  # keys a listing asks for
 LONE = 1  # revalidations of a prefix within a TTL that are asked alone, before it is listed
 _PREFIXES_KEPT = 4096  # prefixes whose recent revalidations are counted
+_END = "\U0010ffff"  # sorts after every key of a prefix
 
 
 class Revalidator:
     """Decides how held versions are revalidated, and lists (see the module)."""
 
-    def __init__(self, listed: ListedVersions, wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, listed: ListedVersions, wall: Callable[[], float] = time.time, page: int = PAGE
+    ) -> None:
         self.listed = listed
         self._wall = wall
+        self._page_keys = page
         self._recent: dict[tuple[int, str], deque[float]] = {}
         # Listings in flight by prefix: (start-after, done when recorded).
-        self._listing: dict[tuple[int, str], list[tuple[str, asyncio.Future[None]]]] = {}
+        self._listing_now: dict[tuple[int, str], list[tuple[str, asyncio.Future[None]]]] = {}
+        # Prefixes whose pages are walked (`_walk`), and the furthest key wanted of each.
+        self._walks: dict[tuple[int, str], asyncio.Task[None]] = {}
+        self._wanted: dict[tuple[int, str], str] = {}
 
     def lookup(self, handle: MountHandle, key: str) -> Listed | None:
         """What a listing within the mount's TTL said of the key; None if none spans it."""
@@ -61,20 +70,42 @@ class Revalidator:
 
     async def cover(self, handle: MountHandle, keys: list[str]) -> None:
         """List ahead so that a listing within the TTL spans each key (many keys wanted at
-        once: a lease renewal), prefix by prefix from the first key not yet spanned."""
+        once: a lease renewal), side by side, until each is spanned or no listing helps."""
         if handle.ttl <= 0 or len(keys) <= LONE:
             return
         todo = sorted(k for k in keys if self.lookup(handle, k) is None)
         while todo:
-            # A listing from every PAGE-th key not yet spanned, side by side (one after
-            # another, 8,000 keys cost 8 round trips in a row while a client waits); where the
-            # store holds keys between them that were not asked for, a page ends short of the
-            # next start and the next round lists from the first key left.
-            await asyncio.gather(*(self._list(handle, k, join=False) for k in todo[::PAGE]))
+            # Each page that spans a key, from its edge; where no page began at a key's edge
+            # yet, one from every PAGE-th such key instead (and the pages are walked from the
+            # edge in the background: listing page after page while a client waits, 8,000
+            # keys would cost 8 round trips in a row). All side by side.
+            starts: dict[tuple[str, str], bool] = {}
+            for prefix, in_prefix in itertools.groupby(todo, prefix_of):
+                edges = self.listed.edges(handle.id, prefix)
+                unknown: list[str] = []
+                for key in in_prefix:
+                    start, known = edges.below(key)
+                    if known:
+                        starts[(prefix, start)] = True
+                    else:
+                        unknown.append(key)
+                for key in unknown[:: self._page_keys]:
+                    starts[(prefix, after_for(key))] = False
+                if unknown:
+                    self._walk(handle, prefix, unknown[-1])
+            await asyncio.gather(
+                *(self._listing(handle, prefix, start, chained)
+                  for (prefix, start), chained in starts.items())
+            )  # fmt: skip
             left = [k for k in todo if self.lookup(handle, k) is None]
             if len(left) == len(todo):
                 return  # no listing spans them (their TTL is shorter than a listing): alone
             todo = left
+
+    async def walked(self) -> None:
+        """Until the pages being walked (`_walk`) are listed."""
+        while self._walks:
+            await asyncio.gather(*self._walks.values(), return_exceptions=True)
 
     def _lone(self, handle: MountHandle, key: str) -> bool:
         """Whether this revalidation is of a lone key of its prefix (counted): few of the
@@ -91,35 +122,80 @@ class Revalidator:
         recent.append(now)
         return len(recent) <= LONE
 
-    async def _list(self, handle: MountHandle, key: str, join: bool = True) -> None:
-        """One listing of the key's prefix from the key, or (`join`) the one in flight that
-        will span it (begun at or before it, and recorded once over)."""
-        at = (handle.id, prefix_of(key))
-        flying = self._listing.setdefault(at, [])
-        for after, done in flying if join else ():
+    async def _list(self, handle: MountHandle, key: str) -> None:
+        """A listing that spans the key: the one in flight that will span it (begun at or
+        before it), else the page from its edge (`ListedVersions.edge`); where no page began
+        at that edge yet, one from the key itself while the pages are walked to it."""
+        prefix = prefix_of(key)
+        for after, done in self._listing_now.get((handle.id, prefix), ()):
             if after < key:
                 await asyncio.shield(done)
                 if self.lookup(handle, key) is not None:
                     return
                 break
+        start, known = self.listed.edge(handle.id, prefix, key)
+        if known:
+            await self._listing(handle, prefix, start, True)
+        else:
+            self._walk(handle, prefix, key)
+            await self._listing(handle, prefix, after_for(key), False)
+
+    def _walk(self, handle: MountHandle, prefix: str, key: str) -> None:
+        """List the prefix's pages one after another from its start, where none began yet, up
+        to `key` (or the furthest key wanted meanwhile), in the background: from the next TTL
+        on, every key of the prefix has an edge to be listed from, each page once."""
+        at = (handle.id, prefix)
+        self._wanted[at] = max(self._wanted.get(at, ""), key)
+        if at not in self._walks:
+            task = asyncio.get_running_loop().create_task(self._walking(handle, prefix))
+            self._walks[at] = task
+            task.add_done_callback(lambda _: self._walks.pop(at, None))
+
+    async def _walking(self, handle: MountHandle, prefix: str) -> None:
+        at = (handle.id, prefix)
+        try:
+            while True:
+                gap = self.listed.edges(handle.id, prefix).gap()
+                if gap is None or gap >= self._wanted.get(at, ""):
+                    return
+                await self._listing(handle, prefix, gap, True)
+        except Exception as exc:  # a hint only: readers list from their keys meanwhile
+            log.debug("revalidation: pages of %s not walked: %r", prefix, exc)
+        finally:
+            self._wanted.pop(at, None)
+
+    async def _listing(self, handle: MountHandle, prefix: str, after: str, chained: bool) -> None:
+        """One listing of the prefix after `after`, recorded; joins one in flight from the
+        same place."""
+        at = (handle.id, prefix)
+        flying = self._listing_now.setdefault(at, [])
+        for begun, done in flying:
+            if begun == after:
+                await asyncio.shield(done)
+                return
         done = asyncio.get_running_loop().create_future()
-        entry = (after_for(key), done)
+        entry = (after, done)
         flying.append(entry)
         try:
-            await self._page(handle, at[1], entry[0])
+            await self._page(handle, prefix, after, chained)
         finally:
             flying.remove(entry)
             if not flying:
-                self._listing.pop(at, None)
+                self._listing_now.pop(at, None)
             done.set_result(None)
 
-    async def _page(self, handle: MountHandle, prefix: str, after: str) -> None:
+    async def _page(self, handle: MountHandle, prefix: str, after: str, chained: bool) -> None:
         asked = self._wall()
         with store_errors(prefix):
-            page = await handle.store.list_page(prefix, "/", None, max(after, prefix), PAGE)
+            page = await handle.store.list_page(
+                prefix, "/", None, max(after, prefix), self._page_keys
+            )
         entries = [(o.key, o.etag, o.size) for o in page.objects]
         hi: str | None = None
         if page.next_token is not None:
             hi = max([e[0] for e in entries[-1:]] + page.common_prefixes[-1:], default=after)
-        self.listed.record(handle.id, prefix, after, hi, asked, entries)
+        self.listed.record(handle.id, prefix, after, hi, asked, entries, chained)
+        if not chained:
+            # Listed from a key, ahead of the pages walked: walk as far as this page went.
+            self._walk(handle, prefix, prefix + _END if hi is None else hi)
         counters.revalidation_listing(handle.kind, len(entries))

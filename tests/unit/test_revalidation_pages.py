@@ -1,0 +1,112 @@
+"""Revalidation by listing keeps its pages' edges (gateway/service/revalidation.py): readers of
+a prefix in shuffled order, TTL after TTL, list each page of it once a TTL, as a reader in
+key order would, not from wherever their keys are (spans that overlap cost a listing each).
+A real store (a folder of files) and the node's listing records on disk; the wall clock is
+injected, so a TTL passes when the test says."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from datetime import UTC, datetime
+from pathlib import Path
+
+from gateway.counters import REGISTRY
+from gateway.meta import Mount
+from gateway.service.listed import ListedVersions
+from gateway.service.namespace import MountHandle
+from gateway.service.revalidation import Revalidator
+from gateway.stores import open_store
+
+PAGE = 10
+TTL = 5.0
+KEYS = [f"data/{i:04d}.bin" for i in range(95)]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _listings() -> float:
+    return REGISTRY.get_sample_value("gateway_revalidation_listings_total", {"kind": "file"}) or 0
+
+
+def _handle(root: Path) -> MountHandle:
+    mount = Mount(1, "b", f"file://{root}", {}, datetime.now(UTC))
+    return MountHandle(mount, open_store(mount.uri, {}), TTL, False, True, False, "file",
+                       1 << 20, None, (), 1)  # fmt: skip
+
+
+def test_readers_in_any_order_list_each_page_once_a_ttl(tmp_path: Path) -> None:
+    data = tmp_path / "store"
+    (data / "data").mkdir(parents=True)
+    for key in KEYS:
+        (data / key).write_bytes(key.encode())
+    clock = Clock()
+    revalidator = Revalidator(ListedVersions(str(tmp_path)), wall=clock, page=PAGE)
+    handle = _handle(data)
+    pages = math.ceil(len(KEYS) / PAGE)
+
+    async def epoch(seed: int) -> float:
+        before = _listings()
+        order = KEYS[:]
+        random.Random(seed).shuffle(order)
+        for key in order:
+            found = await revalidator.find(handle, key)
+            if found is not None:  # None: asked alone (the epoch's first key)
+                assert found.etag is not None and found.size == len(key), key
+        await revalidator.walked()  # the pages walked in the background count in the TTL
+        return _listings() - before
+
+    async def epochs() -> list[float]:
+        counts = []
+        for seed in range(4):
+            counts.append(await epoch(seed))
+            clock.now += TTL + 1  # every listing lapses before the next epoch
+        return counts
+
+    counts = asyncio.run(epochs())
+    # The first TTL finds the edges (pages walked from the prefix's start in the background,
+    # readers ahead of the walk list from their keys: at most two listings a page); from the
+    # next on, each page once. Listed from wherever a key was, it costs about two a page
+    # every TTL.
+    assert counts[0] <= 2 * pages, counts
+    assert counts[1:] == [pages] * 3, counts
+
+
+def test_renewals_of_many_keys_at_once_list_each_page_once(tmp_path: Path) -> None:
+    # The socket client renews its expired leases in batches of up to 1,024 keys in the order
+    # it read them (shuffled), the batches side by side: here 4 batches of a quarter each.
+    data = tmp_path / "store"
+    (data / "data").mkdir(parents=True)
+    for key in KEYS:
+        (data / key).write_bytes(key.encode())
+    clock = Clock()
+    revalidator = Revalidator(ListedVersions(str(tmp_path)), wall=clock, page=PAGE)
+    handle = _handle(data)
+    pages = math.ceil(len(KEYS) / PAGE)
+
+    async def renewals() -> list[float]:
+        counts = []
+        for seed in range(4):
+            before = _listings()
+            order = random.Random(seed).sample(KEYS, len(KEYS))
+            batch = math.ceil(len(order) / 4)
+            await asyncio.gather(*(revalidator.cover(handle, order[i : i + batch])
+                                   for i in range(0, len(order), batch)))  # fmt: skip
+            await revalidator.walked()
+            counts.append(_listings() - before)
+            assert all(revalidator.lookup(handle, k) is not None for k in KEYS)
+            clock.now += TTL + 1
+        return counts
+
+    counts = asyncio.run(renewals())
+    # The first TTL: the pages walked, and beside them, for each batch, listings from every
+    # PAGE-th key of it; from the next on, each page once.
+    assert counts[0] <= 4 * pages, counts
+    assert counts[1:] == [pages] * 3, counts
