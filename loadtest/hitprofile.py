@@ -99,7 +99,7 @@ def layer_of(stack: list[str]) -> str:
         return "threads"
     for frame in reversed(stack):
         function, _, where = frame.partition(" (")
-        if function in _START or "gateway/cli.py" in where:
+        if function in _START or "gateway/cli/" in where:
             return "loop"  # the process's own start: beneath it, no request's frame
         if where.startswith("gateway/") and _writes(where.rstrip(")")):
             return "send"

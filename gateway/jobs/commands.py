@@ -1,5 +1,5 @@
 """What `gateway load` and `gateway jobs ...` do, given a way to reach the jobs (the database
-or a node's API); gateway/cli.py holds only their options. Each returns the exit status."""
+or a node's API); gateway/cli/jobs.py holds only their options. Each returns the exit status."""
 
 from __future__ import annotations
 

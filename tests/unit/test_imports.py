@@ -185,13 +185,13 @@ PAST_THE_FACE: set[tuple[str, str]] = {
     ("gateway.catalog.parallel", "gateway.meta.versions"),
     ("gateway.catalog.upkeep", "gateway.meta.catalog"),
     ("gateway.catalog.upkeep", "gateway.meta.store"),
-    ("gateway.cli", "gateway.jobs.client"),
-    ("gateway.cli", "gateway.jobs.commands"),
-    ("gateway.cli", "gateway.jobs.model"),
-    ("gateway.cli", "gateway.meta.engine"),
-    ("gateway.cli", "gateway.service.learnt"),
-    ("gateway.cli", "gateway.service.listed"),
-    ("gateway.cli", "gateway.service.namespace"),
+    ("gateway.cli.jobs", "gateway.jobs.client"),
+    ("gateway.cli.jobs", "gateway.jobs.commands"),
+    ("gateway.cli.jobs", "gateway.jobs.model"),
+    ("gateway.cli.options", "gateway.meta.engine"),
+    ("gateway.cli.serve", "gateway.service.learnt"),
+    ("gateway.cli.serve", "gateway.service.listed"),
+    ("gateway.cli.sync", "gateway.service.namespace"),
     ("gateway.client.fs", "gateway.cache.blockfile"),
     ("gateway.client.local", "gateway.cache.blockfile"),
     ("gateway.client.routing", "gateway.cluster.placement"),
@@ -279,7 +279,6 @@ PAST_THE_FACE: set[tuple[str, str]] = {
 # Modules over MAX_LINES, as today: this list may only shrink (split by idea, not by count).
 MAX_LINES = 700
 OVER_MAX_LINES = {
-    "gateway.cli",
     "gateway.cache.fills",
     "gateway.cache.pages",
     "gateway.cache.blockfile",
@@ -310,6 +309,13 @@ def test_no_module_is_over_700_lines_but_those_listed() -> None:
     assert not new, f"modules over {MAX_LINES} lines (split them by idea): {new}"
     gone = sorted(OVER_MAX_LINES - over)
     assert not gone, f"no longer over {MAX_LINES} lines: take them off OVER_MAX_LINES: {gone}"
+
+
+def test_no_module_of_the_command_line_is_over_400_lines() -> None:
+    # A module per command group (gateway/cli/): one that grows past this holds two ideas.
+    lines = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
+    over = {name: n for name, n in lines.items() if part(name) == "gateway.cli" and n > 400}
+    assert not over, f"split these by idea: {over}"
 
 
 def test_only_the_version_authority_reads_and_writes_version_rows() -> None:
