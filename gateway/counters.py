@@ -169,7 +169,7 @@ def revalidation_listing(kind: str, keys: int) -> None:
     REVALIDATION_LISTED.labels(kind).inc(keys)
 
 
-def revalidated(how: str, found: str) -> None:
-    """One held version revalidated: how ("listing", "head") and found ("fresh", "changed",
-    "gone")."""
-    REVALIDATIONS.labels(how, found).inc()
+def revalidated(how: str, found: str, count: int = 1) -> None:
+    """Held versions revalidated (one unless `count`): how ("listing", "head") and found
+    ("fresh", "changed", "gone")."""
+    REVALIDATIONS.labels(how, found).inc(count)

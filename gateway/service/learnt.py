@@ -100,6 +100,18 @@ class LearntVersions:
             return False
         return True
 
+    def publish_many(self, rows: list[tuple[int, str, ObjectInfo, float, int]]) -> bool:
+        """publish() of many (mount id, key, version, at, generation) in one transaction."""
+        try:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO versions VALUES (?, ?, ?, ?, ?)",
+                [(m, k, generation, at, _encoded(info)) for m, k, info, at, generation in rows],
+            )
+        except sqlite3.Error as exc:
+            log.debug("learnt versions: not kept: %s", exc)
+            return False
+        return True
+
     def forget(self, mount_id: int, key: str) -> None:
         try:
             self._db.execute("DELETE FROM versions WHERE mount = ? AND key = ?", (mount_id, key))

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 FILE = "listed.db"
 _BUSY_MS = 50
 _OPEN_TRIES = 20
+_IN_MAX = 500  # keys asked in one query (SQLite's variables: 999 in older builds)
 _KEEP = 3600.0  # spans older than this are dropped (no mount trusts a listing longer)
 
 
@@ -137,6 +138,46 @@ class ListedVersions:
         if row is None or row[2] < span[0]:
             return Listed(None, 0, float(span[0]))  # not in the listing: gone
         return Listed(str(row[0]), int(row[1]), float(row[2]))
+
+    def lookup_many(self, mount_id: int, keys: Sequence[str], since: float) -> dict[str, Listed]:
+        """lookup() of many keys in a few queries: those a listing asked after `since` spans."""
+        db = self._db
+        assert db is not None
+        found: dict[str, Listed] = {}
+        try:
+            for prefix in {prefix_of(k) for k in keys}:
+                spans = db.execute(
+                    "SELECT after, hi, at FROM spans WHERE mount = ? AND prefix = ? AND at > ?"
+                    " ORDER BY at DESC",
+                    (mount_id, prefix, since),
+                ).fetchall()
+                if not spans:
+                    continue
+                mine = [k for k in keys if prefix_of(k) == prefix]
+                rows: dict[str, tuple[str, int, float]] = {}
+                for i in range(0, len(mine), _IN_MAX):
+                    chunk = mine[i : i + _IN_MAX]
+                    marks = ",".join("?" * len(chunk))
+                    for key, etag, size, at in db.execute(
+                        "SELECT key, etag, size, at FROM listed WHERE mount = ?"
+                        f" AND key IN ({marks})",
+                        (mount_id, *chunk),
+                    ):
+                        rows[key] = (etag, size, at)
+                for key in mine:
+                    # The newest span of the key, as lookup() takes it.
+                    span = next((at for after, hi, at in spans
+                                 if after < key and (hi is None or hi >= key)), None)  # fmt: skip
+                    if span is None:
+                        continue
+                    row = rows.get(key)
+                    if row is None or row[2] < span:
+                        found[key] = Listed(None, 0, float(span))
+                    else:
+                        found[key] = Listed(str(row[0]), int(row[1]), float(row[2]))
+        except sqlite3.Error as exc:
+            log.debug("listings: lookup failed: %s", exc)
+        return found
 
     def edge(self, mount_id: int, prefix: str, key: str) -> tuple[str, bool]:
         """Where a page-aligned listing that spans `key` begins (a start-after: the prefix's

@@ -134,6 +134,22 @@ class MetadataCache:
                 self._unshared[(mount_id, key)] = (info, at, generation)
         return True
 
+    def put_many(self, mount_id: int, learnt: list[tuple[str, ObjectInfo, float, int]]) -> None:
+        """put() of many (key, version, now, ticket), shared with the other workers in one
+        write: a lease renewal's thousand keys confirmed by one listing."""
+        wall, mono = self._wall(), time.monotonic()
+        shared = []
+        for key, info, now, ticket in learnt:
+            self._items[(mount_id, key)] = (info, now, ticket)
+            self._items.move_to_end((mount_id, key))
+            if self.ticket(mount_id, key) == ticket:
+                shared.append((mount_id, key, info, wall - max(0.0, mono - now), ticket))
+        while len(self._items) > self._max:
+            self._items.popitem(last=False)
+        if self._learnt is not None and shared and self._learnt.publish_many(shared):
+            for _, key, *_ in shared:
+                self._unshared.pop((mount_id, key), None)
+
     async def published(self, mount_id: int, key: str) -> bool:
         """Wait until the key's version put here is in the node's shared record, publishing
         it again (SHARE_TRIES, pausing between) if a sibling's write kept the file busy: a

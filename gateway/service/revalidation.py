@@ -55,6 +55,12 @@ class Revalidator:
             return None
         return self.listed.lookup(handle.id, key, self._wall() - handle.ttl)
 
+    def lookup_many(self, handle: MountHandle, keys: list[str]) -> dict[str, Listed]:
+        """lookup() of many keys at once: those a listing within the TTL spans."""
+        if handle.ttl <= 0:
+            return {}
+        return self.listed.lookup_many(handle.id, keys, self._wall() - handle.ttl)
+
     async def find(self, handle: MountHandle, key: str) -> Listed | None:
         """What a listing within the TTL says of the key, listing its prefix from it when more
         than a lone key of the prefix wanted revalidating lately; None: ask the key alone."""

@@ -162,8 +162,28 @@ class Versions:
         """Many keys are about to be asked for past their TTL (a lease renewal): those this
         node holds a version of are spanned by listings of their prefixes first, so that each
         is answered from a listing rather than a request of its own."""
-        held = [k for k in keys if self.metadata.peek(handle.id, k) is not None]
-        await self.revalidator.cover(handle, held)
+        held = {}
+        for key in keys:
+            info = self.metadata.peek(handle.id, key)
+            if info is not None:
+                held[key] = (info, self.metadata.ticket(handle.id, key))
+        if len(held) <= 1:
+            return
+        await self.revalidator.cover(handle, list(held))
+        # The keys listed as the version held are fresh again from the listing's time, all
+        # at once (one write to the workers' shared record); the others are asked one by one
+        # by their readers (changed, gone, or not spanned).
+        listed = self.revalidator.lookup_many(handle, list(held))
+        wall, now = time.time(), time.monotonic()
+        fresh = []
+        for key, found in listed.items():
+            previous, ticket = held[key]
+            listed_same = found.etag is not None and same(found.etag, previous.etag)
+            if listed_same and found.size == previous.size:
+                fresh.append((key, previous, now - max(0.0, wall - found.at), ticket))
+        if fresh:
+            self.metadata.put_many(handle.id, fresh)
+            counters.revalidated("listing", "fresh", len(fresh))
 
     def remaining(self, handle: MountHandle, key: str) -> float:
         """How much longer the version known of the key is fresh, in seconds (-1: for good, on

@@ -44,3 +44,22 @@ def test_a_listing_that_finishes_after_a_newer_one_never_makes_a_key_gone(
     assert listed.lookup(MOUNT, f"{PREFIX}0070.bin", since=100.0).at == 200.0  # type: ignore[union-attr]
     gone = listed.lookup(MOUNT, f"{PREFIX}0100.bin", since=100.0)
     assert gone is not None and gone.etag is None  # past both lists' ends: not there
+
+
+def test_many_keys_looked_up_at_once_are_answered_as_one_at_a_time(tmp_path: Path) -> None:
+    # A lease renewal of a thousand keys asks what the listings said of all of them at once.
+    listed = ListedVersions(str(tmp_path))
+    listed.record(MOUNT, PREFIX, after_for(f"{PREFIX}0050.bin"), None, 200.0, _keys(50, 99))
+    listed.record(MOUNT, PREFIX, after_for(f"{PREFIX}0000.bin"), f"{PREFIX}0029.bin", 150.0,
+                  [k for k in _keys(0, 29) if k[0] != f"{PREFIX}0015.bin"])  # fmt: skip
+    listed.record(MOUNT, "other/", "other/", None, 150.0, [("other/a", '"x"', 1)])
+    keys = [f"{PREFIX}{i:04d}.bin" for i in range(0, 120, 3)] + [f"{PREFIX}0015.bin", "other/a"]
+    for since in (100.0, 160.0, 250.0):
+        one_by_one = {k: listed.lookup(MOUNT, k, since) for k in keys}
+        assert listed.lookup_many(MOUNT, keys, since) == {
+            k: v for k, v in one_by_one.items() if v is not None
+        }, since
+    many = listed.lookup_many(MOUNT, keys, 100.0)
+    assert many[f"{PREFIX}0015.bin"].etag is None  # in a span, not listed: gone
+    assert f"{PREFIX}0033.bin" not in many  # between the spans: not answered
+    assert many["other/a"].etag == '"x"'
