@@ -93,7 +93,7 @@ def fleet_tls(settings: Settings) -> ssl.SSLContext | None:
 def node_figures(shared: Shared) -> NodeFigures:
     """This node's cache figures (every worker's counts) and totals, its mounts named by their
     buckets: what its heartbeat writes for `gateway status`, and what its console shows."""
-    cache = cache_figures(shared.pages)
+    cache = cache_figures(shared.pages, shared.fills)
     requests, sent = counters.totals()
     names = {h.id: h.bucket for h in shared.namespace.mounts()}
     mounts = tuple(
@@ -191,7 +191,6 @@ class Node:
         await meta.migrate()
         pages = open_pages(s)
         await pages.open()
-        watch_cache(pages)
         fleet = None
         if s.fleet_secret:
             fleet = Fleet(local_node(s), s.fleet_secret, s.forward_timeout, fleet_tls(s))
@@ -199,6 +198,7 @@ class Node:
             meta, pages, s.metadata_ttl, s.cache_block_size, fleet, workers=s.workers,
             fill_concurrency=s.fill_concurrency, sub_block_size=s.cache_sub_block_size,
         )  # fmt: skip
+        watch_cache(pages, shared.fills)
         service = S3Service(
             shared,
             readahead=s.readahead_blocks,
@@ -217,7 +217,7 @@ class Node:
         ]
         self._tasks.append(asyncio.create_task(self._catalog_upkeep(shared).run()))
         if (folder := shared_dir()) is not None:  # one of several workers
-            self._tasks.append(asyncio.create_task(publish_forever(pages, folder)))
+            self._tasks.append(asyncio.create_task(publish_forever(pages, shared.fills, folder)))
         admin = self._start_jobs(meta, service.reader, fleet)
         self.console = Console(meta, shared, admin, s.heartbeat_timeout, figures=figures)
         self.shared = shared

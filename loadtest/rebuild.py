@@ -38,7 +38,7 @@ from awscrt.checksums import crc32c
 from gateway.cache.janitor import Janitor, read_stats, scan_blocks
 from gateway.cache.journal import load_snapshot, write_snapshot
 from gateway.cache.layout import SNAPSHOT, block_path, trailer
-from gateway.cache.policy import Policy
+from gateway.cache.policy import SLRU
 from loadtest.common import Options
 from loadtest.fsimage import Scratch, die_with_parent, remove_stale
 from loadtest.procs import Cleanup
@@ -110,7 +110,7 @@ def bench(blocks: int, base: Path | None, mounts: int, writers: int, fs: str = "
         snapshot = load_snapshot(root)
         steps.done("snapshot load (read + CRC)", count)
         assert snapshot is not None
-        Policy(1 << 62).restore(snapshot.entries)
+        SLRU(1 << 62).restore(snapshot.entries)
         steps.done("Policy.restore from it", count)
         del snapshot
         first_pass(root, steps, "janitor start, snapshot", "lock, load, a pass")
@@ -210,9 +210,9 @@ def _create_range(root: str, mounts: int, lo: int, hi: int) -> None:
             os.close(fd)
 
 
-def index_of(found: list[tuple[float, int, bytes, int]]) -> Policy:
-    """What a janitor does with a scan: oldest first into a Policy."""
-    policy = Policy(1 << 62)
+def index_of(found: list[tuple[float, int, bytes, int]]) -> SLRU:
+    """What a janitor does with a scan: oldest first into the SLRU."""
+    policy = SLRU(1 << 62)
     for _, mount, name, size in sorted(found):
         policy.add(mount, name, size)
     return policy
@@ -224,7 +224,7 @@ def policy_memory(found: list[tuple[float, int, bytes, int]]) -> float:
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        policy = Policy(1 << 62)
+        policy = SLRU(1 << 62)
         for mount, name, size in names:
             policy.add(mount, bytes.fromhex(name), size)  # a name of its own, as in a janitor
         used = tracemalloc.get_traced_memory()[0] - before
@@ -233,7 +233,7 @@ def policy_memory(found: list[tuple[float, int, bytes, int]]) -> float:
     return used / max(1, len(policy))
 
 
-def policy_costs(policy: Policy, found: list[tuple[float, int, bytes, int]]) -> list[Row]:
+def policy_costs(policy: SLRU, found: list[tuple[float, int, bytes, int]]) -> list[Row]:
     """Microseconds per policy operation on the full index, on blocks picked across it (so
     mostly cache misses, as in a janitor)."""
     keys = [(mount, name) for _, mount, name, _ in found[:: max(1, len(found) // 200_000)]]

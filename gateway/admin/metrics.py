@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gateway.cache import CacheFigures, JanitorStats, MountFigures, PageStore
+from gateway.cache import CacheFigures, Fills, JanitorStats, MountFigures, PageStore
 from gateway.counters import BUCKET_READS, REGISTRY
 from gateway.datadir import MULTIPROC_ENV
 
@@ -65,10 +65,10 @@ def shared_dir() -> Path | None:
     return Path(value) if value else None
 
 
-def _process_figures(pages: PageStore) -> dict[str, float]:
+def _process_figures(pages: PageStore, fills: Fills) -> dict[str, float]:
     s = pages.stats
     figures: dict[str, float] = {field: getattr(s, field) for _, _, field in _COUNTERS}
-    figures["fills_in_flight"] = pages.fills_in_flight
+    figures["fills_in_flight"] = fills.in_flight
     figures["memory_bytes"] = pages.memory.bytes_used
     return figures
 
@@ -91,10 +91,12 @@ def _process_mount_counts(pages: PageStore) -> MountCounts:
     }
 
 
-def publish(pages: PageStore, folder: Path) -> tuple[dict[str, float], BucketReads, MountCounts]:
+def publish(
+    pages: PageStore, fills: Fills, folder: Path
+) -> tuple[dict[str, float], BucketReads, MountCounts]:
     """Write this worker's cache figures and reads by bucket where the other workers' scrapes
     find them."""
-    figures = _process_figures(pages)
+    figures = _process_figures(pages, fills)
     buckets = _process_bucket_reads()
     mounts = _process_mount_counts(pages)
     path = folder / f"cache_{os.getpid()}.json"
@@ -104,10 +106,10 @@ def publish(pages: PageStore, folder: Path) -> tuple[dict[str, float], BucketRea
     return figures, buckets, mounts
 
 
-async def publish_forever(pages: PageStore, folder: Path) -> None:
+async def publish_forever(pages: PageStore, fills: Fills, folder: Path) -> None:
     while True:
         try:
-            publish(pages, folder)
+            publish(pages, fills, folder)
         except OSError as exc:
             log_once(f"cache figures not published: {exc}")
         await asyncio.sleep(PUBLISH_INTERVAL)
@@ -133,10 +135,10 @@ def _alive(pid: int) -> bool:
 
 
 def _node_figures(
-    pages: PageStore, folder: Path
+    pages: PageStore, fills: Fills, folder: Path
 ) -> tuple[dict[str, float], BucketReads, MountCounts]:
     """Counters of every worker that ever published; gauges of the live ones."""
-    own = publish(pages, folder)
+    own = publish(pages, fills, folder)
     total = dict.fromkeys(own[0], 0.0)
     reads: dict[tuple[str, str], list[int]] = {}
     per_mount: MountCounts = {}
@@ -166,20 +168,20 @@ def _node_figures(
     return total, [[b, c, n, sent] for (b, c), (n, sent) in reads.items()], per_mount
 
 
-def _figures(pages: PageStore) -> tuple[dict[str, float], BucketReads, MountCounts]:
+def _figures(pages: PageStore, fills: Fills) -> tuple[dict[str, float], BucketReads, MountCounts]:
     """The node's counts: every worker's summed when there are several, else this process's."""
     folder = shared_dir()
     if folder is not None:
-        return _node_figures(pages, folder)
-    return _process_figures(pages), _process_bucket_reads(), _process_mount_counts(pages)
+        return _node_figures(pages, fills, folder)
+    return _process_figures(pages, fills), _process_bucket_reads(), _process_mount_counts(pages)
 
 
-def cache_figures(pages: PageStore) -> CacheFigures:
+def cache_figures(pages: PageStore, fills: Fills) -> CacheFigures:
     """The node's cache at a glance (`gateway status`, the console, the heartbeat): bytes
     held and pinned and the budget (the janitor's last pass), the clients' hits and misses and
     the preload's fills (every worker's), for the node and per mount. Blocking (small file
     reads): call it off the event loop's hot path, as a scrape does."""
-    counts, _, per_mount = _figures(pages)
+    counts, _, per_mount = _figures(pages, fills)
     node = pages.janitor_stats()
     mount_ids = sorted(set(per_mount) | set(node.mounts if node else ()))
     mounts = tuple(
@@ -216,11 +218,12 @@ class CacheCollector(Collector):
     """The page store's counters and the janitor's figures (the whole node, read from the
     file it publishes); with several workers, every worker's page-store figures summed."""
 
-    def __init__(self, pages: PageStore) -> None:
+    def __init__(self, pages: PageStore, fills: Fills) -> None:
         self._pages = pages
+        self._fills = fills
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        figures, buckets, per_mount = _figures(self._pages)
+        figures, buckets, per_mount = _figures(self._pages, self._fills)
         for name, doc, field in _COUNTERS:
             yield CounterMetricFamily(name, doc, figures[field])
         for name, doc, field in _GAUGES:
@@ -317,12 +320,12 @@ class CacheCollector(Collector):
 _cache: CacheCollector | None = None
 
 
-def watch_cache(pages: PageStore) -> None:
+def watch_cache(pages: PageStore, fills: Fills) -> None:
     global _cache
     if _cache is not None:
         with contextlib.suppress(KeyError):
             REGISTRY.unregister(_cache)
-    _cache = CacheCollector(pages)
+    _cache = CacheCollector(pages, fills)
     REGISTRY.register(_cache)
 
 

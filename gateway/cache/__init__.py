@@ -1,9 +1,9 @@
 """The local page store on SSD: objects cached as fixed-size blocks per version, shared by the
-worker processes of one node, evicted by one janitor (`PageStore`, storage), and filled from
-the stores one fetch per block on the node (`Fills`). Imports nothing from the rest of the
-gateway."""
+worker processes of one node (`PageStore`, storage), filled from the stores one fetch per block
+on the node (`Fills`), and evicted by one janitor in the order of a policy chosen by name
+(policy.py). Imports nothing from the rest of the gateway."""
 
-from gateway.cache.figures import CacheFigures, MountFigures
+from gateway.cache.figures import CacheFigures, MountFigures, PageStats
 from gateway.cache.fills import Arrival, Fetch, Fills
 from gateway.cache.janitor import JanitorStats
 from gateway.cache.pages import (
@@ -11,7 +11,6 @@ from gateway.cache.pages import (
     BlockWriter,
     FileRegion,
     FillFailed,
-    PageStats,
     PageStore,
 )
 

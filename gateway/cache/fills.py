@@ -134,9 +134,12 @@ class Fills:
         self.pages = pages
         self.stats = pages.stats
         self.sub_size = sub_block_size  # 0: reads of a few random bytes fill whole blocks
-        # The page store's registry of entries being filled here: its reads that must not
-        # wait leave them alone.
-        self._fills: dict[str, _Fill] = pages.busy  # type: ignore[assignment]
+        # The entries being filled (or followed) in this process, by name: this class's own
+        # table. The page store asks of it only whether a name is in it (its reads that must
+        # not wait leave those entries alone); the dict's own bound __contains__, so that the
+        # question opens no Python frame (about 30 ns more than the dict lookup it replaced).
+        self._fills: dict[str, _Fill] = {}
+        pages.set_filling(self._fills.__contains__)
         self._fill_ended: asyncio.Future[None] | None = None  # for waiters on any fill's end
         self._prefetch_slots = max(1, fill_concurrency)
         self._prefetching = 0
@@ -165,9 +168,14 @@ class Fills:
     async def settle(self) -> None:
         """Wait until no fill and no file task (a retirement, a removal) is in flight in this
         process: the blocks read are on disk, the invalidated ones moved."""
-        while self._fills or self.pages.tasks:
+        while True:
             tasks = {f.task for f in self._fills.values() if f.task is not None}
-            await asyncio.wait([*tasks, *self.pages.tasks])
+            if tasks:
+                await asyncio.wait(tasks)
+                continue
+            await self.pages.settle()  # what the fills left to do (a sub-blocks' removal)
+            if not self._fills:
+                return
 
     def filling(self, bkey: BlockKey) -> bool:
         """Whether the block is being fetched (or followed) in this process."""

@@ -1,4 +1,5 @@
-"""The one process per node that evicts: it follows every worker's journal into a Policy, keeps
+"""The one process per node that evicts: it follows every worker's journal into its eviction
+policy (policy.py, built here by name in one place: _new_policy), keeps
 the cache within its capacity and the disk above its free-space floor, and publishes its
 figures in stats.json. It also sweeps what dead processes left in inflight/ and retired/ (every
 minute) and the key records whose block is gone (with its hourly rescan). Every worker process
@@ -42,7 +43,7 @@ from gateway.cache.layout import (
     TRAILER_SIZE,
     block_path,
 )
-from gateway.cache.policy import PROTECTED, Policy
+from gateway.cache.policy import Policy, create
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +187,7 @@ class Janitor:
         snapshot_interval: float = 60.0,
         rescan_interval: float = 3600.0,
         sweep_interval: float = 60.0,
+        policy: str = "slru",
     ) -> None:
         self.root = os.path.abspath(root)
         self.capacity = capacity
@@ -201,7 +203,8 @@ class Janitor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock_fd: int | None = None
-        self._policy = Policy(capacity)
+        self._policy_name = policy
+        self._policy = self._new_policy()  # an unknown name fails here, not as the janitor
         self._reader: JournalReader | None = None
         self._journal: JournalWriter | None = None  # our evictions, for whoever comes next
         self._rescan: _Rescan | None = None
@@ -254,8 +257,7 @@ class Janitor:
         if quotas is not None:
             self._quotas = quotas
             self._policy.set_quotas(quotas)
-        if self._policy.capacity != self.capacity:
-            self._policy.set_capacity(self.capacity)
+        self._policy.set_capacity(self.capacity)  # as it may have changed; else no work
         unpinned = self._read_journals()
         now = time.monotonic()
         if unpinned:
@@ -324,21 +326,28 @@ class Janitor:
         now = time.monotonic()
         self._next_rescan = now + self._rescan_interval
         self._next_snapshot = now + (self._snapshot_interval if loaded is not None else 0.0)
+        held = self._policy.figures()
         log.info(
             "cache: janitor of %s (pid %d): %d blocks, %d bytes, from the %s in %.2f s",
             self.root,
             os.getpid(),
-            len(self._policy),
-            self._policy.bytes_used,
+            held.entries,
+            held.bytes_used,
             how,
             now - started,
         )
+
+    def _new_policy(self) -> Policy:
+        """An empty policy of this janitor's kind, capacity and quotas: the one place the
+        janitor builds its policy (at start, and from a snapshot or a scan when it takes
+        over)."""
+        return create(self.capacity, self._quotas, name=self._policy_name)
 
     def _from_snapshot(self) -> tuple[Policy, JournalReader] | None:
         snapshot = load_snapshot(self.root)
         if snapshot is None:
             return None
-        policy = Policy(self.capacity, quotas=self._quotas)
+        policy = self._new_policy()
         try:
             policy.restore(snapshot.entries)
         except ValueError as exc:
@@ -348,7 +357,7 @@ class Janitor:
         return policy, JournalReader(self.root, snapshot.journal_offsets)
 
     def _from_scan(self) -> tuple[Policy, JournalReader]:
-        policy = Policy(self.capacity, quotas=self._quotas)
+        policy = self._new_policy()
         reader = JournalReader(self.root)
         try:
             reader.skip_to_end()  # what the journals said so far, the scan sees on disk
@@ -518,36 +527,37 @@ class Janitor:
         count, freed, since = self._unlogged
         now = time.monotonic()
         if count and (force or now - since >= _LOG_INTERVAL):
+            held = self._policy.figures()
             log.info(
                 "cache: evicted %d blocks (%d bytes) in %.0f s; %d blocks, %d bytes kept",
                 count,
                 freed,
                 now - since,
-                len(self._policy),
-                self._policy.bytes_used,
+                held.entries,
+                held.bytes_used,
             )
             self._unlogged = [0, 0, now]
         elif not count:
             self._unlogged[2] = now
 
     def _publish(self, free: int) -> None:
-        policy = self._policy
+        held = self._policy.figures()
         stats = JanitorStats(
-            bytes_used=policy.bytes_used,
-            entries=len(policy),
+            bytes_used=held.bytes_used,
+            entries=held.entries,
             evictions=self._evictions,
             evicted_bytes=self._evicted_bytes,
-            mounts=policy.mounts(),
+            mounts=held.mounts,
             capacity=self.capacity,
             min_free=self.min_free,
             free_bytes=free,
             updated=time.time(),
             pid=os.getpid(),
-            pinned_bytes=policy.pinned_bytes,
-            protected_bytes=policy.segment_bytes(PROTECTED),
+            pinned_bytes=held.pinned_bytes,
+            protected_bytes=held.protected_bytes,
             unpinned_blocks=self._unpinned[0],
             unpinned_bytes=self._unpinned[1],
-            mount_pinned=policy.pinned_mounts(),
+            mount_pinned=held.mount_pinned,
             quotas=dict(self._quotas),
         )
         tmp = f"{self.root}/.{STATS}.{os.getpid()}.tmp"

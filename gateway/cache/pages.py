@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from gateway.cache import blockfile, verity
+from gateway.cache.figures import PageStats
 from gateway.cache.janitor import Janitor, JanitorStats, read_stats
 from gateway.cache.journal import JournalWriter
 from gateway.cache.layout import (
@@ -102,65 +103,6 @@ class BlockKey:
 Version = tuple[int, str, str, int]  # mount id, key, ETag, block size: one object version
 
 
-@dataclass(slots=True)
-class MountCounts:
-    """One mount's block reads, as PageStats counts them for the whole process."""
-
-    hits: int = 0
-    misses: int = 0
-    preload_hits: int = 0
-    preload_fills: int = 0
-
-
-@dataclass(slots=True)
-class PageStats:
-    hits: int = 0  # block reads of clients answered from memory or disk
-    memory_hits: int = 0
-    misses: int = 0  # block reads of clients that had to fetch, or wait for a fetch
-    # Preload (gateway load) reads its blocks through the same paths; counted apart, so that
-    # a preload's fills are not the clients' misses (a hit ratio of 0% after a preload) and its
-    # looks at blocks already cached are not their hits.
-    preload_hits: int = 0
-    preload_fills: int = 0
-    joins: int = 0  # misses that joined a fill in flight instead of fetching again
-    hit_bytes: int = 0
-    fills: int = 0  # fills this process led to the end and kept
-    fill_failures: int = 0
-    prefetches: int = 0
-    corrupt: int = 0  # damaged block files found and dropped
-    written: int = 0  # blocks entered by write-through
-    unkept: int = 0  # blocks served from the store but not kept: the disk failed (full...)
-    zero_copy: int = 0  # block reads handed over as file regions, to be sent unread
-    rechecks: int = 0  # of those, the ones whose block was read and checked first
-    sealed: int = 0  # of those, the ones of a sealed file (fs-verity): never rechecked
-    mounts: dict[int, MountCounts] = field(default_factory=dict)  # the four counts by mount
-
-    def mount(self, mount_id: int) -> MountCounts:
-        counts = self.mounts.get(mount_id)
-        if counts is None:
-            counts = self.mounts[mount_id] = MountCounts()
-        return counts
-
-    def hit(self, mount_id: int, preload: bool) -> None:
-        """One block read answered from the cache, by a client or by a preload."""
-        if preload:
-            self.preload_hits += 1
-            self.mount(mount_id).preload_hits += 1
-        else:
-            self.hits += 1
-            self.mount(mount_id).hits += 1
-
-    def miss(self, mount_id: int, preload: bool) -> None:
-        """One block read that fetched, or waited for a fetch: a client's miss, or a preload's
-        fill."""
-        if preload:
-            self.preload_fills += 1
-            self.mount(mount_id).preload_fills += 1
-        else:
-            self.misses += 1
-            self.mount(mount_id).misses += 1
-
-
 class FileRegion:
     """Bytes of a block file to be sent as they are (sendfile), by whoever takes it: it owns
     the open descriptor, which `close()` closes (also when it is dropped unsent)."""
@@ -194,6 +136,11 @@ class FillFailed(Exception):
 
 
 Entry = BlockKey | SubKey  # what has a file of its own in blocks/: a block, or a sub-block
+Filling = Callable[[str], bool]  # whether the entry of this name is being filled here now
+
+
+def _nothing_filling(name: str) -> bool:
+    return False  # a store no fills were set over (a writer's only, a test's)
 
 
 class PageStore:
@@ -233,9 +180,10 @@ class PageStore:
         self._drop_delay = drop_delay
         self.memory = MemoryTier(memory_bytes, memory_object_max)
         self.stats = PageStats()
-        # Names of the entries being filled in this process (fills.Fills keeps it): reads
-        # that must not wait, and zero-copy sends, leave them alone.
-        self.busy: dict[str, object] = {}
+        # Whether an entry is being written by a fill in this process (set_filling: the
+        # fills over this store answer it): reads that must not wait, and zero-copy sends,
+        # leave such an entry alone.
+        self._is_filling: Filling = _nothing_filling
         self._verified: dict[str, None] = {}
         # Blocks whose whole data this process checked (or wrote), and when: zero-copy sends.
         self._checked: dict[str, float] = {}
@@ -257,7 +205,7 @@ class PageStore:
             else None
         )
         self._flusher: asyncio.Task[None] | None = None
-        self.tasks: set[asyncio.Task[Any]] = set()  # file work in flight (spawn)
+        self._tasks: set[asyncio.Task[Any]] = set()  # file work in flight (spawn)
         self._warned = 0.0
 
     # -- life cycle -----------------------------------------------------------------------------
@@ -302,12 +250,12 @@ class PageStore:
         """Close the store; the fills over it (fills.Fills.close) are closed first."""
         if self._io is None:
             return
-        if self.tasks:
-            await asyncio.wait(list(self.tasks), timeout=5)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=5)
         for version in list(self._retired):
             self._remove_retired(version)  # no reader is left to wait for
-        if self.tasks:
-            await asyncio.wait(list(self.tasks), timeout=5)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=5)
         if self._flusher is not None:
             self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -326,15 +274,19 @@ class PageStore:
 
         await asyncio.to_thread(shut)
 
-    @property
-    def fills_in_flight(self) -> int:
-        return len(self.busy)
+    def set_filling(self, is_filling: Filling) -> None:
+        """Who fills this store in this process (fills.Fills) answers, by an entry's name,
+        whether it is writing that entry now: the one question the store asks of its fills.
+        One filler per store."""
+        if self._is_filling is not _nothing_filling:
+            raise RuntimeError("the page store has its filler already")
+        self._is_filling = is_filling
 
     async def settle(self) -> None:
         """Wait until no file task (a retirement, a removal) is in flight in this process;
         fills.Fills.settle() waits for the fills too."""
-        while self.tasks:
-            await asyncio.wait(list(self.tasks))
+        while self._tasks:
+            await asyncio.wait(list(self._tasks))
 
     def set_quotas(self, quotas: Mapping[int, int]) -> None:
         if self._janitor is not None:
@@ -390,7 +342,7 @@ class PageStore:
         likely in the page cache still), and only if all of it is in memory now. None for
         anything else: the full read path reads it on a thread."""
         name = bkey.name
-        if name not in self._verified or name in self.busy or self._io is None:
+        if name not in self._verified or self._is_filling(name) or self._io is None:
             return None
         small = self.memory.accepts(length)
         path = block_path(self.root, bkey.mount_id, name)
@@ -416,7 +368,9 @@ class PageStore:
         name = bkey.name
         if name in self.memory:
             return True
-        return disk and name in self._verified and name not in self.busy and self._io is not None
+        return (
+            disk and name in self._verified and not self._is_filling(name) and self._io is not None
+        )
 
     async def region(
         self, bkey: BlockKey, length: int, start: int, end: int, pinned: bool = False
@@ -433,7 +387,7 @@ class PageStore:
             self._recheck <= 0
             or end <= start
             or name not in self._verified
-            or name in self.busy
+            or self._is_filling(name)
             or name in self.memory
             or self._io is None
         ):
@@ -485,7 +439,7 @@ class PageStore:
         name = bkey.name
         if self.memory.accepts(length) or self._recheck <= 0:
             return self.peek_disk(bkey, length, pinned)
-        if name not in self._verified or name in self.busy or self._io is None:
+        if name not in self._verified or self._is_filling(name) or self._io is None:
             return None
         try:
             fd = os.open(block_path(self.root, bkey.mount_id, name), os.O_RDONLY | os.O_CLOEXEC)
@@ -788,8 +742,8 @@ class PageStore:
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.ensure_future(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def hop(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking file step on a worker thread. A cancelled caller still waits for the

@@ -1,18 +1,22 @@
-"""Which blocks of the page store to evict, and in what order: a scan-resistant segmented LRU
-with per-mount quotas and pins under one byte budget. Bookkeeping only, no I/O.
+"""Which blocks of the page store to evict, and in what order: one interface (`Policy`), its
+policies by name (`create`, as Alluxio's `CacheEvictor.create` picks an evictor by name), and
+the one there is, a scan-resistant segmented LRU with per-mount quotas and pins under one byte
+budget (`SLRU`). Bookkeeping only, no I/O.
 
-A block is known by (mount, name): the mount is part of its file's path. New blocks enter the
-probationary segment; a second use promotes one to the protected segment, which holds at most
-`protected_fraction` of the capacity (its least recent blocks fall back to probation). Victims
-come from probation first, so a one-off sweep of many blocks only ever displaces itself.
+A block is known by (mount, name): the mount is part of its file's path. In the SLRU new
+blocks enter the probationary segment; a second use promotes one to the protected segment,
+which holds at most `protected_fraction` of the capacity (its least recent blocks fall back to
+probation). Victims come from probation first, so a one-off sweep of many blocks only ever
+displaces itself.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 PROBATION = 0
 PROTECTED = 1
@@ -23,7 +27,8 @@ PINNED = 2
 _SIZE_BITS = 40
 _SIZE = (1 << _SIZE_BITS) - 1
 
-# (mount, name, size, segment, tick): what entries() yields and restore() takes.
+# (mount, name, size, segment, tick): what entries() yields and restore() takes; a policy
+# without segments or ticks of its own gives PROBATION and its order.
 Entry = tuple[int, bytes, int, int, int]
 
 
@@ -31,6 +36,68 @@ class Victim(NamedTuple):
     mount: int
     name: bytes
     size: int
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyFigures:
+    """What a policy holds, for the janitor's published figures and its log."""
+
+    entries: int
+    bytes_used: int
+    pinned_bytes: int  # never evicted, so not room for anything else
+    protected_bytes: int  # of blocks the policy keeps over others (used twice, for the SLRU)
+    mounts: dict[int, int]  # bytes per mount that holds any
+    mount_pinned: dict[int, int]  # pinned bytes per mount that has any
+
+
+class Policy(Protocol):
+    """The index of every block of a node and the order to evict them in: what the janitor
+    asks of an eviction policy. It is told of blocks as the journals tell the janitor (add,
+    access, remove, the pins taken off), and answers which to evict (victims)."""
+
+    def set_capacity(self, capacity: int) -> None:
+        """Bytes in all; a smaller capacity takes effect in the next victims()."""
+
+    def set_quotas(self, quotas: Mapping[int, int]) -> None:
+        """Bytes per mount id; a mount missing here has no quota of its own."""
+
+    def add(self, mount: int, name: bytes, size: int, pinned: bool = False) -> None:
+        """A block was committed (a known one keeps its place)."""
+
+    def access(self, mount: int, name: bytes, pinned: bool | None = None) -> None:
+        """A use of a block; `pinned` True pins it, False unpins it, None leaves it."""
+
+    def remove(self, mount: int, name: bytes) -> bool:
+        """The block is gone; whether it was known."""
+
+    def unpin(self, mount: int, name: bytes) -> int | None:
+        """An operator's unpin: the block's size, or None when it was not pinned."""
+
+    def unpin_mount(self, mount: int) -> list[int]:
+        """unpin() of every pinned block of the mount; their sizes."""
+
+    def victims(self, free_needed: int = 0) -> list[Victim]:
+        """The blocks to evict, already forgotten: every mount within its quota, the total
+        within the capacity, and at least `free_needed` bytes freed (pins allowing)."""
+
+    def entries(self) -> Iterator[Entry]:
+        """Every block, in an order restore() rebuilds exactly (the janitor's snapshot)."""
+
+    def restore(self, entries: Iterable[Entry]) -> None:
+        """Load what entries() gave into an empty policy; ValueError for what none gave."""
+
+    def figures(self) -> PolicyFigures: ...
+
+    def __contains__(self, key: object) -> bool:
+        """`(mount, name) in policy`."""
+
+
+def create(capacity: int, quotas: Mapping[int, int] | None = None, *, name: str = "slru") -> Policy:
+    """The eviction policy called `name`, within `capacity` bytes and the mounts' `quotas`."""
+    make = POLICIES.get(name)
+    if make is None:
+        raise ValueError(f"no eviction policy {name!r} (there are: {', '.join(sorted(POLICIES))})")
+    return make(capacity, quotas)
 
 
 class _Mount:
@@ -60,8 +127,8 @@ class _Mount:
         return self.pinned if segment == PINNED else self.ordered(segment)
 
 
-class Policy:
-    """The index of every block of a node and the order to evict them in.
+class SLRU:
+    """The segmented LRU: the index of every block of a node and the order to evict them in.
 
     Each mount keeps its own orderings, so a mount's quota victims never pass over other
     mounts' blocks; a lazy heap of the mounts' oldest ticks finds the oldest block overall.
@@ -225,7 +292,7 @@ class Policy:
 
     def entries(self) -> Iterator[Entry]:
         """Every block, each mount's segments oldest first with their ticks: restore() on a new
-        Policy rebuilds this one's order exactly. Do not change the policy while iterating."""
+        SLRU rebuilds this one's order exactly. Do not change the policy while iterating."""
         for mount, m in self._mounts.items():
             for segment in (PROBATION, PROTECTED):
                 for name, value in m.ordered(segment).items():
@@ -235,7 +302,7 @@ class Policy:
 
     def restore(self, entries: Iterable[Entry]) -> None:
         """Load what entries() gave, into an empty policy (a snapshot's contents, at start).
-        Raises ValueError for entries no Policy could have given: a segment of one mount out of
+        Raises ValueError for entries no SLRU could have given: a segment of one mount out of
         tick order, or a name twice in one segment."""
         if self._count:
             raise ValueError("restore() needs an empty policy")
@@ -283,6 +350,16 @@ class Policy:
 
     def segment_bytes(self, segment: int) -> int:
         return self._segment_bytes[segment]
+
+    def figures(self) -> PolicyFigures:
+        return PolicyFigures(
+            entries=self._count,
+            bytes_used=self.bytes_used,
+            pinned_bytes=self.pinned_bytes,
+            protected_bytes=self._segment_bytes[PROTECTED],
+            mounts=self.mounts(),
+            mount_pinned=self.pinned_mounts(),
+        )
 
     def __len__(self) -> int:
         return self._count
@@ -366,3 +443,9 @@ class Policy:
                 break
             mount, name, size = victim
             self._put(mount, self._mounts[mount], PROBATION, name, size)
+
+
+# Policies by the name create() takes.
+POLICIES: dict[str, Callable[[int, Mapping[int, int] | None], Policy]] = {
+    "slru": lambda capacity, quotas: SLRU(capacity, quotas=quotas),
+}

@@ -1,13 +1,16 @@
-"""The page store's eviction policy: scan resistance, quotas, pins, free space, capacity
-changes, idempotence, and an exact round trip through entries()/restore()."""
+"""The page store's eviction policy: built by name (create), scan resistance, quotas, pins,
+free space, capacity changes, idempotence, and an exact round trip through
+entries()/restore()."""
 
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 
-from gateway.cache.policy import PINNED, PROBATION, PROTECTED, Policy, Victim
+from gateway.cache.janitor import Janitor
+from gateway.cache.policy import PINNED, PROBATION, PROTECTED, SLRU, Victim, create
 
 B = 100  # bytes a block in these tests
 
@@ -21,7 +24,7 @@ def names(victims: list[Victim]) -> list[bytes]:
 
 
 def test_hot_set_survives_a_sweep_of_many_times_the_capacity() -> None:
-    policy = Policy(100 * B)
+    policy = SLRU(100 * B)
     hot = [n(i) for i in range(50)]
     for name in hot:
         policy.add(1, name, B)
@@ -43,7 +46,7 @@ def test_hot_set_survives_a_sweep_of_many_times_the_capacity() -> None:
 
 def test_a_plain_lru_would_have_lost_the_hot_set_without_the_second_use() -> None:
     """The counterpart of the test above: blocks used once are no better than the sweep."""
-    policy = Policy(100 * B)
+    policy = SLRU(100 * B)
     once = [n(i) for i in range(50)]
     for name in once:
         policy.add(1, name, B)
@@ -54,7 +57,7 @@ def test_a_plain_lru_would_have_lost_the_hot_set_without_the_second_use() -> Non
 
 
 def test_protected_is_bounded_and_overflow_goes_back_to_probation() -> None:
-    policy = Policy(10 * B, protected_fraction=0.5)
+    policy = SLRU(10 * B, protected_fraction=0.5)
     for i in range(10):
         policy.add(1, n(i), B)
         policy.access(1, n(i))
@@ -65,7 +68,7 @@ def test_protected_is_bounded_and_overflow_goes_back_to_probation() -> None:
 
 
 def test_victims_take_probation_before_protected_then_protected_lru() -> None:
-    policy = Policy(4 * B)
+    policy = SLRU(4 * B)
     for i in range(4):
         policy.add(1, n(i), B)
     policy.access(1, n(0))
@@ -76,7 +79,7 @@ def test_victims_take_probation_before_protected_then_protected_lru() -> None:
 
 
 def test_lru_order_holds_across_mounts() -> None:
-    policy = Policy(10 * B)
+    policy = SLRU(10 * B)
     order = [(m, n(i)) for i, m in enumerate([3, 1, 2, 1, 3, 2])]
     for mount, name in order:
         policy.add(mount, name, B)
@@ -85,7 +88,7 @@ def test_lru_order_holds_across_mounts() -> None:
 
 
 def test_a_mount_over_its_quota_loses_its_own_blocks_first_probation_first() -> None:
-    policy = Policy(100 * B, quotas={1: 3 * B})
+    policy = SLRU(100 * B, quotas={1: 3 * B})
     policy.add(2, n(100), B)  # older than all of mount 1's, but mount 2 has room
     for i in range(5):
         policy.add(1, n(i), B)
@@ -101,7 +104,7 @@ def test_a_mount_over_its_quota_loses_its_own_blocks_first_probation_first() -> 
 
 
 def test_pinned_blocks_count_but_are_never_victims() -> None:
-    policy = Policy(3 * B)
+    policy = SLRU(3 * B)
     policy.add(1, n(0), B, pinned=True)
     policy.add(1, n(1), B)
     policy.add(1, n(2), B, pinned=True)
@@ -115,14 +118,14 @@ def test_pinned_blocks_count_but_are_never_victims() -> None:
 
 
 def test_a_quota_full_of_pins_is_left_alone() -> None:
-    policy = Policy(100 * B, quotas={1: B})
+    policy = SLRU(100 * B, quotas={1: B})
     policy.add(1, n(0), B, pinned=True)
     policy.add(1, n(1), B, pinned=True)
     assert policy.victims() == []
 
 
 def test_pins_set_and_cleared_by_later_records() -> None:
-    policy = Policy(2 * B)
+    policy = SLRU(2 * B)
     policy.add(1, n(0), B)
     policy.add(1, n(1), B)
     policy.access(1, n(0), pinned=True)
@@ -141,7 +144,7 @@ def test_pins_set_and_cleared_by_later_records() -> None:
 
 
 def test_free_needed_frees_at_least_that_many_bytes() -> None:
-    policy = Policy(100 * B)
+    policy = SLRU(100 * B)
     for i in range(10):
         policy.add(1, n(i), B)
     assert names(policy.victims(250)) == [n(0), n(1), n(2)]
@@ -150,7 +153,7 @@ def test_free_needed_frees_at_least_that_many_bytes() -> None:
 
 
 def test_a_smaller_capacity_evicts_down_to_it_and_shrinks_protected() -> None:
-    policy = Policy(10 * B)
+    policy = SLRU(10 * B)
     for i in range(10):
         policy.add(1, n(i), B)
         policy.access(1, n(i))
@@ -163,7 +166,7 @@ def test_a_smaller_capacity_evicts_down_to_it_and_shrinks_protected() -> None:
 
 
 def test_add_is_idempotent_and_keeps_the_place() -> None:
-    policy = Policy(10 * B)
+    policy = SLRU(10 * B)
     for i in range(3):
         policy.add(1, n(i), B)
     policy.add(1, n(0), B)
@@ -177,7 +180,7 @@ def test_add_is_idempotent_and_keeps_the_place() -> None:
 
 
 def test_the_same_name_in_two_mounts_is_two_blocks() -> None:
-    policy = Policy(10 * B)
+    policy = SLRU(10 * B)
     policy.add(1, n(0), B)
     policy.add(2, n(0), B)
     assert len(policy) == 2 and policy.mounts() == {1: B, 2: B}
@@ -185,12 +188,12 @@ def test_the_same_name_in_two_mounts_is_two_blocks() -> None:
 
 
 def test_entries_round_trip_restores_order_segments_and_pins() -> None:
-    policy = Policy(30 * B, quotas={2: 8 * B})
+    policy = SLRU(30 * B, quotas={2: 8 * B})
     for i in range(40):
         policy.add(i % 3, n(i), B + i, pinned=i % 7 == 0)
         if i % 4 == 0:
             policy.access((i // 2) % 3, n(i // 2))
-    again = Policy(30 * B, quotas={2: 8 * B})
+    again = SLRU(30 * B, quotas={2: 8 * B})
     again.restore(policy.entries())
 
     assert list(again.entries()) == list(policy.entries())
@@ -206,10 +209,30 @@ def test_entries_round_trip_restores_order_segments_and_pins() -> None:
 
 def test_restore_refuses_entries_no_policy_gave() -> None:
     with pytest.raises(ValueError):
-        Policy(B).restore([(1, n(0), B, PROBATION, 5), (1, n(1), B, PROBATION, 4)])
+        SLRU(B).restore([(1, n(0), B, PROBATION, 5), (1, n(1), B, PROBATION, 4)])
     with pytest.raises(ValueError):
-        Policy(B).restore([(1, n(0), B, PROBATION, 1), (1, n(0), B, PROBATION, 2)])
-    policy = Policy(B)
+        SLRU(B).restore([(1, n(0), B, PROBATION, 1), (1, n(0), B, PROBATION, 2)])
+    policy = SLRU(B)
     policy.add(1, n(0), B)
     with pytest.raises(ValueError):
         policy.restore([])
+
+
+def test_create_builds_the_policy_named_with_its_capacity_and_quotas() -> None:
+    policy = create(3 * B, {2: B}, name="slru")
+    assert isinstance(policy, SLRU)
+    for i in range(3):
+        policy.add(1, n(i), B)
+    policy.add(2, n(10), B)
+    policy.add(2, n(11), B)
+    # Mount 2 over its quota loses its own oldest; then the oldest of all goes for capacity.
+    assert names(policy.victims()) == [n(10), n(0)]
+    held = policy.figures()
+    assert (held.entries, held.bytes_used, held.mounts) == (3, 3 * B, {1: 2 * B, 2: B})
+
+
+def test_an_unknown_policy_is_refused_by_name_before_a_janitor_runs(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"'lfu'.*slru"):
+        create(B, name="lfu")
+    with pytest.raises(ValueError, match="'lfu'"):
+        Janitor(str(tmp_path), B, 0, policy="lfu")

@@ -402,3 +402,104 @@ def test_loggers_are_named_by_their_module() -> None:
         if named.search(path.read_text())
     ]
     assert found == []
+
+
+# -- the cache's parts own their state (issue 41) ----------------------------------------------
+
+CACHE = GATEWAY / "cache"
+_CONTAINERS = {"dict", "set", "list", "OrderedDict", "defaultdict", "deque"}
+
+
+def _class(path: Path, name: str) -> ast.ClassDef:
+    tree = ast.parse(path.read_text(), str(path))
+    return next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+
+
+def _own_attributes(cls: ast.ClassDef) -> dict[str, ast.expr]:
+    """`self.<name> = value` in the class's __init__, by name."""
+    init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    found: dict[str, ast.expr] = {}
+    for node in ast.walk(init):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets = [node.target]
+        for target in targets:
+            if (
+                isinstance(target, ast.Attribute)
+                and isinstance(target.value, ast.Name)
+                and target.value.id == "self"
+            ):
+                found[target.attr] = node.value  # type: ignore[union-attr]
+    return found
+
+
+def _is_container(value: ast.expr) -> bool:
+    if isinstance(value, ast.Dict | ast.Set | ast.List | ast.DictComp | ast.SetComp | ast.ListComp):
+        return True
+    return (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Name)
+        and value.func.id in _CONTAINERS
+    )
+
+
+def _named_privates(path: Path, privates: set[str]) -> list[str]:
+    """`x.<private>` of another object than self, for these private names."""
+    return sorted(
+        f"{path.name}:{node.lineno} {ast.unparse(node)}"
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Attribute)
+        and node.attr in privates
+        and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+    )
+
+
+def test_the_fills_and_the_page_store_keep_their_own_state() -> None:
+    """Fills keeps its table of fills in flight, PageStore its storage's state: each makes its
+    own tables and keeps them private, and neither names the other's private attributes. The
+    page store asks the fills one question (set_filling: is this entry being filled?); the
+    two once shared one dict (`Fills._fills = pages.busy`)."""
+    pages = _own_attributes(_class(CACHE / "pages.py", "PageStore"))
+    fills = _own_attributes(_class(CACHE / "fills.py", "Fills"))
+    wrong = []
+    for owner, attributes in (("PageStore", pages), ("Fills", fills)):
+        for name, value in attributes.items():
+            if _is_container(value) and not name.startswith("_"):
+                wrong.append(f"{owner}.{name}: a table of its own, public")
+            if isinstance(value, ast.Attribute) and name.startswith("_"):
+                wrong.append(f"{owner}.{name} = {ast.unparse(value)}: another's state as its own")
+    wrong += _named_privates(CACHE / "fills.py", {n for n in pages if n.startswith("_")})
+    wrong += _named_privates(CACHE / "pages.py", {n for n in fills if n.startswith("_")})
+    assert not wrong, "the cache's parts reach into each other's state:\n" + "\n".join(wrong)
+
+
+# What the janitor may take from policy.py: the interface, not a policy of its own choosing.
+POLICY_FACE = {"Policy", "PolicyFigures", "Victim", "Entry", "create"}
+
+
+def test_the_janitor_builds_its_eviction_policy_in_one_place() -> None:
+    """The janitor knows the eviction policy by its interface (policy.Policy) and builds it by
+    name in one place (policy.create, called once), as Alluxio's CacheEvictor.create: it
+    constructed the SLRU itself three times."""
+    path = CACHE / "janitor.py"
+    tree = ast.parse(path.read_text(), str(path))
+    policy_classes = {
+        n.name
+        for n in ast.parse((CACHE / "policy.py").read_text()).body
+        if isinstance(n, ast.ClassDef)
+    }
+    taken = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "gateway.cache.policy"
+        for alias in node.names
+    }
+    assert taken <= POLICY_FACE, f"the janitor takes more than the policy's face: {taken}"
+    calls = [
+        n.func.id
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    ]
+    built = [name for name in calls if name in policy_classes]
+    assert not built, f"the janitor builds a policy class itself: {built}"
+    assert calls.count("create") == 1, "the janitor builds its policy in one place"

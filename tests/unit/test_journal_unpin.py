@@ -10,7 +10,7 @@ from pathlib import Path
 from gateway.cache.janitor import Janitor, read_stats
 from gateway.cache.journal import UNPIN, JournalWriter, load_snapshot, records
 from gateway.cache.layout import JOURNAL_DIR
-from gateway.cache.policy import PINNED, PROBATION, PROTECTED, Policy
+from gateway.cache.policy import PINNED, PROBATION, PROTECTED, SLRU
 from tests.unit.test_cache_janitor import SIZE, make_block, name_of, on_disk
 
 PINS = range(4)  # the blocks a load with --pin filled
@@ -140,7 +140,7 @@ def test_a_pin_after_the_unpin_in_a_later_pass_pins_again(tmp_path: Path) -> Non
 
 
 def test_policy_unpin_moves_a_pinned_block_to_probation_and_leaves_others_alone() -> None:
-    policy = Policy(10 * SIZE)
+    policy = SLRU(10 * SIZE)
     policy.add(1, name_of(0), SIZE, pinned=True)
     policy.add(1, name_of(1), SIZE)
     policy.access(1, name_of(1))  # protected
