@@ -99,7 +99,7 @@ def test_a_warm_epoch_past_its_ttl_is_revalidated_by_listings(
 
 
 def test_leases_past_the_ttl_are_renewed_together_from_a_listing(
-    node: GatewayNode, origin: CountingProxy
+    node: GatewayNode, origin: CountingProxy, origin_s3: Any
 ) -> None:
     fs = GatewayFileSystem(
         skip_instance_cache=True, endpoint_url=node.url, key=ACCESS_KEY, secret=SECRET_KEY,
@@ -107,18 +107,27 @@ def test_leases_past_the_ttl_are_renewed_together_from_a_listing(
     )  # fmt: skip
     try:
         keys = KEYS[100:400]
+        changed, deleted = keys[10], keys[11]
         for key in keys:  # leased, and its version known at the node
             assert fs.cat_file(f"fresh/{key}") == _body(key)
         leased = fs.stats.leases
+        origin_s3.put_object(Bucket=BUCKET, Key=changed, Body=_body(changed, 1))
+        origin_s3.delete_object(Bucket=BUCKET, Key=deleted)
         _past_the_ttl(node, origin)
         origin.reset()
         asked = fs.stats.lease_requests
         for key in keys:
-            assert fs.cat_file(f"fresh/{key}") == _body(key)
+            if key == deleted:
+                with pytest.raises(FileNotFoundError):
+                    fs.cat_file(f"fresh/{key}")
+                continue
+            want = _body(key, 1 if key == changed else 0)
+            assert fs.cat_file(f"fresh/{key}") == want, key
         # The first read past the TTL renewed the epoch's leases together (the node answered
-        # from listings), not a request and a store request each.
-        assert fs.stats.lease_requests - asked <= 3
-        assert fs.stats.leases == leased and fs.stats.http_reads == 0
+        # from listings), not a request and a store request each; only the changed and the
+        # deleted key were asked for again.
+        assert fs.stats.lease_requests - asked <= 5
+        assert fs.stats.leases <= leased + 2 and fs.stats.http_reads == 0
         assert sum(_store_requests(origin).values()) <= len(keys) // 500 + 10
     finally:
         fs.close()
