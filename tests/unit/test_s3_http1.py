@@ -89,7 +89,7 @@ async def started() -> AsyncIterator[Callable[..., asyncio.Future[tuple[Origin, 
 async def test_gets_in_turn_share_one_connection(started: Callable[..., object]) -> None:
     origin, pool = await started(ok(b"x" * 100_000))  # type: ignore[misc]
     for _ in range(5):
-        response = await pool.get("/bucket/k", [("Host", "h")])
+        response = await pool.request("GET", "/bucket/k", [("Host", "h")])
         assert response.status == 200 and response.header("etag") == '"e"'
         assert await response.read() == b"x" * 100_000
         response.release()
@@ -100,7 +100,7 @@ async def test_gets_in_turn_share_one_connection(started: Callable[..., object])
 async def test_a_connection_closed_while_idle_is_replaced(started: Callable[..., object]) -> None:
     origin, pool = await started(ok(b"abc"), close_after=1)  # type: ignore[misc]
     for _ in range(3):
-        response = await pool.get("/bucket/k", [("Host", "h")])
+        response = await pool.request("GET", "/bucket/k", [("Host", "h")])
         await asyncio.sleep(0.05)  # the origin closes it meanwhile
         assert await response.read() == b"abc"
         response.release()
@@ -112,7 +112,7 @@ async def test_an_answer_cut_short_is_an_error(started: Callable[..., object]) -
         return b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n" + b"y" * 10
 
     _, pool = await started(cut, close_after=1)  # type: ignore[misc]
-    response = await pool.get("/bucket/k", [("Host", "h")])
+    response = await pool.request("GET", "/bucket/k", [("Host", "h")])
     with pytest.raises(FAILURES):
         await response.read()
     response.release()
@@ -129,7 +129,7 @@ async def test_a_chunked_answer_is_refused_and_the_connection_dropped(
     origin, pool = await started(chunked)  # type: ignore[misc]
     for _ in range(2):
         with pytest.raises(ProtocolError):
-            await pool.get("/bucket/k", [("Host", "h")])
+            await pool.request("GET", "/bucket/k", [("Host", "h")])
     assert origin.connections == 2
 
 
@@ -139,7 +139,7 @@ async def test_a_head_in_pieces_and_an_interim_answer(started: Callable[..., obj
         return [answer[i : i + 7] for i in range(0, len(answer), 7)]
 
     _, pool = await started(slow)  # type: ignore[misc]
-    response = await pool.get("/bucket/k", [("Host", "h")])
+    response = await pool.request("GET", "/bucket/k", [("Host", "h")])
     assert response.status == 206 and await response.read() == b"ok"
     response.release()
 
@@ -148,10 +148,10 @@ async def test_a_body_not_read_to_its_end_closes_its_connection(
     started: Callable[..., object],
 ) -> None:
     origin, pool = await started(ok(b"z" * 3_000_000))  # type: ignore[misc]
-    response = await pool.get("/bucket/k", [("Host", "h")])
+    response = await pool.request("GET", "/bucket/k", [("Host", "h")])
     assert len(await response.read(10)) == 10
     response.release()  # the rest would be read by the next answer's parser: not pooled
-    response = await pool.get("/bucket/k", [("Host", "h")])
+    response = await pool.request("GET", "/bucket/k", [("Host", "h")])
     assert await response.read() == b"z" * 3_000_000
     response.release()
     assert origin.connections == 2
