@@ -83,5 +83,7 @@ def error_of(
     return StoreError(f"{where}: origin answered {status} {code}")
 
 
-def unreachable(where: str, exc: BaseException) -> StoreUnavailable:
-    return StoreUnavailable(f"{where}: origin unreachable: {type(exc).__name__}: {exc}")
+def unreachable(where: str, exc: BaseException, endpoint: str = "") -> StoreUnavailable:
+    """A transport failure; the log names the endpoint (`endpoint`, or as `exc` says it)."""
+    at = f" at {endpoint}" if endpoint else ""
+    return StoreUnavailable(f"{where}: origin unreachable{at}: {type(exc).__name__}: {exc}")

@@ -115,7 +115,7 @@ class Transport:
             if request.method == "HEAD":
                 response.release()
                 return Reply(fields, _no_body())
-            return Reply(fields, _body(response, where))
+            return Reply(fields, _body(response, where, self.base))
         code = await _error_code(response)
         headers = {k.lower(): v for k, v in response.headers}
         version_id = request.version_id
@@ -147,7 +147,7 @@ class Transport:
                 raise StoreError(f"{where}: an answer this gateway does not read: {exc}") from None
             except FAILURES as exc:
                 if attempt >= self._attempts:
-                    raise unreachable(where, exc) from None
+                    raise unreachable(where, exc, self.base) from None
             else:
                 if response.status not in RETRIED_STATUS or attempt >= self._attempts:
                     return response
@@ -185,12 +185,12 @@ async def _error_code(response: Response) -> str:
     return html.unescape(found.group(1).decode("utf-8", "replace"))
 
 
-async def _body(response: Response, where: str) -> AsyncGenerator[bytes, None]:
+async def _body(response: Response, where: str, base: str) -> AsyncGenerator[bytes, None]:
     try:
         async for chunk in response.chunks(CHUNK_SIZE):
             yield chunk
     except FAILURES as exc:
-        raise unreachable(where, exc) from None
+        raise unreachable(where, exc, base) from None
     finally:
         response.release()
 
