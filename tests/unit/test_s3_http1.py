@@ -1,6 +1,6 @@
-"""The lean GET's connections (gateway/stores/s3/http1.py) against a real local server: one
-connection for GETs in turn, a connection the origin closed while idle replaced, an answer cut
-short is an error, never a short body, a chunked body read whole."""
+"""The S3 transport's connections (gateway/stores/s3/http1.py) against a real local server: one
+connection for GETs and HEADs in turn, a connection the origin closed while idle replaced, an
+answer cut short is an error, never a short body, a chunked body refused."""
 
 from __future__ import annotations
 
@@ -97,6 +97,26 @@ async def test_gets_in_turn_share_one_connection(started: Callable[..., object])
     assert origin.requests[0].startswith(b"GET /bucket/k HTTP/1.1\r\nHost: h\r\n")
 
 
+async def test_heads_and_gets_in_turn_share_one_connection(
+    started: Callable[..., object],
+) -> None:
+    """A HEAD's answer says the object's Content-Length and sends no body: it is complete at
+    its head, and the next request goes on the same connection."""
+
+    def answer(head: bytes) -> bytes:
+        if head.startswith(b"HEAD "):
+            return b'HTTP/1.1 200 OK\r\nContent-Length: 100000\r\nETag: "e"\r\n\r\n'
+        return ok(b"x" * 10)(head)  # type: ignore[return-value]
+
+    origin, pool = await started(answer)  # type: ignore[misc]
+    for method, body in (("HEAD", b""), ("GET", b"x" * 10), ("HEAD", b""), ("GET", b"x" * 10)):
+        response = await pool.request(method, "/bucket/k", [("Host", "h")])
+        assert response.status == 200 and await response.read() == body
+        response.release()
+    assert origin.connections == 1
+    assert [r.split(b" ", 1)[0] for r in origin.requests] == [b"HEAD", b"GET", b"HEAD", b"GET"]
+
+
 async def test_a_connection_closed_while_idle_is_replaced(started: Callable[..., object]) -> None:
     origin, pool = await started(ok(b"abc"), close_after=1)  # type: ignore[misc]
     for _ in range(3):
@@ -121,7 +141,7 @@ async def test_an_answer_cut_short_is_an_error(started: Callable[..., object]) -
 async def test_a_chunked_answer_is_refused_and_the_connection_dropped(
     started: Callable[..., object],
 ) -> None:
-    """The lean GET leaves such an answer to botocore (fast_get.py)."""
+    """The transport reports such an answer as an error (transport.py)."""
 
     def chunked(head: bytes) -> bytes:
         return b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
