@@ -5,12 +5,14 @@ the store's typed errors."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
 from gateway.stores import ObjectNotFound, StoreAccessDenied, VersionChanged, open_store
 from gateway.stores.s3 import S3Store
@@ -153,3 +155,49 @@ async def test_the_transport_reads_what_botocore_reads(
         assert store._info("fields/obj", head.fields) == store._info("fields/obj", slow)
     finally:
         await store.close()
+
+
+CREDENTIALS_PROCESS = """\
+import json, pathlib, sys
+from datetime import datetime, timedelta, timezone
+secret = pathlib.Path(sys.argv[1]).read_text().strip()
+# Expiring within botocore's mandatory refresh window: asked again for every request.
+expires = datetime.now(timezone.utc) + timedelta(minutes=5)
+print(json.dumps({"Version": 1, "AccessKeyId": sys.argv[2], "SecretAccessKey": secret,
+                  "Expiration": expires.isoformat()}))
+"""
+
+
+def test_reads_sign_with_the_credential_chains_keys_as_they_are_refreshed(
+    node: GatewayNode, module_dir: Path
+) -> None:
+    """A mount without keys reads with the default chain's credentials (a credential_process
+    here), asked again as botocore asks: a secret changed is used from the next read on."""
+    folder = module_dir / "chain"
+    folder.mkdir()
+    secret = folder / "secret"
+    secret.write_text(SECRET_KEY)
+    script = folder / "creds.py"
+    script.write_text(CREDENTIALS_PROCESS)
+    config = folder / "config"
+    config.write_text(
+        f"[default]\ncredential_process = {sys.executable} {script} {secret} {ACCESS_KEY}\n"
+    )
+    env = {"AWS_CONFIG_FILE": str(config), "AWS_SHARED_CREDENTIALS_FILE": "/dev/null"}
+    env |= {name: "" for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    reader = start_gateway(folder / "node", env=env)
+    try:
+        reader.cli("mount", "add", "chained", "s3://plain/deep", "-o", f"endpoint_url={node.url}")
+        eventually(lambda: "chained" in reader.buckets())
+        for n in range(3):
+            node.client().put_object(Bucket="plain", Key=f"deep/chain-{n}", Body=b"%d" % n)
+        client = reader.client()
+        assert client.get_object(Bucket="chained", Key="chain-0")["Body"].read() == b"0"
+        secret.write_text("not-the-secret")
+        with pytest.raises(ClientError) as refused:
+            client.get_object(Bucket="chained", Key="chain-1")
+        assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+        secret.write_text(SECRET_KEY)
+        assert client.get_object(Bucket="chained", Key="chain-2")["Body"].read() == b"2"
+    finally:
+        reader.stop()

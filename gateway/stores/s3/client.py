@@ -36,7 +36,7 @@ from gateway.stores.base import (
     WriteConflict,
 )
 from gateway.stores.s3.errors import NOT_FOUND, error_of, unreachable
-from gateway.stores.s3.transport import Reply, Request, Transport
+from gateway.stores.s3.transport import Credentials, Reply, Request, Transport
 
 log = logging.getLogger(__name__)
 
@@ -140,22 +140,16 @@ class S3Client:
         """The reads' transport, at botocore's URL of the bucket's objects, signing with the
         credentials botocore's client was made with (refreshed where they refresh)."""
         o = self.options
-        static: ReadOnlyCredentials | None = None
-        chain: Any = None
+        credentials: Credentials
         if o.get("access_key"):
-            static = ReadOnlyCredentials(
+            credentials = ReadOnlyCredentials(
                 o["access_key"], o["secret_key"], o.get("session_token") or None
             )
         else:
             chain = await _session().get_credentials()
             if chain is None:
                 return None  # every read is refused as botocore's calls are (error())
-
-        async def credentials() -> ReadOnlyCredentials | None:
-            if static is not None:
-                return static
-            frozen: ReadOnlyCredentials = await chain.get_frozen_credentials()
-            return frozen
+            credentials = chain.get_frozen_credentials  # refreshes them when they expire
 
         probe = "k"
         url = await client.generate_presigned_url(

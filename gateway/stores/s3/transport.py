@@ -22,13 +22,13 @@ import random
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 from urllib.parse import urlsplit
 
 from botocore.credentials import ReadOnlyCredentials
 from botocore.utils import percent_encode
 
-from gateway.stores.base import ObjectNotFound, StoreAccessDenied, StoreError, StoreMissing
+from gateway.stores.base import ObjectNotFound, StoreError, StoreMissing
 from gateway.stores.s3.errors import RETRIED_STATUS, error_of, marked_deleted, unreachable
 from gateway.stores.s3.fields import answer_fields
 from gateway.stores.s3.http1 import FAILURES, Pool, ProtocolError, Response
@@ -40,7 +40,8 @@ CHUNK_SIZE = 512 * 1024
 _ERROR_BODY_MAX = 64 << 10
 _MAX_BACKOFF = 20.0  # seconds, as botocore's standard retry mode
 
-Credentials = Callable[[], Awaitable[ReadOnlyCredentials | None]]
+# The mount's static keys, or a call for the chain's (botocore's, refreshed as it refreshes).
+Credentials: TypeAlias = ReadOnlyCredentials | Callable[[], Awaitable[ReadOnlyCredentials]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +94,8 @@ class Transport:
         self._path = urlsplit(base).path  # the bucket's part, path-style
         self.signer = Signer(region, base)
         self._host = (("Host", self.signer.host),)
-        self._credentials = credentials
+        self._static = credentials if isinstance(credentials, ReadOnlyCredentials) else None
+        self._refreshed = None if isinstance(credentials, ReadOnlyCredentials) else credentials
         self._attempts = max(1, max_attempts)
         self._pool = Pool(base, connect_timeout, read_timeout, connections)
         self._bucket_seen = False
@@ -131,15 +133,16 @@ class Transport:
 
     async def _exchange(self, method: str, path: str, request: Request, where: str) -> Response:
         """The answer's head (any status but one worth asking again while attempts are left)."""
-        query = canonical_query(request.query)
+        query = canonical_query(request.query) if request.query else ""
         target = f"{path}?{query}" if query else path
         headers = dict(request.headers)
         signer = self.signer
         attempt = 1
         while True:
-            credentials = await self._credentials()
+            credentials = self._static
             if credentials is None:
-                raise StoreAccessDenied(f"{where}: no credentials configured for the mount")
+                assert self._refreshed is not None
+                credentials = await self._refreshed()
             signed = signer.sign(credentials, method, path, query, headers, signer.timestamp())
             try:
                 response = await self._pool.request(method, target, (*self._host, *signed.items()))
