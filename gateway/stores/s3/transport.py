@@ -28,8 +28,8 @@ from urllib.parse import urlsplit
 from botocore.credentials import ReadOnlyCredentials
 from botocore.utils import percent_encode
 
-from gateway.stores.base import ObjectNotFound, StoreError, StoreMissing
-from gateway.stores.s3.errors import RETRIED_STATUS, error_of, marked_deleted, unreachable
+from gateway.stores.base import ObjectNotFound, StoreError, StoreMissing, StoreUnavailable
+from gateway.stores.s3.errors import RETRIED_STATUS, error_of, unreachable
 from gateway.stores.s3.fields import answer_fields
 from gateway.stores.s3.http1 import FAILURES, Pool, ProtocolError, Response
 from gateway.stores.s3.sigv4 import Signer, canonical_query
@@ -122,12 +122,7 @@ class Transport:
         headers = {k.lower(): v for k, v in response.headers}
         version_id = request.version_id
         error = error_of(self.bucket, where, key, status, code, headers, version_id)
-        if (
-            request.method == "HEAD"
-            and type(error) is ObjectNotFound
-            and version_id is None
-            and marked_deleted(headers, key) is None
-        ):
+        if request.method == "HEAD" and type(error) is ObjectNotFound and version_id is None:
             error = await self._head_missing(key, where)
         raise error
 
@@ -147,7 +142,8 @@ class Transport:
             try:
                 response = await self._pool.request(method, target, (*self._host, *signed.items()))
             except ProtocolError as exc:
-                raise StoreError(f"{where}: an answer this gateway does not read: {exc}") from None
+                # Not asked again: the origin would answer the same way.
+                raise StoreUnavailable(f"{where}: an answer not read (http1.py): {exc}") from None
             except FAILURES as exc:
                 if attempt >= self._attempts:
                     raise unreachable(where, exc, self.base) from None
