@@ -90,7 +90,7 @@ async def test_gets_in_turn_share_one_connection(started: Callable[..., object])
     origin, pool = await started(ok(b"x" * 100_000))  # type: ignore[misc]
     for _ in range(5):
         response = await pool.request("GET", "/bucket/k", [("Host", "h")])
-        assert response.status == 200 and response.header("etag") == '"e"'
+        assert response.status == 200 and ("ETag", '"e"') in response.headers
         assert await response.read() == b"x" * 100_000
         response.release()
     assert origin.connections == 1

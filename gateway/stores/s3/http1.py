@@ -53,14 +53,6 @@ class Response:
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
 
-    def header(self, name: str) -> str | None:
-        """The first value of a header, by its name in any case."""
-        name = name.lower()
-        for n, v in self.headers:
-            if n.lower() == name:
-                return v
-        return None
-
     def at_eof(self) -> bool:
         """Every byte of the body has arrived and been taken."""
         return self.complete and not self._chunks
