@@ -30,7 +30,7 @@ read to its end).
   frame of a function defined under gateway/ (a "call" event whose frame is at its RESUME 0:
   a coroutine or generator resumed is not a new call; a coroutine counts when it starts
   running, not when it is created). Its *part* is the first path component under gateway/
-  (`gateway/service/reads.py` is `service`, `gateway/stores/s3/fast_get.py` is `stores`,
+  (`gateway/service/reads.py` is `service`, `gateway/stores/s3/transport.py` is `stores`,
   `gateway/edge.py` is `edge`). A *crossing* is a gateway call whose calling frame (f_back;
   for a coroutine, the one awaiting it) is a gateway function of another part; a gateway call
   from outside the gateway (the event loop, a library calling back) is an *entry*, counted

@@ -90,6 +90,7 @@ class ProxiedRequest:
     range: str | None
     if_match: str | None = None
     at: float = field(default_factory=time.monotonic)  # when the proxy received it
+    peer: tuple[str, int] | None = None  # the connection it came on (the client's address)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -104,7 +105,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         path, _, query = self.path.partition("?")
         self.server.owner._record(
             ProxiedRequest(
-                self.command, path, query, self.headers["Range"], self.headers["If-Match"]
+                self.command,
+                path,
+                query,
+                self.headers["Range"],
+                self.headers["If-Match"],
+                peer=self.client_address[:2],
             )
         )
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}

@@ -1,6 +1,6 @@
-"""The lean GET's connections (gateway/stores/s3/http1.py) against a real local server: one
-connection for GETs in turn, a connection the origin closed while idle replaced, an answer cut
-short is an error, never a short body, a chunked body read whole."""
+"""The S3 transport's connections (gateway/stores/s3/http1.py) against a real local server: one
+connection for GETs and HEADs in turn, a connection the origin closed while idle replaced, an
+answer cut short is an error, never a short body, a chunked body refused."""
 
 from __future__ import annotations
 
@@ -89,18 +89,38 @@ async def started() -> AsyncIterator[Callable[..., asyncio.Future[tuple[Origin, 
 async def test_gets_in_turn_share_one_connection(started: Callable[..., object]) -> None:
     origin, pool = await started(ok(b"x" * 100_000))  # type: ignore[misc]
     for _ in range(5):
-        response = await pool.get("/bucket/k", [("Host", "h")])
-        assert response.status == 200 and response.header("etag") == '"e"'
+        response = await pool.request("GET", "/bucket/k", [("Host", "h")])
+        assert response.status == 200 and ("ETag", '"e"') in response.headers
         assert await response.read() == b"x" * 100_000
         response.release()
     assert origin.connections == 1
     assert origin.requests[0].startswith(b"GET /bucket/k HTTP/1.1\r\nHost: h\r\n")
 
 
+async def test_heads_and_gets_in_turn_share_one_connection(
+    started: Callable[..., object],
+) -> None:
+    """A HEAD's answer says the object's Content-Length and sends no body: it is complete at
+    its head, and the next request goes on the same connection."""
+
+    def answer(head: bytes) -> bytes:
+        if head.startswith(b"HEAD "):
+            return b'HTTP/1.1 200 OK\r\nContent-Length: 100000\r\nETag: "e"\r\n\r\n'
+        return ok(b"x" * 10)(head)  # type: ignore[return-value]
+
+    origin, pool = await started(answer)  # type: ignore[misc]
+    for method, body in (("HEAD", b""), ("GET", b"x" * 10), ("HEAD", b""), ("GET", b"x" * 10)):
+        response = await pool.request(method, "/bucket/k", [("Host", "h")])
+        assert response.status == 200 and await response.read() == body
+        response.release()
+    assert origin.connections == 1
+    assert [r.split(b" ", 1)[0] for r in origin.requests] == [b"HEAD", b"GET", b"HEAD", b"GET"]
+
+
 async def test_a_connection_closed_while_idle_is_replaced(started: Callable[..., object]) -> None:
     origin, pool = await started(ok(b"abc"), close_after=1)  # type: ignore[misc]
     for _ in range(3):
-        response = await pool.get("/bucket/k", [("Host", "h")])
+        response = await pool.request("GET", "/bucket/k", [("Host", "h")])
         await asyncio.sleep(0.05)  # the origin closes it meanwhile
         assert await response.read() == b"abc"
         response.release()
@@ -112,7 +132,7 @@ async def test_an_answer_cut_short_is_an_error(started: Callable[..., object]) -
         return b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n" + b"y" * 10
 
     _, pool = await started(cut, close_after=1)  # type: ignore[misc]
-    response = await pool.get("/bucket/k", [("Host", "h")])
+    response = await pool.request("GET", "/bucket/k", [("Host", "h")])
     with pytest.raises(FAILURES):
         await response.read()
     response.release()
@@ -121,7 +141,7 @@ async def test_an_answer_cut_short_is_an_error(started: Callable[..., object]) -
 async def test_a_chunked_answer_is_refused_and_the_connection_dropped(
     started: Callable[..., object],
 ) -> None:
-    """The lean GET leaves such an answer to botocore (fast_get.py)."""
+    """The transport reports such an answer as an error (transport.py)."""
 
     def chunked(head: bytes) -> bytes:
         return b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
@@ -129,7 +149,7 @@ async def test_a_chunked_answer_is_refused_and_the_connection_dropped(
     origin, pool = await started(chunked)  # type: ignore[misc]
     for _ in range(2):
         with pytest.raises(ProtocolError):
-            await pool.get("/bucket/k", [("Host", "h")])
+            await pool.request("GET", "/bucket/k", [("Host", "h")])
     assert origin.connections == 2
 
 
@@ -139,7 +159,7 @@ async def test_a_head_in_pieces_and_an_interim_answer(started: Callable[..., obj
         return [answer[i : i + 7] for i in range(0, len(answer), 7)]
 
     _, pool = await started(slow)  # type: ignore[misc]
-    response = await pool.get("/bucket/k", [("Host", "h")])
+    response = await pool.request("GET", "/bucket/k", [("Host", "h")])
     assert response.status == 206 and await response.read() == b"ok"
     response.release()
 
@@ -148,10 +168,10 @@ async def test_a_body_not_read_to_its_end_closes_its_connection(
     started: Callable[..., object],
 ) -> None:
     origin, pool = await started(ok(b"z" * 3_000_000))  # type: ignore[misc]
-    response = await pool.get("/bucket/k", [("Host", "h")])
+    response = await pool.request("GET", "/bucket/k", [("Host", "h")])
     assert len(await response.read(10)) == 10
     response.release()  # the rest would be read by the next answer's parser: not pooled
-    response = await pool.get("/bucket/k", [("Host", "h")])
+    response = await pool.request("GET", "/bucket/k", [("Host", "h")])
     assert await response.read() == b"z" * 3_000_000
     response.release()
     assert origin.connections == 2

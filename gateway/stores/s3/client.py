@@ -1,6 +1,7 @@
-"""The S3 wire client: an aiobotocore client made once per store (one botocore session per
-process), the lean GET of `fast_get` beside it, and botocore's failures turned into the typed
-store errors."""
+"""The S3 wire client: the store's one transport for object reads (transport.py: GET and HEAD
+of any kind), and an aiobotocore client made once per store (one botocore session per process)
+for the rest (writes, listings, multipart uploads, tags, versioning), whose failures are turned
+into the typed store errors by the same table (errors.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import aiohttp
 from aiobotocore.session import AioSession, get_session
 from botocore.config import Config
-from botocore.credentials import Credentials
+from botocore.credentials import ReadOnlyCredentials
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 from botocore.handlers import add_expect_header
 from botocore.utils import parse_timestamp as botocore_parse_timestamp
@@ -26,27 +27,18 @@ from gateway.stores.base import (
     ContainerNotEmpty,
     ContainerNotFound,
     InvalidPart,
-    KeyTooLong,
-    MarkedDeleted,
-    MetadataTooLarge,
     ObjectNotFound,
     PreconditionFailed,
     StoreAccessDenied,
     StoreError,
-    StoreMissing,
-    StoreRejected,
-    StoreUnavailable,
     UnsupportedKey,
     UploadNotFound,
-    VersionChanged,
     WriteConflict,
 )
-from gateway.stores.s3.fast_get import FastGet, body_chunks
+from gateway.stores.s3.errors import NOT_FOUND, error_of, unreachable
+from gateway.stores.s3.transport import Credentials, Reply, Request, Transport
 
 log = logging.getLogger(__name__)
-
-# Large enough that per-chunk overhead vanishes, small enough to start streaming early.
-CHUNK_SIZE = 512 * 1024
 
 OPTIONS = frozenset(
     {
@@ -62,8 +54,6 @@ OPTIONS = frozenset(
     }
 )
 
-_NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
-_DENIED = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"}
 TRANSPORT_ERRORS = (BotoCoreError, aiohttp.ClientError, asyncio.TimeoutError, OSError)
 _BAD_PARTS = {"InvalidPart", "InvalidPartOrder", "EntityTooSmall"}
 _EXISTS = {"BucketAlreadyExists", "BucketAlreadyOwnedByYou"}
@@ -75,16 +65,6 @@ def status_of(exc: ClientError) -> int:
 
 def _code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code") or status_of(exc))
-
-
-def marked_deleted(exc: ClientError, key: str) -> MarkedDeleted | None:
-    """A 404 that says the key's current version is a delete marker (x-amz-delete-marker),
-    with the marker's version id where the origin gave it."""
-    headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders") or {}
-    if str(headers.get("x-amz-delete-marker", "")).lower() != "true":
-        return None
-    return MarkedDeleted(f"{key}: its current version is a delete marker",
-                         headers.get("x-amz-version-id") or None)  # fmt: skip
 
 
 class S3Client:
@@ -106,9 +86,8 @@ class S3Client:
         self.options = options
         self._stack = contextlib.AsyncExitStack()
         self._client: Any = None
-        self.fast: FastGet | None = None
+        self.transport: Transport | None = None  # None: no credentials to sign reads with
         self._lock = asyncio.Lock()
-        self._bucket_seen = False
 
     def __repr__(self) -> str:
         where = self.options.get("endpoint_url", "aws")
@@ -153,57 +132,54 @@ class S3Client:
                     # a pooled connection the origin has closed in a task nobody awaits; without
                     # it that failure is an ordinary one, retried while the body can be resent.
                     client.meta.events.unregister("before-call.s3", add_expect_header)
-                    self.fast = await self._fast_get(client)
+                    self.transport = await self._transport(client)
                     self._client = client
         return self._client
 
-    async def _fast_get(self, client: Any) -> FastGet | None:
-        """Reads without botocore's pipeline (fast_get.py), where the credentials are static."""
+    async def _transport(self, client: Any) -> Transport | None:
+        """The reads' transport, at botocore's URL of the bucket's objects, signing with the
+        credentials botocore's client was made with (refreshed where they refresh)."""
         o = self.options
-        if not o.get("access_key"):
-            return None
+        credentials: Credentials
+        if o.get("access_key"):
+            credentials = ReadOnlyCredentials(
+                o["access_key"], o["secret_key"], o.get("session_token") or None
+            )
+        else:
+            chain = await _session().get_credentials()
+            if chain is None:
+                return None  # every read is refused as botocore's calls are (error())
+            credentials = chain.get_frozen_credentials  # refreshes them when they expire
+
         probe = "k"
         url = await client.generate_presigned_url(
             "get_object", Params={"Bucket": self.bucket, "Key": probe}
         )
         base = url.split("?", 1)[0]
         if not base.endswith("/" + probe):
-            return None
-        return FastGet(
+            raise ValueError(f"{self!r}: an object's URL is not the bucket's and the key: {base}")
+        config = client.meta.config
+        return Transport(
             base[: -len(probe)],
             client.meta.region_name,
-            Credentials(o["access_key"], o["secret_key"], o.get("session_token") or None),
-            connect_timeout=client.meta.config.connect_timeout,
-            read_timeout=client.meta.config.read_timeout,
+            credentials,
+            bucket=self.bucket,
+            prefix=self.prefix,
+            connect_timeout=config.connect_timeout,
+            read_timeout=config.read_timeout,
+            max_attempts=int(o.get("max_attempts", 3)),
         )
 
-    async def get(
-        self, key: str, args: dict[str, str]
-    ) -> tuple[Mapping[str, Any], AsyncGenerator[bytes, None]]:
-        """GetObject: (the answer's fields, its body as an async generator of chunks) or
-        botocore's ClientError / transport errors."""
-        client = await self.botocore()
-        fast = self.fast
-        if fast is not None and "VersionId" not in args:
-            headers = {"Range": args["Range"]} if "Range" in args else {}
-            if "IfMatch" in args:
-                headers["If-Match"] = args["IfMatch"]
-            answered = await fast.get(self.prefix + key, headers)
-            if answered is not None:
-                found, response = answered
-                return found, body_chunks(response, CHUNK_SIZE)
-        response = await client.get_object(Bucket=self.bucket, Key=self.prefix + key, **args)
-        if fast is not None and fast.refused and fast is self.fast:
-            # Refused what botocore was given: the lean GET is built wrong for this origin (a
-            # region, an endpoint, a proxy that rewrites paths). Stop paying for it twice.
-            log.warning("%r: lean GETs refused where botocore's succeed; using botocore", self)
-            await self._drop_fast()
-        return response, _botocore_chunks(response["Body"])
-
-    async def _drop_fast(self) -> None:
-        fast, self.fast = self.fast, None
-        if fast is not None:
-            await fast.close()
+    async def read(self, request: Request) -> Reply:
+        """A GET or HEAD of an object, through the one transport (transport.py)."""
+        transport = self.transport
+        if transport is None:
+            await self.botocore()
+            transport = self.transport
+            if transport is None:
+                where = self.where(request.key)
+                raise StoreAccessDenied(f"{where}: no credentials configured for the mount")
+        return await transport.handle(request)
 
     async def prepare(self) -> None:
         """Load botocore's S3 models on a thread, then make the client, so that neither the
@@ -216,42 +192,26 @@ class S3Client:
         # never left open after this.
         async with self._lock:
             client, self._client = self._client, None
-            fast, self.fast = self.fast, None
-            if fast is not None:
-                await fast.close()
+            transport, self.transport = self.transport, None
+            if transport is not None:
+                await transport.close()
             if client is not None:
                 await self._stack.aclose()
                 self._stack = contextlib.AsyncExitStack()
 
     # -- errors ------------------------------------------------------------------------------
 
-    def error(self, exc: Exception, key: str) -> StoreError:
-        """One of our typed errors for a botocore/aiohttp failure; messages carry no secrets."""
-        where = f"s3://{self.bucket}/{self.prefix}{key}"
+    def error(self, exc: Exception, key: str, version_id: str | None = None) -> StoreError:
+        """One of our typed errors for a botocore/aiohttp failure (errors.py's table); of a
+        version's (`version_id`), in the version's terms."""
+        where = self.where(key)
         if isinstance(exc, NoCredentialsError):
             return StoreAccessDenied(f"{where}: no credentials configured for the mount")
         if not isinstance(exc, ClientError):
-            return StoreUnavailable(f"{where}: origin unreachable: {type(exc).__name__}: {exc}")
-        code, status = _code(exc), status_of(exc)
-        if code == "NoSuchBucket":
-            # The mount points at a bucket that is not there: a misconfiguration, not a miss.
-            return StoreMissing(f"origin bucket {self.bucket!r} does not exist")
-        if code in _NOT_FOUND:
-            return marked_deleted(exc, key) or ObjectNotFound(key)
-        if code in _DENIED or status == 403:
-            return StoreAccessDenied(f"{where}: {code}")
-        if code == "PreconditionFailed" or status == 412:
-            return VersionChanged(f"{where}: ETag no longer matches")
-        if status >= 500 or status in (301, 307, 429) or code == "SlowDown":
-            return StoreUnavailable(f"{where}: origin answered {status} {code}")
-        if code == "KeyTooLongError":
-            # Shown to the client: the limit, not the origin's address.
-            return KeyTooLong("with the mount's prefix it is over the origin's 1024 bytes")
-        if code == "MetadataTooLarge":
-            return MetadataTooLarge("the origin keeps at most 2 KB of user metadata")
-        if 400 <= status < 500:
-            return StoreRejected(f"{where}: origin answered {status} {code}")
-        return StoreError(f"{where}: origin answered {status} {code}")
+            return unreachable(where, exc)
+        meta = exc.response.get("ResponseMetadata", {})
+        headers = {str(k).lower(): str(v) for k, v in (meta.get("HTTPHeaders") or {}).items()}
+        return error_of(self.bucket, where, key, status_of(exc), _code(exc), headers, version_id)
 
     def write_error(
         self, exc: Exception, key: str, *, conditional: bool = False, container: bool = False
@@ -264,7 +224,7 @@ class S3Client:
                 return WriteConflict(f"{where}: {code}")
             if code == "PreconditionFailed" or status == 412:
                 return PreconditionFailed(f"{where}: {code}")
-            if conditional and code in _NOT_FOUND:
+            if conditional and code in NOT_FOUND:
                 return PreconditionFailed(f"{where}: does not exist")
             if code == "NoSuchUpload":
                 return UploadNotFound(f"{where}: no such upload")
@@ -278,20 +238,6 @@ class S3Client:
                 return ContainerNotFound(f"bucket {self.bucket!r} does not exist")
         return self.error(exc, key)
 
-    async def _head_missing(self, key: str) -> StoreError:
-        """A HEAD 404 has no body to tell a missing key from a missing bucket; ask once."""
-        if not self._bucket_seen:
-            try:
-                await (await self.botocore()).head_bucket(Bucket=self.bucket)
-            except ClientError as exc:
-                if status_of(exc) == 404:
-                    return StoreMissing(f"origin bucket {self.bucket!r} does not exist")
-                # Else (403: no s3:ListBucket) we cannot learn more, and will not ask again.
-            except TRANSPORT_ERRORS as exc:
-                return self.error(exc, key)
-            self._bucket_seen = True
-        return ObjectNotFound(key)
-
     # -- operations --------------------------------------------------------------------------
 
     async def head(
@@ -300,26 +246,24 @@ class S3Client:
         if_match: str | None = None,
         checksums: bool = False,
         version_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        part: int | None = None,
     ) -> dict[str, Any]:
+        """HeadObject's answer in botocore's names, through the transport."""
         if not key:
             raise ObjectNotFound(key)
-        args = {"Bucket": self.bucket, "Key": self.prefix + key}
+        query = []
         if version_id is not None:
-            args["VersionId"] = version_id
+            query.append(("versionId", version_id))
+        if part is not None:
+            query.append(("partNumber", str(part)))
+        sent = dict(headers or {})
         if if_match is not None:
-            args["IfMatch"] = if_match
+            sent["If-Match"] = if_match
         if checksums:
-            args["ChecksumMode"] = "ENABLED"
-        try:
-            head: dict[str, Any] = await (await self.botocore()).head_object(**args)
-            return head
-        except ClientError as exc:
-            if _code(exc) in _NOT_FOUND:
-                marked = marked_deleted(exc, key)
-                raise (marked or await self._head_missing(key)) from None
-            raise self.error(exc, key) from None
-        except TRANSPORT_ERRORS as exc:
-            raise self.error(exc, key) from None
+            sent["x-amz-checksum-mode"] = "ENABLED"
+        reply = await self.read(Request("HEAD", key, tuple(query), tuple(sent.items())))
+        return reply.fields
 
     def where(self, key: str) -> str:
         return f"s3://{self.bucket}/{self.prefix}{key}"
@@ -371,13 +315,3 @@ def parse_timestamp(value: str) -> datetime:
             result: datetime = botocore_parse_timestamp(value)
             return result
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-async def _botocore_chunks(body: Any) -> AsyncGenerator[bytes, None]:
-    try:
-        async with contextlib.aclosing(body.iter_chunks(CHUNK_SIZE)) as chunks:
-            async for chunk in chunks:
-                yield chunk
-    finally:
-        # Closes the connection rather than pooling it when the body was not read to the end.
-        body.close()

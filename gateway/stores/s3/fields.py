@@ -1,10 +1,11 @@
-"""S3's fields as botocore gives and takes them: an answer's ObjectInfo, attributes and
-checksums as request arguments, the origin's clock."""
+"""S3's fields as botocore gives and takes them: an answer's headers in botocore's names, its
+ObjectInfo, attributes and checksums as request arguments, the origin's clock."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from email.utils import format_datetime, parsedate_to_datetime
@@ -130,6 +131,79 @@ def answered_at(response: Mapping[str, Any]) -> datetime:
     with contextlib.suppress(TypeError, ValueError):
         return parsedate_to_datetime(date).astimezone(UTC)
     return datetime.now(UTC)
+
+
+_META = "x-amz-meta-"
+_CHECKSUMS = {
+    "x-amz-checksum-crc32": "ChecksumCRC32",
+    "x-amz-checksum-crc32c": "ChecksumCRC32C",
+    "x-amz-checksum-crc64nvme": "ChecksumCRC64NVME",
+    "x-amz-checksum-sha1": "ChecksumSHA1",
+    "x-amz-checksum-sha256": "ChecksumSHA256",
+}
+_PLAIN = {
+    "content-type": "ContentType",
+    "content-encoding": "ContentEncoding",
+    "content-disposition": "ContentDisposition",
+    "content-language": "ContentLanguage",
+    "cache-control": "CacheControl",
+    "content-range": "ContentRange",
+    "etag": "ETag",
+    "x-amz-version-id": "VersionId",
+    "x-amz-storage-class": "StorageClass",
+    "x-amz-checksum-type": "ChecksumType",
+    "x-amz-tagging-count": "TagCount",
+    "x-amz-server-side-encryption": "ServerSideEncryption",
+    "x-amz-server-side-encryption-aws-kms-key-id": "SSEKMSKeyId",
+    "x-amz-server-side-encryption-bucket-key-enabled": "BucketKeyEnabled",
+    "x-amz-server-side-encryption-customer-algorithm": "SSECustomerAlgorithm",
+    "x-amz-server-side-encryption-customer-key-md5": "SSECustomerKeyMD5",
+}
+
+
+def answer_fields(headers: list[tuple[str, str]]) -> dict[str, Any]:
+    """A GET or HEAD answer's headers as botocore's GetObject/HeadObject output names them
+    (values decoded as Latin-1, as botocore's http.client does). KeyError, ValueError or
+    TypeError for an answer without the fields every object has."""
+    out: dict[str, Any] = {"Metadata": {}}
+    for name, value in headers:
+        lower = name.lower()
+        if lower.startswith(_META):
+            out["Metadata"][name[len(_META) :]] = value  # the name as sent, as botocore has it
+        elif lower in _PLAIN:
+            out[_PLAIN[lower]] = value
+        elif lower in _CHECKSUMS:
+            out[_CHECKSUMS[lower]] = value
+        elif lower == "content-length":
+            out["ContentLength"] = int(value)
+        elif lower == "x-amz-mp-parts-count":
+            out["PartsCount"] = int(value)
+        elif lower == "last-modified":
+            out["LastModified"] = parsedate_to_datetime(value).astimezone(UTC)
+        elif lower == "expires":
+            out["ExpiresString"] = value
+            with contextlib.suppress(TypeError, ValueError):
+                out["Expires"] = parsedate_to_datetime(value).astimezone(UTC)
+    for needed in ("ContentLength", "ETag", "LastModified"):
+        if needed not in out:
+            raise KeyError(needed)
+    if not isinstance(out["LastModified"], datetime):
+        raise TypeError("Last-Modified")
+    return out
+
+
+def customer_key_headers(encryption: Mapping[str, str]) -> dict[str, str]:
+    """The SSE-C key of a read (encryption's customer_key, base64) as S3's headers."""
+    key = base64.b64decode(encryption["customer_key"])
+    return {
+        "x-amz-server-side-encryption-customer-algorithm": encryption.get(
+            "customer_algorithm", "AES256"
+        ),
+        "x-amz-server-side-encryption-customer-key": base64.b64encode(key).decode(),
+        "x-amz-server-side-encryption-customer-key-MD5": base64.b64encode(
+            hashlib.md5(key).digest()
+        ).decode(),
+    }
 
 
 def info_of(key: str, h: Mapping[str, Any]) -> ObjectInfo:

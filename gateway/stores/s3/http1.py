@@ -1,4 +1,4 @@
-"""Keep-alive HTTP/1.1 connections to one origin, for the lean GET (fast_get.py).
+"""Keep-alive HTTP/1.1 connections to one origin: the wire under the S3 transport (transport.py).
 
 A cold miss is one GET to the origin, and through aiohttp that GET cost ~0.25 ms of the
 gateway's CPU of its own (a request object, header multidicts, tracing and timeout contexts,
@@ -7,11 +7,12 @@ lines written to a pooled connection, its answer's head parsed in one pass in th
 callback, and its body handed on as it arrives (the socket paused while more than `_HIGH`
 bytes wait for the reader).
 
-Only what the lean GET needs: GET, no request body, an answer with a status line, headers and
-a body of its Content-Length (S3's answers to a GET). Anything else (a chunked body, one that
-runs to the close, a malformed head) is a `ProtocolError`; every failure is an OSError,
-TimeoutError or ProtocolError (`FAILURES`) for the caller, which asks botocore then. A pooled
-connection the origin closed while idle is replaced once, before a byte of the answer arrived.
+Only what the transport's reads need: GET or HEAD, no request body, an answer with a status
+line, headers and a body of its Content-Length (S3's answers to both; a HEAD's has none).
+Anything else (a chunked body, one that runs to the close, a malformed head) is a
+`ProtocolError`; every failure is an OSError, TimeoutError or ProtocolError (`FAILURES`) for
+the transport, which retries or reports it. A pooled connection the origin closed while idle is
+replaced once, before a byte of the answer arrived.
 """
 
 from __future__ import annotations
@@ -51,14 +52,6 @@ class Response:
         self.complete = False  # the whole body has arrived
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
-
-    def header(self, name: str) -> str | None:
-        """The first value of a header, by its name in any case."""
-        name = name.lower()
-        for n, v in self.headers:
-            if n.lower() == name:
-                return v
-        return None
 
     def at_eof(self) -> bool:
         """Every byte of the body has arrived and been taken."""
@@ -168,15 +161,17 @@ class _Connection(asyncio.Protocol):
         self.paused = False
         self.holds_slot = False  # one of the pool's `limit` places is this connection's
         self.keep_alive = False  # the origin keeps the connection after this answer
+        self.bodiless = False  # the answer has no body whatever its head says (to a HEAD)
         self._buffer = b""  # the start of a head not whole yet
         self._remaining = -1  # the body's bytes still to come; -1: its head is not in yet
 
     # -- the request ---------------------------------------------------------------------------
 
-    async def send(self, request: bytes) -> Response:
+    async def send(self, request: bytes, bodiless: bool) -> Response:
         """Write the request; its answer once its head has arrived."""
         assert self.transport is not None
         self.response = Response(self)
+        self.bodiless = bodiless
         self.received = self.keep_alive = False
         self._buffer, self._remaining = b"", -1
         head = self.head = self.loop.create_future()
@@ -235,7 +230,7 @@ class _Connection(asyncio.Protocol):
                     self._buffer = data
                 return
             try:
-                self._remaining, self.keep_alive = _parse_head(response, data[:end])
+                self._remaining, self.keep_alive = _parse_head(response, data[:end], self.bodiless)
             except ProtocolError as exc:
                 self._broken(exc)
                 return
@@ -280,9 +275,9 @@ class _Connection(asyncio.Protocol):
             response._end(exc)
 
 
-def _parse_head(response: Response, head: bytes) -> tuple[int, bool]:
+def _parse_head(response: Response, head: bytes, bodiless: bool) -> tuple[int, bool]:
     """The status and headers of an answer's head into `response`; (the body's length,
-    whether the connection stays open after it)."""
+    whether the connection stays open after it). A `bodiless` answer (to a HEAD) has none."""
     lines = head.split(b"\r\n")
     version, _, rest = lines[0].partition(b" ")
     code = rest[:3]
@@ -299,16 +294,18 @@ def _parse_head(response: Response, head: bytes) -> tuple[int, bool]:
         n, v = name.decode("latin-1"), value.strip(b" \t").decode("latin-1")
         headers.append((n, v))
         lower = n.lower()
-        if lower == "content-length":
+        if lower == "connection":
+            tokens = {t.strip() for t in v.lower().split(",")}
+            keep = "close" not in tokens and (keep or "keep-alive" in tokens)
+        elif bodiless:
+            continue  # a HEAD's Content-Length is the object's; its answer has no body
+        elif lower == "content-length":
             if not v.isdigit() or (length is not None and length != int(v)):
                 raise ProtocolError(f"Content-Length {v!r}")
             length = int(v)
         elif lower == "transfer-encoding":
             raise ProtocolError("a body not sent by its length")  # see the module's docstring
-        elif lower == "connection":
-            tokens = {t.strip() for t in v.lower().split(",")}
-            keep = "close" not in tokens and (keep or "keep-alive" in tokens)
-    if status < 200 or status in (204, 304):
+    if bodiless or status < 200 or status in (204, 304):
         return 0, keep
     if length is None:
         raise ProtocolError("an answer without Content-Length")
@@ -338,11 +335,15 @@ class Pool:
         self._open: set[_Connection] = set()
         self.loop = asyncio.get_running_loop()
 
-    async def get(self, target: str, headers: Iterable[tuple[str, str]]) -> Response:
-        """GET `target` (the path and query as sent) with `headers` (Host among them)."""
-        lines = [f"GET {target} HTTP/1.1"]
+    async def request(
+        self, method: str, target: str, headers: Iterable[tuple[str, str]]
+    ) -> Response:
+        """`method` (GET or HEAD) of `target` (the path and query as sent) with `headers`
+        (Host among them)."""
+        lines = [f"{method} {target} HTTP/1.1"]
         lines += [f"{name}: {value}" for name, value in headers]
         request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        bodiless = method == "HEAD"
         await self._slots.acquire()
         try:
             for _ in range(2):
@@ -351,7 +352,7 @@ class Pool:
                 if conn is None or conn.closed:
                     conn = await self._connect()
                 try:
-                    response = await conn.send(request)
+                    response = await conn.send(request, bodiless)
                 except FAILURES:
                     conn.abort()
                     if reused and not conn.received:

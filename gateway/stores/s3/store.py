@@ -1,4 +1,5 @@
-"""The `s3://bucket[/prefix]` under-store: any S3-compatible origin, through aiobotocore."""
+"""The `s3://bucket[/prefix]` under-store: any S3-compatible origin; its reads through the
+store's one transport (transport.py), the rest through aiobotocore (client.py, writes.py)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,10 @@ from gateway.stores import base as store_base
 from gateway.stores.base import (
     Answered,
     InvalidVersionId,
-    IsDeleteMarker,
     ListPage,
     ListRequest,
-    NoSuchVersion,
     ObjectInfo,
     ObjectNotFound,
-    PreconditionFailed,
     StoreAccessDenied,
     StoreError,
     StoreRejected,
@@ -37,16 +35,10 @@ from gateway.stores.base import (
 )
 from gateway.stores.delegating import DelegatingStore
 from gateway.stores.etags import quoted
-from gateway.stores.s3.client import (
-    CHUNK_SIZE,
-    TRANSPORT_ERRORS,
-    S3Client,
-    _botocore_chunks,
-    parse_timestamp,
-    status_of,
-)
-from gateway.stores.s3.fast_get import FastGet
-from gateway.stores.s3.fields import CUSTOMER_KEY_MARK, encryption_args, info_of, utc
+from gateway.stores.s3.client import S3Client, parse_timestamp, status_of
+from gateway.stores.s3.errors import RangeNotSatisfiable
+from gateway.stores.s3.fields import CUSTOMER_KEY_MARK, customer_key_headers, info_of, utc
+from gateway.stores.s3.transport import CHUNK_SIZE, Request, Transport
 from gateway.stores.s3.writes import Writes
 
 log = logging.getLogger(__name__)
@@ -99,13 +91,13 @@ class S3Store(DelegatingStore):
     async def close(self) -> None:
         await self.client.close()
 
-    # The botocore client, the lean GET and an answer's info, as tests look at them.
+    # The botocore client, the reads' transport and an answer's info, as tests look at them.
     async def _s3(self) -> Any:
         return await self.client.botocore()
 
     @property
-    def _fast(self) -> FastGet | None:
-        return self.client.fast
+    def _transport(self) -> Transport | None:
+        return self.client.transport
 
     @staticmethod
     def _info(key: str, h: Mapping[str, Any]) -> ObjectInfo:
@@ -123,58 +115,48 @@ class S3Store(DelegatingStore):
             # No bytes to send, but a missing key or a changed version must still be reported.
             await self.client.head(key, if_match)
             return
-        async with contextlib.aclosing(self._get(key, start, end, if_match, {})) as chunks:
+        async with contextlib.aclosing(self._get(key, start, end, if_match)) as chunks:
             async for chunk in chunks:
                 yield chunk
 
     async def _get(
-        self, key: str, start: int, end: int | None, if_match: str | None, args: dict[str, str]
+        self,
+        key: str,
+        start: int,
+        end: int | None,
+        if_match: str | None,
+        version_id: str | None = None,
+        customer_key: Mapping[str, str] | None = None,
     ) -> AsyncGenerator[bytes, None]:
-        """GET of bytes [start, end) (with `args`: the version), its answer checked."""
+        """GET of bytes [start, end) (of version `version_id`; with an SSE-C key's headers),
+        its answer checked."""
         if not key:
             raise ObjectNotFound(key)
+        headers = dict(customer_key or {})
         # No Range for the whole object: S3 answers 416 to any range of an empty one.
-        if start > 0 or end is not None:
-            args["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
+        ranged = start > 0 or end is not None
+        if ranged:
+            headers["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
         if if_match is not None:
-            args["IfMatch"] = if_match
+            headers["If-Match"] = if_match
+        query = () if version_id is None else (("versionId", version_id),)
         try:
-            response, body = await self.client.get(key, args)
-        except ClientError as exc:
-            if status_of(exc) == 416:
-                return  # the range starts at or past the end: [start, end) is empty
-            raise self._error(exc, key, args.get("VersionId")) from None
-        except TRANSPORT_ERRORS as exc:
-            raise self.client.error(exc, key) from None
-        if "VersionId" in args:
+            reply = await self.client.read(Request("GET", key, query, tuple(headers.items())))
+        except RangeNotSatisfiable:
+            return  # the range starts at or past the end: [start, end) is empty
+        response, body = reply.fields, reply.body
+        if version_id is not None:
             try:
-                _check_version(key, args["VersionId"], response.get("VersionId"))
+                _check_version(key, version_id, response.get("VersionId"))
             except StoreError:
                 await _drop(body)
                 raise
-        answered = await self._checked(key, response, body, start, end, args, if_match)
-        async with contextlib.aclosing(
-            kept(self._chunks(body, key), answered, self.scheme)
-        ) as chunks:
-            if CUSTOMER_KEY_MARK in (response.get("Metadata") or {}):
+        answered = await self._checked(key, response, body, start, end, ranged, if_match)
+        async with contextlib.aclosing(kept(body, answered, self.scheme)) as chunks:
+            if customer_key is None and CUSTOMER_KEY_MARK in response["Metadata"]:
                 raise StoreRejected(f"{key}: encrypted with a customer key; the key is needed")
             async for chunk in chunks:
                 yield chunk
-
-    def _error(self, exc: ClientError, key: str, version_id: str | None) -> StoreError:
-        """The typed error of a failed read; of a version's, in the version's terms."""
-        if version_id is None:
-            return self.client.error(exc, key)
-        code, status = str(exc.response.get("Error", {}).get("Code") or ""), status_of(exc)
-        if code == "NoSuchBucket":
-            return self.client.error(exc, key)
-        if status == 404 or code in ("NoSuchVersion", "NoSuchKey"):
-            return NoSuchVersion(f"{key}: no version {version_id}")
-        if status == 405 or code == "MethodNotAllowed":
-            return IsDeleteMarker(f"{key}: version {version_id} is a delete marker")
-        if status == 400:
-            return InvalidVersionId(f"{key}: invalid version id {version_id!r}")
-        return self.client.error(exc, key)
 
     async def _null_is_current(self, version_id: str) -> bool:
         """Whether a refusal of VersionId=null means the key's current version: the origin
@@ -188,11 +170,10 @@ class S3Store(DelegatingStore):
 
     async def _checked(
         self, key: str, response: Mapping[str, Any], body: AsyncGenerator[bytes, None],
-        start: int, end: int | None, args: Mapping[str, str], if_match: str | None,
+        start: int, end: int | None, ranged: bool, if_match: str | None,
     ) -> Answered:  # fmt: skip
         """The answer checked against the version and range asked for (check_answer); on a
         mismatch its body is dropped and the error raised, no byte of it used."""
-        ranged = "Range" in args
         try:
             answered = check_answer(
                 key, start, end, ranged, if_match, response.get("ETag"),
@@ -218,46 +199,32 @@ class S3Store(DelegatingStore):
     ) -> tuple[ObjectInfo, AsyncGenerator[bytes, None]]:
         if not key:
             raise ObjectNotFound(key)
-        args = {}
+        headers: tuple[tuple[str, str], ...] = ()
         if length is not None:
             # A range answers with Content-Range: bytes 0-N/TOTAL, so one request still tells
             # the whole object's size along with its first block.
-            args["Range"] = f"bytes=0-{max(length, 1) - 1}"
+            headers = (("Range", f"bytes=0-{max(length, 1) - 1}"),)
         try:
-            response, body = await self.client.get(key, args)
-        except ClientError as exc:
-            if length is not None and status_of(exc) == 416:
+            reply = await self.client.read(Request("GET", key, (), headers))
+        except RangeNotSatisfiable:
+            if length is not None:
                 # Any range of an empty object is unsatisfiable: it has no bytes to send.
                 info = await self.stat(key)
                 if info.size == 0:
                     return info, _no_bytes()
-            raise self.client.error(exc, key) from None
-        except TRANSPORT_ERRORS as exc:
-            raise self.client.error(exc, key) from None
+            raise
+        response, body = reply.fields, reply.body
         info = info_of(key, response)
         if "customer_key_md5" in info.encryption:
             await _drop(body)  # the answer's connection goes back
             _keyless(info)
         answered = Answered()
         if length is not None:
-            answered = await self._checked(key, response, body, 0, length, args, None)
+            answered = await self._checked(key, response, body, 0, length, True, None)
         total = _total_size(response.get("ContentRange"))
         if total is not None:
             info = dataclasses.replace(info, size=total)
-        return info, kept(self._chunks(body, key), answered, self.scheme)
-
-    async def _chunks(
-        self, body: AsyncGenerator[bytes, None], key: str
-    ) -> AsyncGenerator[bytes, None]:
-        async with contextlib.aclosing(body) as chunks:
-            while True:
-                try:
-                    chunk = await anext(chunks)
-                except StopAsyncIteration:
-                    break
-                except TRANSPORT_ERRORS as exc:
-                    raise self.client.error(exc, key) from None
-                yield chunk
+        return info, kept(body, answered, self.scheme)
 
     # -- versions: the origin's own (a bucket versioning was enabled on) -------------------
 
@@ -266,16 +233,12 @@ class S3Store(DelegatingStore):
     async def stat_version(self, key: str, version_id: str) -> ObjectInfo:
         if version_id == "null" and self.null_is_current:
             return dataclasses.replace(await self.stat(key), version_id="null")
-        args = {**self.client.object_args(key), "VersionId": version_id, "ChecksumMode": "ENABLED"}
         try:
-            r = await (await self.client.botocore()).head_object(**args)
-        except ClientError as exc:
-            error = self._error(exc, key, version_id)
-            if isinstance(error, InvalidVersionId) and await self._null_is_current(version_id):
+            r = await self.client.head(key, checksums=True, version_id=version_id)
+        except InvalidVersionId:
+            if await self._null_is_current(version_id):
                 return dataclasses.replace(await self.stat(key), version_id="null")
-            raise error from None
-        except TRANSPORT_ERRORS as exc:
-            raise self.client.error(exc, key) from None
+            raise
         _check_version(key, version_id, r.get("VersionId"))
         return dataclasses.replace(_keyless(info_of(key, r)), version_id=version_id)
 
@@ -285,7 +248,7 @@ class S3Store(DelegatingStore):
         if end <= start:
             return
         if not (version_id == "null" and self.null_is_current):
-            chunks = self._get(key, start, end, if_match, {"VersionId": version_id})
+            chunks = self._get(key, start, end, if_match, version_id)
             try:
                 first = await anext(chunks, None)
             except InvalidVersionId:
@@ -374,10 +337,8 @@ class S3Store(DelegatingStore):
         where = {**self.client.object_args(key), "VersionId": version_id}
         try:
             r = await (await self.client.botocore()).delete_object(**where)
-        except ClientError as exc:
-            raise self._error(exc, key, version_id) from None
-        except TRANSPORT_ERRORS as exc:
-            raise self.client.error(exc, key) from None
+        except self.client.failures as exc:
+            raise self.client.error(exc, key, version_id) from None
         return VersionDeleted(str(r.get("VersionId") or version_id), bool(r.get("DeleteMarker")))
 
     async def get_versioning(self) -> str | None:
@@ -449,15 +410,13 @@ class S3Store(DelegatingStore):
     # -- parts: the origin says each part's size (HEAD ?partNumber=N) -----------------------
 
     async def part_sizes(self, key: str, etag: str) -> list[int] | None:
-        where = self.client.object_args(key)
-
         async def part(number: int) -> tuple[int | None, int, int] | None:
             """(offset if the answer says it, size, parts count) of part `number` as the
             origin answers it; None for an answer that is not of a part (an origin that
             ignores partNumber answers the whole object, no parts count: Ceph RGW 16.2)."""
             # No If-Match: origins differ on what a part's ETag is (moto refuses the
             # object's); the caller checks the sizes add up to the version's.
-            r = await self.client.call(key, "head_object", **where, PartNumber=number)
+            r = await self.client.head(key, part=number)
             count = int(r.get("PartsCount") or 0)
             if count < 1:
                 return None
@@ -484,9 +443,8 @@ class S3Store(DelegatingStore):
     # -- SSE-C: objects the origin encrypted with the client's key, read with it ------------
 
     async def stat_encrypted(self, key: str, encryption: Mapping[str, str]) -> ObjectInfo:
-        args = encryption_args(encryption)
-        r = await self.client.call(key, "head_object", **self.client.object_args(key), **args)
-        info = info_of(key, r)
+        keyed = customer_key_headers(encryption) if "customer_key" in encryption else {}
+        info = info_of(key, await self.client.head(key, headers=keyed))
         mark = info.encryption.get("customer_key_md5")
         if mark is None:
             # S3 refuses a key for an object not encrypted with one, as this.
@@ -500,18 +458,9 @@ class S3Store(DelegatingStore):
     ) -> AsyncGenerator[bytes, None]:
         if end <= start:
             return
-        args = {
-            **self.client.object_args(key), **encryption_args(encryption), "IfMatch": if_match,
-            "Range": f"bytes={start}-{end - 1}",
-        }  # fmt: skip
-        try:
-            r = await self.client.call(key, "get_object", **args)
-        except PreconditionFailed:
-            raise VersionChanged(f"{key}: is no longer {if_match}") from None
-        body = _botocore_chunks(r["Body"])
-        answered = await self._checked(key, r, body, start, end, args, if_match)
+        keyed = customer_key_headers(encryption)
         async with contextlib.aclosing(
-            kept(self._chunks(body, key), answered, self.scheme)
+            self._get(key, start, end, if_match, customer_key=keyed)
         ) as chunks:
             async for chunk in chunks:
                 yield chunk
