@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from gateway.stores.s3.http1 import FAILURES, Pool, ProtocolError
+from gateway.stores.s3.http1 import FAILURES, Pool
 
 pytestmark = pytest.mark.anyio
 
@@ -138,18 +138,43 @@ async def test_an_answer_cut_short_is_an_error(started: Callable[..., object]) -
     response.release()
 
 
-async def test_a_chunked_answer_is_refused_and_the_connection_dropped(
+async def test_a_chunked_answer_is_read_in_any_pieces_and_its_connection_kept(
     started: Callable[..., object],
 ) -> None:
-    """The transport reports such an answer as an error (transport.py)."""
+    """rclone sends its listings chunked: the body is the chunks' bytes, however the socket
+    cuts them (sizes in hex, extensions and trailers ignored), and the connection is pooled."""
+    answer = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;ext=1\r\nabc\r\n"
+              b"1A\r\n" + b"x" * 26 + b"\r\n0\r\nX-Trailer: t\r\n\r\n")  # fmt: skip
 
-    def chunked(head: bytes) -> bytes:
-        return b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+    def chunked(head: bytes) -> list[bytes]:
+        return [answer[i : i + 5] for i in range(0, len(answer), 5)]
 
     origin, pool = await started(chunked)  # type: ignore[misc]
+    for _ in range(3):
+        response = await pool.request("GET", "/bucket/?list-type=2", [("Host", "h")])
+        assert response.status == 200 and await response.read() == b"abc" + b"x" * 26
+        response.release()
+    assert origin.connections == 1
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nabc",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabc\r\n0\r\n\r\n",
+    ],
+    ids=["another coding", "a size not hex", "a chunk longer than its size"],
+)
+async def test_an_answer_not_read_is_an_error_and_its_connection_dropped(
+    started: Callable[..., object], answer: bytes
+) -> None:
+    """The transport reports such an answer as an error (transport.py)."""
+    origin, pool = await started(lambda head: answer)  # type: ignore[misc]
     for _ in range(2):
-        with pytest.raises(ProtocolError):
-            await pool.request("GET", "/bucket/k", [("Host", "h")])
+        with pytest.raises(FAILURES):
+            response = await pool.request("GET", "/bucket/k", [("Host", "h")])
+            await response.read()
     assert origin.connections == 2
 
 

@@ -172,14 +172,21 @@ class S3Client:
 
     async def read(self, request: Request) -> Reply:
         """A GET or HEAD of an object, through the one transport (transport.py)."""
+        return await (await self._reads(request.key)).handle(request)
+
+    async def listing(self, query: tuple[tuple[str, str], ...]) -> bytes:
+        """A ListObjectsV2 answer's body, through the one transport (transport.py)."""
+        return await (await self._reads("")).listing(query)
+
+    async def _reads(self, key: str) -> Transport:
         transport = self.transport
         if transport is None:
             await self.botocore()
             transport = self.transport
             if transport is None:
-                where = self.where(request.key)
+                where = self.where(key)
                 raise StoreAccessDenied(f"{where}: no credentials configured for the mount")
-        return await transport.handle(request)
+        return transport
 
     async def prepare(self) -> None:
         """Load botocore's S3 models on a thread, then make the client, so that neither the

@@ -8,11 +8,12 @@ callback, and its body handed on as it arrives (the socket paused while more tha
 bytes wait for the reader).
 
 Only what the transport's reads need: GET or HEAD, no request body, an answer with a status
-line, headers and a body of its Content-Length (S3's answers to both; a HEAD's has none).
-Anything else (a chunked body, one that runs to the close, a malformed head) is a
-`ProtocolError`; every failure is an OSError, TimeoutError or ProtocolError (`FAILURES`) for
-the transport, which retries or reports it. A pooled connection the origin closed while idle is
-replaced once, before a byte of the answer arrived.
+line, headers and a body of its Content-Length (S3's answers to both; a HEAD's has none) or
+chunked (some origins send listings so: rclone). Anything else (a body that runs to the close,
+another transfer coding, a malformed head) is a `ProtocolError`; every failure is an OSError,
+TimeoutError or ProtocolError (`FAILURES`) for the transport, which retries or reports it. A
+pooled connection the origin closed while idle is replaced once, before a byte of the answer
+arrived.
 """
 
 from __future__ import annotations
@@ -20,17 +21,19 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import Any, cast
 from urllib.parse import urlsplit
 
 _HIGH, _LOW = 1 << 20, 256 << 10  # bytes waiting for the reader: pause, resume the socket
 _HEAD_MAX = 64 << 10  # an answer's status line and headers at most
+_CHUNKED = -2  # the body's length: chunked
+_CHUNK_LINE_MAX = 4096  # a chunk's size line, or a trailer line, at most
 
 
 class ProtocolError(Exception):
-    """An answer this client does not read: malformed, or with a body not sent by its
-    Content-Length (chunked, or to the close)."""
+    """An answer this client does not read: malformed, or with a body sent neither by its
+    Content-Length nor chunked."""
 
 
 FAILURES = (OSError, TimeoutError, ProtocolError)
@@ -164,6 +167,7 @@ class _Connection(asyncio.Protocol):
         self.bodiless = False  # the answer has no body whatever its head says (to a HEAD)
         self._buffer = b""  # the start of a head not whole yet
         self._remaining = -1  # the body's bytes still to come; -1: its head is not in yet
+        self._chunks: _Dechunker | None = None  # a chunked body's decoder
 
     # -- the request ---------------------------------------------------------------------------
 
@@ -173,7 +177,7 @@ class _Connection(asyncio.Protocol):
         self.response = Response(self)
         self.bodiless = bodiless
         self.received = self.keep_alive = False
-        self._buffer, self._remaining = b"", -1
+        self._buffer, self._remaining, self._chunks = b"", -1, None
         head = self.head = self.loop.create_future()
         timer = self.loop.call_later(self.read_timeout, _expire, head)
         self.transport.write(request)
@@ -244,8 +248,20 @@ class _Connection(asyncio.Protocol):
             head = self.head
             if head is not None and not head.done():
                 head.set_result(response)
-            if self._remaining == 0:
+            if self._remaining == _CHUNKED:
+                self._chunks, self._remaining = _Dechunker(), 0
+            elif self._remaining == 0:
                 response._end()
+        if self._chunks is not None:
+            try:
+                ended = self._chunks.feed(data, response._feed)
+            except ProtocolError as exc:
+                self._broken(exc)
+                return
+            if ended:
+                self._chunks, self._remaining = None, 0
+                response._end()
+            return
         if data:
             if len(data) > self._remaining:
                 self._broken(ProtocolError("the origin sent more than its Content-Length"))
@@ -286,6 +302,7 @@ def _parse_head(response: Response, head: bytes, bodiless: bool) -> tuple[int, b
     response.status = status = int(code)
     keep = version == b"HTTP/1.1"
     length = None
+    chunked = False
     headers = response.headers
     for line in lines[1:]:
         name, sep, value = line.partition(b":")
@@ -304,12 +321,69 @@ def _parse_head(response: Response, head: bytes, bodiless: bool) -> tuple[int, b
                 raise ProtocolError(f"Content-Length {v!r}")
             length = int(v)
         elif lower == "transfer-encoding":
-            raise ProtocolError("a body not sent by its length")  # see the module's docstring
+            if v.lower() != "chunked":
+                raise ProtocolError(f"a body sent {v!r}")  # see the module's docstring
+            chunked = True
     if bodiless or status < 200 or status in (204, 304):
         return 0, keep
+    if chunked:
+        return _CHUNKED, keep  # (a Content-Length beside it is not the body's: RFC 9112 6.3)
     if length is None:
         raise ProtocolError("an answer without Content-Length")
     return length, keep
+
+
+class _Dechunker:
+    """A chunked body (RFC 9112, 7.1) decoded as it arrives: a size line (hex, extensions
+    ignored), that many bytes and a CRLF, again until a size of 0, then trailer lines (ignored)
+    to an empty one."""
+
+    __slots__ = ("_buffer", "_left", "_state")
+
+    SIZE, DATA, DATA_END, TRAILER = range(4)
+
+    def __init__(self) -> None:
+        self._state = self.SIZE
+        self._left = 0  # of the chunk's data
+        self._buffer = b""  # a line not whole yet
+
+    def feed(self, data: bytes, body: Callable[[bytes], None]) -> bool:
+        """Decode `data`, handing the body's bytes to `body`; True once the body ended (no
+        byte may follow it)."""
+        if self._buffer:
+            data, self._buffer = self._buffer + data, b""
+        at, end = 0, len(data)
+        while at < end:
+            if self._state == self.DATA:
+                piece = data[at : at + self._left]
+                body(piece)
+                at += len(piece)
+                self._left -= len(piece)
+                if not self._left:
+                    self._state = self.DATA_END
+                continue
+            eol = data.find(b"\r\n", at)
+            if eol < 0:
+                if end - at > _CHUNK_LINE_MAX:
+                    raise ProtocolError("a chunk's line is too long")
+                self._buffer = data[at:]
+                return False
+            line, at = data[at:eol], eol + 2
+            if self._state == self.DATA_END:
+                if line:
+                    raise ProtocolError("a chunk longer than its size")
+                self._state = self.SIZE
+            elif self._state == self.SIZE:
+                size = line.partition(b";")[0].strip()
+                if not size or any(c not in b"0123456789abcdefABCDEF" for c in size):
+                    raise ProtocolError(f"a chunk size {line[:40]!r}")
+                self._left = int(size, 16)
+                self._state = self.DATA if self._left else self.TRAILER
+            elif not line:  # the trailer's end: the body's
+                if at < end:
+                    raise ProtocolError("the origin sent more than its chunked body")
+                return True
+        return False
 
 
 class Pool:

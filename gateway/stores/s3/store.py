@@ -38,6 +38,7 @@ from gateway.stores.etags import quoted
 from gateway.stores.s3.client import S3Client, parse_timestamp, status_of
 from gateway.stores.s3.errors import RangeNotSatisfiable
 from gateway.stores.s3.fields import CUSTOMER_KEY_MARK, customer_key_headers, info_of, utc
+from gateway.stores.s3.listings import NotAListing, list_page, list_query
 from gateway.stores.s3.transport import CHUNK_SIZE, Request, Transport
 from gateway.stores.s3.writes import Writes
 
@@ -466,38 +467,14 @@ class S3Store(DelegatingStore):
                 yield chunk
 
     async def _list_page(self, q: ListRequest) -> ListPage:
-        args: dict[str, Any] = {
-            "Bucket": self.client.bucket,
-            "Prefix": self.client.prefix + q.prefix,
-            "MaxKeys": q.max_keys,
-        }
-        if q.delimiter:
-            args["Delimiter"] = q.delimiter
-        if q.token:
-            args["ContinuationToken"] = q.token
-        if q.start_after:
-            args["StartAfter"] = self.client.prefix + q.start_after
+        full = self.client.prefix
+        query = list_query(full + q.prefix, q.delimiter, q.token,
+                           full + q.start_after if q.start_after else None, q.max_keys)  # fmt: skip
+        body = await self.client.listing(query)
         try:
-            page = await (await self.client.botocore()).list_objects_v2(**args)
-        except self.client.failures as exc:
-            if q.token and isinstance(exc, ClientError) and status_of(exc) == 400:
-                # S3 answers 400 InvalidArgument to a token it did not give.
-                raise ValueError("malformed continuation token") from None
-            raise self.client.error(exc, q.prefix) from None
-        cut = len(self.client.prefix)
-        objects = [
-            ObjectInfo(
-                key=o["Key"][cut:],
-                size=int(o["Size"]),
-                etag=quoted(o["ETag"]),
-                last_modified=utc(o["LastModified"]),
-                storage_class=o.get("StorageClass") or "STANDARD",
-            )
-            for o in page.get("Contents", [])
-        ]
-        prefixes = [p["Prefix"][cut:] for p in page.get("CommonPrefixes", [])]
-        more = page.get("IsTruncated") and page.get("NextContinuationToken")
-        return ListPage(objects, prefixes, page["NextContinuationToken"] if more else None)
+            return list_page(body, len(full))
+        except NotAListing as exc:
+            raise StoreError(f"s3://{self.client.bucket}/{full}{q.prefix}: {exc}") from None
 
 
 def open_s3(parts: SplitResult, options: Mapping[str, str]) -> S3Store:
