@@ -19,23 +19,17 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from gateway import counters, errors
-from gateway.cache import BlockKey, FillFailed
-from gateway.cache.janitor import JanitorStats
-from gateway.cache.layout import file_size
+from gateway.cache import FillFailed
 from gateway.catalog import SyncBusy, SyncProgress, sync_parallel
-from gateway.cluster.peers import PeerUnavailable
-from gateway.cluster.placement import Node, Placement
+from gateway.cluster import Node, PeerUnavailable, Placement
 from gateway.jobs import unpin, warm
 from gateway.jobs.bandwidth import TokenBucket
 from gateway.jobs.db import ActiveJob, Item, JobStore, Tally, WorkRow, batches
 from gateway.jobs.model import ACTIVE, LISTING, QUEUED, RUNNING, JobSpec
 from gateway.jobs.usage import NodeUsage
 from gateway.meta import MetaUnavailable
-from gateway.service.namespace import MountHandle
-from gateway.service.plan import block_key
-from gateway.service.reads import Reader
+from gateway.service import Block, FillBudget, Loads, MountHandle, listed_info
 from gateway.stores import ListPage, ObjectInfo, VersionChanged
-from gateway.stores.etags import same
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +72,7 @@ class JobRunner:
     def __init__(
         self,
         store: JobStore,
-        reader: Reader,
+        loads: Loads,
         me: Node,
         members: Members,
         *,
@@ -92,7 +86,7 @@ class JobRunner:
         # Each worker process of the node runs a runner: the node's share of a job's bandwidth
         # is split between them.
         self.workers = max(1, workers)
-        self.reader = reader
+        self.loads = loads
         self.me = me
         self._members = members
         self.lease = lease
@@ -108,7 +102,7 @@ class JobRunner:
         self._seeded: dict[int, int] = {}
         # Bytes each job's blocks take in this node's cache, counted with the node's other
         # workers: the budget is the node's.
-        self._usage = NodeUsage(reader.pages.root)
+        self._usage = NodeUsage(loads.cache_root)
         self._counted: set[int] = set()  # jobs whose count this process has started
         self._buckets: dict[int, TokenBucket] = {}
         self._wake = asyncio.Event()
@@ -127,17 +121,17 @@ class JobRunner:
         more from the store in flight and this process's preloads have `floor` or more of
         theirs, no new preload fetch starts here (one already under way goes on); it starts
         when one of them ends."""
-        fills = self.reader.fills
+        loads = self.loads
         yielded = False
         while (
             not self.stopping
             and self.own_fills >= floor
-            and fills.in_flight - self.own_fills >= FOREGROUND_BUSY
+            and loads.fills_in_flight - self.own_fills >= FOREGROUND_BUSY
         ):
             if not yielded:
                 counters.job_yielded()
                 yielded = True
-            await fills.any_ended()
+            await loads.any_fill_ended()
 
     async def run(self) -> None:
         while True:
@@ -201,7 +195,7 @@ class JobRunner:
         the last key written when an earlier lister died."""
         spec = job.spec
         try:
-            handle = await self.reader.current_mount(spec.bucket)
+            handle = await self.loads.mount(spec.bucket)
         except errors.S3Error:
             await self.store.fail(job.id, f"bucket {spec.bucket!r} is not mounted")
             return
@@ -239,7 +233,7 @@ class JobRunner:
         """A page of the prefix's keys: from the catalog where it answers for the prefix,
         else (or once it stops answering: its database away) from the store."""
         if handle.catalog is not None:
-            catalog = self.reader.shared.catalog
+            catalog = self.loads.catalog
             page = await catalog.list_page(handle.id, prefix, None, token, after, LIST_PAGE)
             if page is not None:
                 return page
@@ -251,7 +245,7 @@ class JobRunner:
         listing's lease meanwhile and telling its progress in the job's message; a run that
         someone else holds (a `gateway sync`, a re-crawl) is waited for. False when the job
         should list no further: cancelled, its lease lost, or the sync failed (the job too)."""
-        catalog = self.reader.shared.catalog
+        catalog = self.loads.catalog
         where = f"{spec.bucket}/{spec.prefix}"
         seen: list[SyncProgress] = []
         stop: list[str] = []
@@ -306,7 +300,7 @@ class JobRunner:
     async def _work(self, job: ActiveJob) -> None:
         """Take shares of this job's batches until none is left for this node."""
         try:
-            handle = await self.reader.current_mount(job.spec.bucket)
+            handle = await self.loads.mount(job.spec.bucket)
         except errors.S3Error:
             return  # not mounted here (yet): the next pass looks again
         while not self.stopping:
@@ -341,8 +335,8 @@ class JobRunner:
             await self._share(current.spec, handle, row, departed, len(live))
 
     def _placement(self) -> Placement:
-        fleet = self.reader.fleet
-        return self._alone if fleet is None else fleet.placement
+        placement = self.loads.placement()
+        return self._alone if placement is None else placement
 
     def _placement_ids(self) -> set[str]:
         return {n.id for n in self._placement().nodes}
@@ -358,10 +352,7 @@ class JobRunner:
         if row.job_id not in self._counted:
             await self._usage.start(row.job_id, await self.store.node_bytes(row.job_id, self.me.id))
             self._counted.add(row.job_id)
-        job.leave_room_for_pins(
-            await asyncio.to_thread(self.reader.pages.janitor_stats),
-            await self._usage.get(row.job_id),
-        )
+        job.leave_room_for_pins(await self.loads.budget(handle), await self._usage.get(row.job_id))
         # The reporter and the work stop each other by word, not by cancelling: a task
         # cancelled inside a database call can have its cancellation swallowed by the
         # connection pool's reset (SQLAlchemy logs it), and would then never end.
@@ -435,7 +426,7 @@ class _Job:
         departed: list[Node], nodes: int,
     ) -> None:  # fmt: skip
         self.runner = runner
-        self.reader = runner.reader
+        self.loads = runner.loads
         self.spec = spec
         self.handle = handle
         self.row = row
@@ -461,17 +452,18 @@ class _Job:
         )  # fmt: skip
         self.actor = row.node_id  # whose share: this node's, or a departed one's
         self.live = {n.id for n in self.now.nodes}
-        self.budget = handle.quota if handle.quota is not None else self.reader.pages.capacity
-        self.budget = min(self.budget, self.reader.pages.capacity)
+        self.budget = 0  # bytes the job may fill on this node: leave_room_for_pins sets it
 
-    def leave_room_for_pins(self, stats: JanitorStats | None, used: int) -> None:
-        """Pinned blocks are never evicted: the job may fill only what the cache holds beside
-        them, or it would make room for more of itself by evicting what it loaded. A --pin
-        job's own pins (from before a restart) are in `used` already: counted once."""
-        if stats is None:
+    def leave_room_for_pins(self, room: FillBudget, used: int) -> None:
+        """The mount's quota within the cache's capacity. Pinned blocks are never evicted: the
+        job may fill only what the cache holds beside them, or it would make room for more of
+        itself by evicting what it loaded. A --pin job's own pins (from before a restart) are
+        in `used` already: counted once."""
+        self.budget = room.limit
+        if room.pinned is None:
             return
-        pinned = max(0, stats.pinned_bytes - used) if self.spec.pin else stats.pinned_bytes
-        self.budget = min(self.budget, max(0, self.reader.pages.capacity - pinned))
+        pinned = max(0, room.pinned - used) if self.spec.pin else room.pinned
+        self.budget = min(self.budget, max(0, room.capacity - pinned))
 
     async def run(self, items: list[Item]) -> None:
         """Every item from the cursor on. An item's counts join the share's when the cursor
@@ -502,10 +494,10 @@ class _Job:
 
     async def item(self, item: Item) -> Tally:
         if self.spec.unpin:
-            return await unpin.item(self, self.reader.pages, self.runner.store, item)
+            return await unpin.item(self, self.loads, self.runner.store, item)
         t = Tally()
         handle, spec = self.handle, self.spec
-        info = warm.listed_info(item.key, item.size, item.etag)
+        info = listed_info(item.key, item.size, item.etag)
         size = handle.block_size
         count = max(1, -(-item.size // size))
         plan = [(index, *self.roles(info, index, count)) for index in range(count)]
@@ -513,18 +505,17 @@ class _Job:
         if not mine:
             return t
         first_of_object = plan[0][2]
-        known = self.reader.versions.hint(handle.id, item.key)
-        if known is not None and not same(known.etag, item.etag) and not spec.verify:
+        if self.loads.changed(handle, item.key, item.etag) and not spec.verify:
             if not spec.refresh:
                 if first_of_object:
                     t.skipped += 1
                 return t
-            self.reader.forget(handle.id, item.key)  # drop the old version, load the new
+            self.loads.forget(handle, item.key)  # drop the old version, load the new
         try:
             if spec.metadata_only:
                 if first_of_object:
                     async with self.slots:
-                        await self.reader.stat(handle, item.key)
+                        await self.loads.current(handle, item.key)
                     t.objects += 1
                     t.bytes += item.size
                 return t
@@ -570,14 +561,11 @@ class _Job:
         source: Node | None,
     ) -> tuple[bool, bool]:  # fmt: skip
         """Load (or check) one block at its targets: (whether it is in place, fetched now)."""
-        handle = self.handle
-        size = handle.block_size
-        length = min(size, info.size - index * size)
-        bkey = block_key(handle.id, info.key, info.etag, size, index)
+        block = self.loads.block(self.handle, info, index)
         ok, fetched = True, False
         for node in targets:
             if node.id == self.me.id:
-                here, got = await self.here(t, info, index, length, bkey, source)
+                here, got = await self.here(t, block, source)
                 ok, fetched = ok and here, fetched or got
             elif self.spec.verify:
                 ok = False  # a peer's cache is the peer's to count
@@ -585,26 +573,20 @@ class _Job:
                 self.check()
                 async with self.slots:
                     if self.bucket is not None:
-                        await self.bucket.take(length)
-                    fleet = self.reader.fleet
-                    assert fleet is not None
-                    await warm.fill_at(fleet, node, handle.id, info, size, index, self.spec.pin)
-                t.loaded_bytes += length
+                        await self.bucket.take(block.length)
+                    await self.loads.warm_at(node, block, self.spec.pin)
+                t.loaded_bytes += block.length
                 fetched = True
         if ok and first:
-            t.bytes += length
+            t.bytes += block.length
         return ok, fetched
 
-    async def here(
-        self, t: Tally, info: ObjectInfo, index: int, length: int, bkey: BlockKey,
-        source: Node | None,
-    ) -> tuple[bool, bool]:  # fmt: skip
-        pages, job_id = self.reader.pages, self.row.job_id
-        on_disk = file_size(length)  # as the janitor counts it: with its checksums
-        if warm.present(pages, bkey):
+    async def here(self, t: Tally, block: Block, source: Node | None) -> tuple[bool, bool]:
+        loads, job_id, length = self.loads, self.row.job_id, block.length
+        on_disk = block.on_disk
+        if loads.present(block):
             if self.spec.pin:
-                # Read once as pinned: the janitor pins a cached block on its next use.
-                await self.reader.fills.read_hit(bkey, length, 0, length, pinned=True, preload=True)
+                await loads.pin(block)
             if not self.spec.verify:
                 await self.runner._usage.add(job_id, on_disk, self.budget)
             t.cached_bytes += length
@@ -628,25 +610,14 @@ class _Job:
             self.check()
             self.runner.own_fills += 1
             try:
-                if source is not None and self.reader.fleet is not None:
-                    await warm.fill_from(
-                        self.reader, self.reader.fleet, source, self.handle, info, index,
-                        self.spec.pin,
-                    )  # fmt: skip
-                elif index == 0:
-                    await warm.fill_first(self.reader, self.handle, info, self.spec.pin)
-                else:
-                    await warm.fill_here(
-                        self.reader, self.handle.id, info, self.handle.block_size, index,
-                        self.spec.pin,
-                    )  # fmt: skip
+                await loads.warm(block, self.spec.pin, source)
             finally:
                 self.runner.own_fills -= 1
-        if not await warm.kept(pages, bkey):
+        if not await loads.kept(block):
             await self.runner._usage.add(job_id, -on_disk)
             t.unkept_bytes += length
             self.row.tally.full = True  # the disk's free-space floor: stop filling here
             return False, True
         t.loaded_bytes += length
-        counters.job_loaded(length, index == 0)
+        counters.job_loaded(length, block.index == 0)
         return True, True
