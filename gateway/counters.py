@@ -121,10 +121,11 @@ JOBS = Gauge(
 JOB_STATES = ("queued", "listing", "running", "done", "partial", "failed", "cancelled")
 
 
-def job_loaded(n: int, first_block: bool) -> None:
+def job_loaded(n: int, objects: int) -> None:
+    """Bytes a preload loaded, and the objects whose first block was among them."""
     JOB_BYTES.inc(n)
-    if first_block:
-        JOB_OBJECTS.inc()
+    if objects:
+        JOB_OBJECTS.inc(objects)
 
 
 JOB_YIELDS = Counter(

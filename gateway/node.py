@@ -37,7 +37,7 @@ from gateway.meta.secrets import WrongSecretKey
 from gateway.s3.app import S3App
 from gateway.s3.http import Receive, Scope, Send
 from gateway.s3.local import LocalReads
-from gateway.service import S3Service
+from gateway.service import Loads, S3Service
 from gateway.service.namespace import store_options
 from gateway.service.reads import Reader
 from gateway.service.shared import Shared
@@ -312,7 +312,7 @@ class Node:
             return [Member(r.node, r.live, 0.0 if r.live else r.age) for r in await registry.read()]
 
         self.jobs = JobRunner(
-            store, reader, me, members, lease=s.heartbeat_timeout,
+            store, Loads(reader), me, members, lease=s.heartbeat_timeout,
             poll=min(1.0, s.heartbeat_interval), takeover_after=s.job_takeover_delay,
             workers=s.workers,
         )  # fmt: skip

@@ -19,23 +19,17 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from gateway import counters, errors
-from gateway.cache import BlockKey, FillFailed
-from gateway.cache.janitor import JanitorStats
-from gateway.cache.layout import file_size
+from gateway.cache import FillFailed
 from gateway.catalog import SyncBusy, SyncProgress, sync_parallel
-from gateway.cluster.peers import PeerUnavailable
-from gateway.cluster.placement import Node, Placement
+from gateway.cluster import Node, PeerUnavailable, Placement
 from gateway.jobs import unpin, warm
 from gateway.jobs.bandwidth import TokenBucket
 from gateway.jobs.db import ActiveJob, Item, JobStore, Tally, WorkRow, batches
 from gateway.jobs.model import ACTIVE, LISTING, QUEUED, RUNNING, JobSpec
 from gateway.jobs.usage import NodeUsage
 from gateway.meta import MetaUnavailable
-from gateway.service.namespace import MountHandle
-from gateway.service.plan import block_key
-from gateway.service.reads import Reader
+from gateway.service import Block, FillBudget, Loads, MountHandle, listed_info
 from gateway.stores import ListPage, ObjectInfo, VersionChanged
-from gateway.stores.etags import same
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +62,20 @@ class Member:
 Members = Callable[[], Awaitable[Sequence[Member]]]
 
 
+@dataclass(slots=True)
+class _Planned:
+    """A block of an item as its share plans it: where the share loads it (empty: not this
+    share's), whether the share is its first owner (whose counts the job's progress adds
+    up), for a replica (--replicas) the first owner to copy it from rather than from the
+    store, and whether it was on this node's disk when the share began."""
+
+    block: Block
+    targets: list[Node]
+    first: bool
+    source: Node | None
+    present: bool = False
+
+
 class _Lost(Exception):
     """The share's lease is gone (taken over), or its job is no longer active."""
 
@@ -78,7 +86,7 @@ class JobRunner:
     def __init__(
         self,
         store: JobStore,
-        reader: Reader,
+        loads: Loads,
         me: Node,
         members: Members,
         *,
@@ -92,7 +100,7 @@ class JobRunner:
         # Each worker process of the node runs a runner: the node's share of a job's bandwidth
         # is split between them.
         self.workers = max(1, workers)
-        self.reader = reader
+        self.loads = loads
         self.me = me
         self._members = members
         self.lease = lease
@@ -108,7 +116,7 @@ class JobRunner:
         self._seeded: dict[int, int] = {}
         # Bytes each job's blocks take in this node's cache, counted with the node's other
         # workers: the budget is the node's.
-        self._usage = NodeUsage(reader.pages.root)
+        self._usage = NodeUsage(loads.cache_root)
         self._counted: set[int] = set()  # jobs whose count this process has started
         self._buckets: dict[int, TokenBucket] = {}
         self._wake = asyncio.Event()
@@ -127,17 +135,17 @@ class JobRunner:
         more from the store in flight and this process's preloads have `floor` or more of
         theirs, no new preload fetch starts here (one already under way goes on); it starts
         when one of them ends."""
-        fills = self.reader.fills
+        loads = self.loads
         yielded = False
         while (
             not self.stopping
             and self.own_fills >= floor
-            and fills.in_flight - self.own_fills >= FOREGROUND_BUSY
+            and loads.fills_in_flight - self.own_fills >= FOREGROUND_BUSY
         ):
             if not yielded:
                 counters.job_yielded()
                 yielded = True
-            await fills.any_ended()
+            await loads.any_fill_ended()
 
     async def run(self) -> None:
         while True:
@@ -201,7 +209,7 @@ class JobRunner:
         the last key written when an earlier lister died."""
         spec = job.spec
         try:
-            handle = await self.reader.current_mount(spec.bucket)
+            handle = await self.loads.mount(spec.bucket)
         except errors.S3Error:
             await self.store.fail(job.id, f"bucket {spec.bucket!r} is not mounted")
             return
@@ -239,7 +247,7 @@ class JobRunner:
         """A page of the prefix's keys: from the catalog where it answers for the prefix,
         else (or once it stops answering: its database away) from the store."""
         if handle.catalog is not None:
-            catalog = self.reader.shared.catalog
+            catalog = self.loads.catalog
             page = await catalog.list_page(handle.id, prefix, None, token, after, LIST_PAGE)
             if page is not None:
                 return page
@@ -251,7 +259,7 @@ class JobRunner:
         listing's lease meanwhile and telling its progress in the job's message; a run that
         someone else holds (a `gateway sync`, a re-crawl) is waited for. False when the job
         should list no further: cancelled, its lease lost, or the sync failed (the job too)."""
-        catalog = self.reader.shared.catalog
+        catalog = self.loads.catalog
         where = f"{spec.bucket}/{spec.prefix}"
         seen: list[SyncProgress] = []
         stop: list[str] = []
@@ -306,7 +314,7 @@ class JobRunner:
     async def _work(self, job: ActiveJob) -> None:
         """Take shares of this job's batches until none is left for this node."""
         try:
-            handle = await self.reader.current_mount(job.spec.bucket)
+            handle = await self.loads.mount(job.spec.bucket)
         except errors.S3Error:
             return  # not mounted here (yet): the next pass looks again
         while not self.stopping:
@@ -341,8 +349,8 @@ class JobRunner:
             await self._share(current.spec, handle, row, departed, len(live))
 
     def _placement(self) -> Placement:
-        fleet = self.reader.fleet
-        return self._alone if fleet is None else fleet.placement
+        placement = self.loads.placement()
+        return self._alone if placement is None else placement
 
     def _placement_ids(self) -> set[str]:
         return {n.id for n in self._placement().nodes}
@@ -358,10 +366,7 @@ class JobRunner:
         if row.job_id not in self._counted:
             await self._usage.start(row.job_id, await self.store.node_bytes(row.job_id, self.me.id))
             self._counted.add(row.job_id)
-        job.leave_room_for_pins(
-            await asyncio.to_thread(self.reader.pages.janitor_stats),
-            await self._usage.get(row.job_id),
-        )
+        job.leave_room_for_pins(await self.loads.budget(handle), await self._usage.get(row.job_id))
         # The reporter and the work stop each other by word, not by cancelling: a task
         # cancelled inside a database call can have its cancellation swallowed by the
         # connection pool's reset (SQLAlchemy logs it), and would then never end.
@@ -435,7 +440,7 @@ class _Job:
         departed: list[Node], nodes: int,
     ) -> None:  # fmt: skip
         self.runner = runner
-        self.reader = runner.reader
+        self.loads = runner.loads
         self.spec = spec
         self.handle = handle
         self.row = row
@@ -444,6 +449,11 @@ class _Job:
         self.slots = asyncio.Semaphore(spec.concurrency)
         self.floor = max(1, int(spec.concurrency * PRELOAD_FLOOR))  # loads beside busy clients
         self.progressed = asyncio.Event()  # an object is done: the reporter writes it down
+        # Bytes counted in the job's usage for the share up front (its cached blocks, and its
+        # missing ones when they fit), not yet taken by a block: given back when it ends.
+        self.prepaid = 0  # of the blocks found cached
+        self.reserved = 0  # of the blocks to fetch
+        self.loaded = (0, 0)  # bytes and objects loaded, for the node's counters at the end
         self.ended = False  # the work is over: the reporter stops
         self.halt: str | None = None  # why the work must stop (the job ended, lease lost)
         self.back = False  # the node this share was stood in for is back: give it up
@@ -461,37 +471,100 @@ class _Job:
         )  # fmt: skip
         self.actor = row.node_id  # whose share: this node's, or a departed one's
         self.live = {n.id for n in self.now.nodes}
-        self.budget = handle.quota if handle.quota is not None else self.reader.pages.capacity
-        self.budget = min(self.budget, self.reader.pages.capacity)
+        self.alone = self.actor == self.me.id and [n.id for n in self.batch.nodes] == [self.me.id]
+        self.budget = 0  # bytes the job may fill on this node: leave_room_for_pins sets it
 
-    def leave_room_for_pins(self, stats: JanitorStats | None, used: int) -> None:
-        """Pinned blocks are never evicted: the job may fill only what the cache holds beside
-        them, or it would make room for more of itself by evicting what it loaded. A --pin
-        job's own pins (from before a restart) are in `used` already: counted once."""
-        if stats is None:
+    def leave_room_for_pins(self, room: FillBudget, used: int) -> None:
+        """The mount's quota within the cache's capacity. Pinned blocks are never evicted: the
+        job may fill only what the cache holds beside them, or it would make room for more of
+        itself by evicting what it loaded. A --pin job's own pins (from before a restart) are
+        in `used` already: counted once."""
+        self.budget = room.limit
+        if room.pinned is None:
             return
-        pinned = max(0, stats.pinned_bytes - used) if self.spec.pin else stats.pinned_bytes
-        self.budget = min(self.budget, max(0, self.reader.pages.capacity - pinned))
+        pinned = max(0, room.pinned - used) if self.spec.pin else room.pinned
+        self.budget = min(self.budget, max(0, room.capacity - pinned))
 
     async def run(self, items: list[Item]) -> None:
-        """Every item from the cursor on. An item's counts join the share's when the cursor
-        passes it, so that what is written down is exactly the items before the cursor, and
-        a share taken up again (after a restart, or by another node) counts nothing twice."""
+        """Every item from the cursor on: planned first (each block's roles, and which of
+        this node's are on its disk: one look for the share), counted against the budget at
+        once, then loaded. An item's counts join the share's when the cursor passes it, so
+        that what is written down is exactly the items before the cursor, and a share taken
+        up again (after a restart, or by another node) counts nothing twice."""
+        todo = range(self.row.cursor, len(items))
+        plans = {pos: self.plan(items[pos]) for pos in todo} if not self.spec.unpin else {}
         counted: dict[int, Tally] = {}
 
         async def one(pos: int) -> None:
-            counted[pos] = await self.item(items[pos])
+            counted[pos] = await self.item(items[pos], plans.pop(pos, []))
             while self.row.cursor < len(items) and self.row.cursor in counted:
                 self.tally.add(counted.pop(self.row.cursor))
                 self.row.cursor += 1
             self.progressed.set()
 
-        ends = await asyncio.gather(
-            *(one(pos) for pos in range(self.row.cursor, len(items))), return_exceptions=True
-        )
+        try:
+            await self.prepare([p for plan in plans.values() for p in plan])
+            ends = await asyncio.gather(*(one(pos) for pos in todo), return_exceptions=True)
+        finally:
+            await self.settle()
         for end in ends:  # every object in flight has ended: none is left half loaded
             if isinstance(end, BaseException):
                 raise end
+
+    def plan(self, item: Item) -> list[_Planned]:
+        """Every block of the item with its roles in this share (pure: no I/O)."""
+        info = listed_info(item.key, item.size, item.etag)
+        count = max(1, -(-item.size // self.handle.block_size))
+        return [
+            _Planned(self.loads.block(self.handle, info, index), *self.roles(info, index))
+            for index in range(count)
+        ]
+
+    async def prepare(self, planned: list[_Planned]) -> None:
+        """Look for the share's blocks on this node's disk in one go, and count them in the
+        job's usage at once: the cached ones, and the missing ones if they all fit its budget
+        (else each is counted as it is fetched, so that near the budget the count is exact).
+        The bookkeeping of a share, not of each block: a load of small objects paid it per
+        block."""
+        if self.spec.metadata_only:
+            return
+        mine = [p for p in planned if any(n.id == self.me.id for n in p.targets)]
+        if not mine:
+            return
+        found = await self.loads.present_all([p.block for p in mine])
+        for p, there in zip(mine, found, strict=True):
+            p.present = there
+        if self.spec.verify:
+            return
+        usage, job_id = self.runner._usage, self.row.job_id
+        cached = sum(p.block.on_disk for p in mine if p.present)
+        missing = sum(p.block.on_disk for p in mine if not p.present)
+        whole = missing and not self.row.tally.full
+        if whole and await usage.reserve(job_id, cached + missing, self.budget):
+            self.prepaid, self.reserved = cached, missing
+            return
+        if cached:
+            await usage.add(job_id, cached, self.budget)
+            self.prepaid = cached
+
+    async def settle(self) -> None:
+        """Give back what the share counted up front for blocks it did not reach, and add
+        what it loaded to the node's counters."""
+        unused, self.prepaid, self.reserved = self.prepaid + self.reserved, 0, 0
+        if unused:
+            await self.runner._usage.add(self.row.job_id, -unused)
+        loaded, objects = self.loaded
+        if loaded:
+            counters.job_loaded(loaded, objects)
+        self.loaded = (0, 0)
+
+    async def take(self, size: int) -> bool:
+        """Count a block about to be fetched: from what the share reserved, else from the
+        job's usage if it fits the budget."""
+        if self.reserved >= size:
+            self.reserved -= size
+            return True
+        return await self.runner._usage.reserve(self.row.job_id, size, self.budget)
 
     def check(self) -> None:
         """Raise _Lost when no more blocks are to be loaded."""
@@ -500,38 +573,33 @@ class _Job:
         if self.halt is not None:
             raise _Lost(self.halt)
 
-    async def item(self, item: Item) -> Tally:
+    async def item(self, item: Item, plan: list[_Planned]) -> Tally:
         if self.spec.unpin:
-            return await unpin.item(self, self.reader.pages, self.runner.store, item)
+            return await unpin.item(self, self.loads, self.runner.store, item)
         t = Tally()
         handle, spec = self.handle, self.spec
-        info = warm.listed_info(item.key, item.size, item.etag)
-        size = handle.block_size
-        count = max(1, -(-item.size // size))
-        plan = [(index, *self.roles(info, index, count)) for index in range(count)]
-        mine = [p for p in plan if p[1]]
+        mine = [p for p in plan if p.targets]
         if not mine:
             return t
-        first_of_object = plan[0][2]
-        known = self.reader.versions.hint(handle.id, item.key)
-        if known is not None and not same(known.etag, item.etag) and not spec.verify:
+        first_of_object = plan[0].first
+        if self.loads.changed(handle, item.key, item.etag) and not spec.verify:
             if not spec.refresh:
                 if first_of_object:
                     t.skipped += 1
                 return t
-            self.reader.forget(handle.id, item.key)  # drop the old version, load the new
+            self.loads.forget(handle, item.key)  # drop the old version, load the new
         try:
             if spec.metadata_only:
                 if first_of_object:
                     async with self.slots:
-                        await self.reader.stat(handle, item.key)
+                        await self.loads.current(handle, item.key)
                     t.objects += 1
                     t.bytes += item.size
                 return t
-            results = await asyncio.gather(
-                *(self.block(t, info, index, targets, first, source)
-                  for index, targets, first, source in mine)
-            )  # fmt: skip
+            if len(mine) == 1:  # most objects: no task for its one block
+                results = [await self.block(t, mine[0])]
+            else:
+                results = await asyncio.gather(*(self.block(t, p) for p in mine))
         except (errors.S3Error, VersionChanged, FillFailed, PeerUnavailable, OSError) as exc:
             t.failures += 1
             message = f"{type(exc).__name__}: {exc}".rstrip(": ")
@@ -543,16 +611,16 @@ class _Job:
                 t.loaded_objects += 1
             else:
                 t.cached_objects += 1
-            if first_of_object and mine[0][0] == 0 and results[0][0]:
+            if first_of_object and mine[0].block.index == 0 and results[0][0]:
                 t.objects += 1
         return t
 
-    def roles(
-        self, info: ObjectInfo, index: int, count: int
-    ) -> tuple[list[Node], bool, Node | None]:
+    def roles(self, info: ObjectInfo, index: int) -> tuple[list[Node], bool, Node | None]:
         """Where this share loads the block (empty: not this share's); whether the share is
         the block's first owner (whose counts the job's progress adds up); and, for a replica
         (--replicas), the first owner to copy it from rather than from the store."""
+        if self.alone:  # every block is this node's, its first owner's
+            return [self.me], True, None
         replicas, mount = self.spec.replicas, self.handle.id
         then = warm.owners(self.batch, mount, info, index, replicas)
         if all(n.id != self.actor for n in then):
@@ -565,19 +633,13 @@ class _Job:
         had = {n.id for n in then}
         return [n for n in now if n.id not in had], first, None
 
-    async def block(
-        self, t: Tally, info: ObjectInfo, index: int, targets: list[Node], first: bool,
-        source: Node | None,
-    ) -> tuple[bool, bool]:  # fmt: skip
+    async def block(self, t: Tally, p: _Planned) -> tuple[bool, bool]:
         """Load (or check) one block at its targets: (whether it is in place, fetched now)."""
-        handle = self.handle
-        size = handle.block_size
-        length = min(size, info.size - index * size)
-        bkey = block_key(handle.id, info.key, info.etag, size, index)
+        block = p.block
         ok, fetched = True, False
-        for node in targets:
+        for node in p.targets:
             if node.id == self.me.id:
-                here, got = await self.here(t, info, index, length, bkey, source)
+                here, got = await self.here(t, p)
                 ok, fetched = ok and here, fetched or got
             elif self.spec.verify:
                 ok = False  # a peer's cache is the peer's to count
@@ -585,68 +647,53 @@ class _Job:
                 self.check()
                 async with self.slots:
                     if self.bucket is not None:
-                        await self.bucket.take(length)
-                    fleet = self.reader.fleet
-                    assert fleet is not None
-                    await warm.fill_at(fleet, node, handle.id, info, size, index, self.spec.pin)
-                t.loaded_bytes += length
+                        await self.bucket.take(block.length)
+                    await self.loads.warm_at(node, block, self.spec.pin)
+                t.loaded_bytes += block.length
                 fetched = True
-        if ok and first:
-            t.bytes += length
+        if ok and p.first:
+            t.bytes += block.length
         return ok, fetched
 
-    async def here(
-        self, t: Tally, info: ObjectInfo, index: int, length: int, bkey: BlockKey,
-        source: Node | None,
-    ) -> tuple[bool, bool]:  # fmt: skip
-        pages, job_id = self.reader.pages, self.row.job_id
-        on_disk = file_size(length)  # as the janitor counts it: with its checksums
-        if warm.present(pages, bkey):
+    async def here(self, t: Tally, p: _Planned) -> tuple[bool, bool]:
+        """The block on this node: counted as cached if it was on the disk when the share
+        began (and counted then), else fetched."""
+        loads, job_id, block = self.loads, self.row.job_id, p.block
+        length, on_disk = block.length, block.on_disk
+        if p.present:
             if self.spec.pin:
-                # Read once as pinned: the janitor pins a cached block on its next use.
-                await self.reader.fills.read_hit(bkey, length, 0, length, pinned=True, preload=True)
+                await loads.pin(block)
             if not self.spec.verify:
-                await self.runner._usage.add(job_id, on_disk, self.budget)
+                self.prepaid -= on_disk  # counted by prepare()
             t.cached_bytes += length
             return True, False
         if self.spec.verify:
             return False, False
+        usage = self.runner._usage
         async with self.slots:
             self.check()
-            if self.row.tally.full or not await self.runner._usage.reserve(
-                job_id, on_disk, self.budget
-            ):
+            if self.row.tally.full or not await self.take(on_disk):
                 # Never evict what this job loaded (or pinned data) to make room for more.
                 self.row.tally.full = True
                 return False, False
-            if self.bucket is not None and source is None:  # a copy from a peer is no WAN's
+            if self.bucket is not None and p.source is None:  # a copy from a peer is no WAN's
                 await self.bucket.take(length)
                 if self.runner.stopping or self.halt is not None:
-                    await self.runner._usage.add(job_id, -on_disk)
+                    await usage.add(job_id, -on_disk)
                     self.check()
             await self.runner.yield_to_clients(self.floor)
             self.check()
             self.runner.own_fills += 1
             try:
-                if source is not None and self.reader.fleet is not None:
-                    await warm.fill_from(
-                        self.reader, self.reader.fleet, source, self.handle, info, index,
-                        self.spec.pin,
-                    )  # fmt: skip
-                elif index == 0:
-                    await warm.fill_first(self.reader, self.handle, info, self.spec.pin)
-                else:
-                    await warm.fill_here(
-                        self.reader, self.handle.id, info, self.handle.block_size, index,
-                        self.spec.pin,
-                    )  # fmt: skip
+                await loads.warm(block, self.spec.pin, p.source)
             finally:
                 self.runner.own_fills -= 1
-        if not await warm.kept(pages, bkey):
-            await self.runner._usage.add(job_id, -on_disk)
+        if not await loads.kept(block):
+            await usage.add(job_id, -on_disk)
             t.unkept_bytes += length
             self.row.tally.full = True  # the disk's free-space floor: stop filling here
             return False, True
         t.loaded_bytes += length
-        counters.job_loaded(length, index == 0)
+        loaded, objects = self.loaded
+        self.loaded = (loaded + length, objects + (block.index == 0))
         return True, True

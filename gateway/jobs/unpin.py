@@ -15,17 +15,13 @@ failed (the job ends partial), and the pins stay there until an unpin runs while
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Protocol
 
-from gateway.cache import BlockKey, PageStore
-from gateway.cache.layout import block_path
-from gateway.cluster.placement import Node, Placement, owner_key
+from gateway.cluster import Node, Placement
+from gateway.cluster.placement import owner_key
 from gateway.jobs.db import BATCH, Item, JobStore, Tally, WorkRow
 from gateway.jobs.model import JobSpec
-from gateway.service.namespace import MountHandle
-from gateway.service.plan import block_key
-from gateway.stores.etags import bare, quoted
+from gateway.service import Loads, MountHandle
 
 
 class Share(Protocol):
@@ -42,7 +38,7 @@ class Share(Protocol):
     def check(self) -> None: ...
 
 
-async def item(share: Share, pages: PageStore, store: JobStore, listed: Item) -> Tally:
+async def item(share: Share, loads: Loads, store: JobStore, listed: Item) -> Tally:
     """Unpin the object's blocks found on this node. The counts: `objects` and `bytes` by the
     first owner of each block (the job's progress, as a load counts it), `cached_objects` and
     `cached_bytes` the blocks found here and unpinned (their data bytes)."""
@@ -66,38 +62,15 @@ async def item(share: Share, pages: PageStore, store: JobStore, listed: Item) ->
             )  # fmt: skip
         return t
     share.check()
-    keys = [k for index in range(count) for k in _names(handle, listed, index)]
-    async with share.slots:
-        found = await asyncio.to_thread(_on_disk, pages.root, keys)
-    unpinned = [k for k in found if pages.unpin(k)]
-    trouble = None if len(unpinned) == len(found) else "this process has no journal (its disk)"
     spec = share.spec
-    whole = not (spec.prefix or spec.include or spec.exclude)
     # Every node has a share of the first batch: each unpins the whole mount once.
-    if whole and listed.seq == 0 and not pages.unpin_mount(handle.id):
-        trouble = "this process has no journal (its disk)"
-    try:
-        # Written before the object counts as done: a node killed after the job ended must
-        # not come back with these pins.
-        await pages.flush_journal()
-    except OSError as exc:
-        unpinned, trouble = [], f"the journal could not be written: {exc}"
-    if trouble is not None:  # the pins stay
+    whole = not (spec.prefix or spec.include or spec.exclude) and listed.seq == 0
+    async with share.slots:
+        done = await loads.unpin(handle, listed.key, listed.etag, count, whole)
+    if done.trouble is not None:  # the pins stay
         t.failures += 1
-        await store.add_error(share.row.job_id, share.me.id, listed.key, trouble)
-    for k in unpinned:
+        await store.add_error(share.row.job_id, share.me.id, listed.key, done.trouble)
+    for index in done.indices:
         t.cached_objects += 1
-        t.cached_bytes += min(size, listed.size - k.index * size)
+        t.cached_bytes += min(size, listed.size - index * size)
     return t
-
-
-def _names(handle: MountHandle, listed: Item, index: int) -> list[BlockKey]:
-    """The names a block of the listed version may be cached under: its ETag as listed, and
-    quoted and bare, since loads before ETags were compared by value named blocks by the
-    listing's form (unquoted on some origins), reads by the store's."""
-    forms = dict.fromkeys((listed.etag, quoted(listed.etag), bare(listed.etag)))
-    return [block_key(handle.id, listed.key, e, handle.block_size, index) for e in forms]
-
-
-def _on_disk(root: str, keys: list[BlockKey]) -> list[BlockKey]:
-    return [k for k in keys if os.path.exists(block_path(root, k.mount_id, k.name))]

@@ -1,18 +1,20 @@
 """The S3 operations, free of HTTP. The S3 front end imports this package and nothing deeper:
-the one face it calls (S3Service), and the values that cross it."""
+the one face it calls (S3Service), and the values that cross it; preload jobs load through
+the other face (Loads)."""
 
 from gateway.service.authz import Caller
 from gateway.service.buckets import bucket_name_problem
 from gateway.service.conditions import ByteRange, Conditions, check_conditions, http_date
 from gateway.service.face import Bucket, S3Service
 from gateway.service.inputs import CopySource, DeleteEntry, Deletion, ListQuery, UploadsQuery
+from gateway.service.loads import Block, FillBudget, Loads, Unpinned, listed_info
 from gateway.service.multipart import (
     MAX_PART_SIZE,
     PartListing,
     UploadListing,
     check_part_number,
 )
-from gateway.service.namespace import own_paths, store_options
+from gateway.service.namespace import MountHandle, own_paths, store_options
 from gateway.service.reads import Chunk, FileRegion, LocalBlocks, ObjectResult
 from gateway.service.store_errors import cause
 from gateway.service.writes import MAX_PUT_SIZE, WriteConditions
@@ -21,6 +23,7 @@ from gateway.stores import ListPage, ObjectInfo, PartInfo, WriteAttrs
 __all__ = [
     "MAX_PART_SIZE",
     "MAX_PUT_SIZE",
+    "Block",
     "Bucket",
     "ByteRange",
     "Caller",
@@ -30,14 +33,18 @@ __all__ = [
     "DeleteEntry",
     "Deletion",
     "FileRegion",
+    "FillBudget",
     "ListPage",
     "ListQuery",
+    "Loads",
     "LocalBlocks",
+    "MountHandle",
     "ObjectInfo",
     "ObjectResult",
     "PartInfo",
     "PartListing",
     "S3Service",
+    "Unpinned",
     "UploadListing",
     "UploadsQuery",
     "WriteAttrs",
@@ -47,6 +54,7 @@ __all__ = [
     "check_conditions",
     "check_part_number",
     "http_date",
+    "listed_info",
     "own_paths",
     "store_options",
 ]

@@ -208,28 +208,8 @@ PAST_THE_FACE: set[tuple[str, str]] = {
     ("gateway.jobs.api", "gateway.s3.sigv4"),
     ("gateway.jobs.db", "gateway.meta.store"),
     ("gateway.jobs.db", "gateway.meta.tables"),
-    ("gateway.jobs.runner", "gateway.cache.janitor"),
-    ("gateway.jobs.runner", "gateway.cache.layout"),
-    ("gateway.jobs.runner", "gateway.cluster.peers"),
-    ("gateway.jobs.runner", "gateway.cluster.placement"),
-    ("gateway.jobs.runner", "gateway.service.namespace"),
-    ("gateway.jobs.runner", "gateway.service.plan"),
-    ("gateway.jobs.runner", "gateway.service.reads"),
-    ("gateway.jobs.runner", "gateway.stores.etags"),
-    ("gateway.jobs.unpin", "gateway.cache.layout"),
     ("gateway.jobs.unpin", "gateway.cluster.placement"),
-    ("gateway.jobs.unpin", "gateway.service.namespace"),
-    ("gateway.jobs.unpin", "gateway.service.plan"),
-    ("gateway.jobs.unpin", "gateway.stores.etags"),
-    ("gateway.jobs.warm", "gateway.cache.layout"),
-    ("gateway.jobs.warm", "gateway.cluster.peers"),
     ("gateway.jobs.warm", "gateway.cluster.placement"),
-    ("gateway.jobs.warm", "gateway.service.namespace"),
-    ("gateway.jobs.warm", "gateway.service.plan"),
-    ("gateway.jobs.warm", "gateway.service.reads"),
-    ("gateway.jobs.warm", "gateway.service.sources"),
-    ("gateway.jobs.warm", "gateway.service.store_errors"),
-    ("gateway.jobs.warm", "gateway.stores.etags"),
     ("gateway.meta.store", "gateway.stores.base"),
     ("gateway.meta.uploads", "gateway.stores.base"),
     ("gateway.node", "gateway.admin.metrics"),
@@ -256,6 +236,8 @@ PAST_THE_FACE: set[tuple[str, str]] = {
     ("gateway.service.authz", "gateway.iam.wildcard"),
     ("gateway.service.conditions", "gateway.stores.base"),
     ("gateway.service.metadata", "gateway.stores.base"),
+    ("gateway.service.loads", "gateway.cache.layout"),
+    ("gateway.service.loads", "gateway.stores.etags"),
     ("gateway.service.multipart", "gateway.meta.uploads"),
     ("gateway.service.namespace", "gateway.meta.engine"),
     ("gateway.service.namespace", "gateway.meta.models"),
@@ -330,6 +312,36 @@ def test_only_the_version_authority_reads_and_writes_version_rows() -> None:
                "gateway.catalog.parallel"}  # fmt: skip
     strays = {m for m in table_users if part(m) != "gateway.meta" and m not in allowed}
     assert not strays, f"reading or writing version rows past the authority: {strays}"
+
+
+# -- jobs load through one face of the service (issue 41) -------------------------------------
+
+# The Reader's parts a preload job reached for (14 reaches at 49f6275): the service's to change.
+READER_PARTS = {"pages", "fills", "versions", "fleet", "shared"}
+
+
+def test_jobs_load_through_one_face_of_the_service() -> None:
+    """A preload job asks the service's `Loads` (a bucket's mount, a key's version, a block
+    warmed here or at a peer, the fill budget, an unpin) and never the Reader or its parts:
+    the page store, the fills, the version authority and the fleet change beneath it."""
+    reaches = []
+    for name, path in modules().items():
+        if part(name) != "gateway.jobs":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr in READER_PARTS:
+                receiver = ast.unparse(node.value)
+                if receiver.split(".")[-1] in {"reader", "_reader"}:
+                    reaches.append(f"{name}: {receiver}.{node.attr}")
+    assert not reaches, f"jobs reach into the Reader's parts (ask gateway.service.Loads): {reaches}"
+    deep = sorted(
+        (m, t)
+        for m, ts in import_graph().items()
+        if part(m) == "gateway.jobs"
+        for t in ts
+        if part(t) in {"gateway.service", "gateway.cache"} and t != part(t)
+    )
+    assert not deep, f"jobs import the service or the cache past their faces: {deep}"
 
 
 # -- one door for administration (issue 41) ----------------------------------------------------

@@ -16,25 +16,25 @@ pytestmark = pytest.mark.anyio
 
 
 class Fills:
-    """A process's count of fills in flight (gateway/cache/fills.py), moved by the test;
-    waiters wake when it drops."""
+    """A process's count of fills in flight, as the service's Loads tells it the runner
+    (gateway/service/loads.py), moved by the test; waiters wake when it drops."""
 
     def __init__(self, fills: int) -> None:
-        self.in_flight = fills
+        self.fills_in_flight = fills
         self._ended = asyncio.Event()
 
-    async def any_ended(self) -> None:
+    async def any_fill_ended(self) -> None:
         await self._ended.wait()
         self._ended.clear()
 
     def end_one(self) -> None:
-        self.in_flight -= 1
+        self.fills_in_flight -= 1
         self._ended.set()
 
 
 async def test_preload_waits_while_clients_fetch_and_goes_on_when_one_ends() -> None:
     fills = Fills(FOREGROUND_BUSY + 1)  # one of them the job's own
-    runner = SimpleNamespace(reader=SimpleNamespace(fills=fills), own_fills=1, stopping=False)
+    runner = SimpleNamespace(loads=fills, own_fills=1, stopping=False)
     yields = counters.JOB_YIELDS._value.get()
     waiting = asyncio.create_task(JobRunner.yield_to_clients(runner))  # type: ignore[arg-type]
     for _ in range(5):
@@ -47,7 +47,7 @@ async def test_preload_waits_while_clients_fetch_and_goes_on_when_one_ends() -> 
 
 async def test_preload_does_not_wait_for_its_own_fetches() -> None:
     fills = Fills(FOREGROUND_BUSY + 3)
-    runner = SimpleNamespace(reader=SimpleNamespace(fills=fills), own_fills=4, stopping=False)
+    runner = SimpleNamespace(loads=fills, own_fills=4, stopping=False)
     await asyncio.wait_for(JobRunner.yield_to_clients(runner), 5)  # type: ignore[arg-type]
 
 
@@ -55,7 +55,7 @@ async def test_preload_keeps_its_floor_while_clients_fetch() -> None:
     """A store far away is bound by its round trip: a preload that stopped whenever clients
     were busy warmed nothing ahead of an epoch. Below its floor it goes on beside them."""
     fills = Fills(FOREGROUND_BUSY + 10 + 2)  # clients' fetches, and 2 of the job's own
-    runner = SimpleNamespace(reader=SimpleNamespace(fills=fills), own_fills=2, stopping=False)
+    runner = SimpleNamespace(loads=fills, own_fills=2, stopping=False)
     await asyncio.wait_for(JobRunner.yield_to_clients(runner, 3), 5)  # type: ignore[arg-type]
     runner.own_fills = 3  # at its floor: it waits for a fetch to end
     waiting = asyncio.create_task(JobRunner.yield_to_clients(runner, 3))  # type: ignore[arg-type]
