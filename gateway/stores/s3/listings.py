@@ -57,7 +57,9 @@ def list_page(body: bytes, cut: int) -> ListPage:
     def name(text: str | None) -> str:
         if text is None:
             raise NotAListing("an entry without a name")
-        return (unquote_plus(text) if encoded else text)[cut:]
+        if encoded and ("%" in text or "+" in text):  # most names need no decoding
+            text = unquote_plus(text)
+        return text[cut:]
 
     objects = [
         ObjectInfo(
