@@ -199,12 +199,16 @@ class Node:
             fill_concurrency=s.fill_concurrency, sub_block_size=s.cache_sub_block_size,
         )  # fmt: skip
         watch_cache(pages, shared.fills)
+        # The one door for administration, for the console, the jobs API and the S3 API's
+        # own bucket operations alike; it wakes the job loop once that runs.
+        admin = Administration(meta, submitted=self._wake_jobs)
         service = S3Service(
             shared,
             readahead=s.readahead_blocks,
             multipart_max_age=s.multipart_max_age,
             bucket_store=s.bucket_store,
             bucket_store_options=s.bucket_store_option_map,
+            door=admin,
         )
         shared.namespace.configure(s)  # the node's own files, kept out of every mount
         await shared.namespace.refresh()
@@ -218,7 +222,7 @@ class Node:
         self._tasks.append(asyncio.create_task(self._catalog_upkeep(shared).run()))
         if (folder := shared_dir()) is not None:  # one of several workers
             self._tasks.append(asyncio.create_task(publish_forever(pages, shared.fills, folder)))
-        admin = self._start_jobs(meta, service.reader, fleet)
+        self._start_jobs(meta, service.reader, fleet, admin)
         self.console = Console(meta, shared, admin, s.heartbeat_timeout, figures=figures)
         self.shared = shared
         self.s3 = S3App(service, s.region, s.base_domain, s.access_log)
@@ -297,10 +301,16 @@ class Node:
         self.internal_port = s.effective_internal_port
         log.info("joined the fleet as %s at %s", me.id, me.address)
 
-    def _start_jobs(self, meta: MetaStore, reader: Reader, fleet: Fleet | None) -> Administration:
-        """The job loop (gateway/jobs): preload work for this node, polled from the database;
-        and the one door for administration (gateway/admin/ops.py), which wakes the loop when
-        the console or the jobs API submits a job."""
+    def _wake_jobs(self) -> None:
+        if self.jobs is not None:
+            self.jobs.wake()
+
+    def _start_jobs(
+        self, meta: MetaStore, reader: Reader, fleet: Fleet | None, admin: Administration
+    ) -> None:
+        """The job loop (gateway/jobs): preload work for this node, polled from the database,
+        woken by the one door for administration (gateway/admin/ops.py) when the console or
+        the jobs API submits a job."""
         s = self.settings
         store = JobStore(meta.engine)
         me = fleet.me if fleet is not None else local_node(s)
@@ -316,10 +326,8 @@ class Node:
             poll=min(1.0, s.heartbeat_interval), takeover_after=s.job_takeover_delay,
             workers=s.workers,
         )  # fmt: skip
-        admin = Administration(meta, submitted=self.jobs.wake)
         self.jobs_api = JobsApi(store, meta, admin)
         self._tasks.append(asyncio.create_task(self.jobs.run()))
-        return admin
 
     async def stop(self) -> None:
         install_fast_path(self.settings.port, None)

@@ -212,6 +212,28 @@ class Administration:
             raise NotMounted(bucket)
         return changed
 
+    # -- the S3 API's own bucket operations (CreateBucket, DeleteBucket, bucket policies and
+    # CORS: gateway/service checks them and answers with S3's codes; their writes are here)
+
+    async def mount_owned_bucket(
+        self, bucket: str, uri: str, options: Mapping[str, str], owner: str | None
+    ) -> Mount:
+        """Mount a bucket CreateBucket made in the bucket store, owned by `owner`.
+        MountExists, NoSuchUser."""
+        return await self._meta.add_mount(bucket, uri, options, owner=owner)
+
+    async def unmount_bucket(self, bucket: str) -> bool:
+        """DeleteBucket's mount removed; False when it was not mounted."""
+        return await self._meta.remove_mount(bucket)
+
+    async def set_bucket_policy(self, bucket: str, text: str | None) -> bool:
+        """A bucket's policy put (None: deleted); False when the bucket is not mounted."""
+        return await self._meta.set_bucket_policy(bucket, text)
+
+    async def set_bucket_option(self, bucket: str, name: str, value: str | None) -> bool:
+        """One option of a bucket's mount (its CORS rules); False when it is not mounted."""
+        return await self._meta.set_mount_option(bucket, name, value)
+
     async def remove_mount(self, bucket: str) -> None:
         """Remove the mount (the under-store is not touched). NotMounted."""
         if not await self._meta.remove_mount(bucket):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping
+from typing import Protocol
 
 from gateway import errors
 from gateway.meta import MetaUnavailable, MountExists, NoSuchUser
@@ -47,13 +48,45 @@ def container_uri(bucket_store: str, bucket: str) -> str:
     return f"{bucket_store.rstrip('/')}/{bucket}"
 
 
+class BucketDoor(Protocol):
+    """The one door for administration (gateway/admin/ops.py, `Administration`), as the S3
+    API's own bucket operations go through it: handed to the service by the node, since the
+    service imports nothing above it. Its failures are the database's (MountExists,
+    NoSuchUser, MetaUnavailable); False: no such mount."""
+
+    async def mount_owned_bucket(
+        self, bucket: str, uri: str, options: Mapping[str, str], owner: str | None
+    ) -> object: ...
+
+    async def unmount_bucket(self, bucket: str) -> bool: ...
+
+    async def set_bucket_policy(self, bucket: str, text: str | None) -> bool: ...
+
+    async def set_bucket_option(self, bucket: str, name: str, value: str | None) -> bool: ...
+
+
+class NoDoor:
+    """A service without the door (one made for a test of its reads and writes): the S3
+    API's bucket operations are refused, never written past it."""
+
+    async def _refused(self, *_: object) -> bool:
+        raise errors.NotImplementedError_("This service changes no buckets.")
+
+    mount_owned_bucket = unmount_bucket = set_bucket_policy = set_bucket_option = _refused
+
+
 class Buckets:
     def __init__(
-        self, shared: Shared, bucket_store: str | None, options: Mapping[str, str]
+        self,
+        shared: Shared,
+        bucket_store: str | None,
+        options: Mapping[str, str],
+        door: BucketDoor,
     ) -> None:
         self.shared = shared
         self.bucket_store = bucket_store
         self.options = dict(options)
+        self._door = door
 
     async def create(self, bucket: str, access_key: str | None = None) -> bool:
         """Make the bucket, owned by the key's user (None: the admin user); False if it is
@@ -88,8 +121,8 @@ class Buckets:
         principal = auth.principal(access_key)
         owner = principal.name if principal is not None else None
         try:
-            await self.shared.meta.add_mount(
-                bucket, uri, {**self.options, "owned": "true"}, owner=owner
+            await self._door.mount_owned_bucket(
+                bucket, uri, {**self.options, "owned": "true"}, owner
             )
         except MountExists:
             return False  # mounted meanwhile, by another node or `gateway mount add`
@@ -110,7 +143,7 @@ class Buckets:
             with store_errors(""):
                 await delete_bucket(handle.mount.uri, store_options(handle.mount.options))
         try:
-            await self.shared.meta.remove_mount(bucket)
+            await self._door.unmount_bucket(bucket)
         except MetaUnavailable as exc:
             raise meta_unavailable(exc) from None
         await self.shared.namespace.refresh_mounts()

@@ -11,7 +11,7 @@ from gateway import errors
 from gateway.iam import MalformedPolicy, compile_policy
 from gateway.meta import MetaUnavailable
 from gateway.service.authz import Caller
-from gateway.service.buckets import Buckets
+from gateway.service.buckets import BucketDoor, Buckets, NoDoor
 from gateway.service.conditions import ByteRange, Conditions
 from gateway.service.encrypted import EncryptedReads
 from gateway.service.inputs import CopySource, DeleteEntry, Deletion, ListQuery, UploadsQuery
@@ -51,12 +51,14 @@ class S3Service:
         multipart_max_age: float = 7 * 86400,
         bucket_store: str | None = None,
         bucket_store_options: Mapping[str, str] | None = None,
+        door: BucketDoor | None = None,
     ) -> None:
         self._shared = shared
+        self._door: BucketDoor = door if door is not None else NoDoor()
         self.reader = Reader(shared, readahead)
         self._writer = ObjectWriter(shared, self.reader)
         self.multipart = Multipart(shared, self.reader, self._writer, multipart_max_age)
-        self._buckets = Buckets(shared, bucket_store, bucket_store_options or {})
+        self._buckets = Buckets(shared, bucket_store, bucket_store_options or {}, self._door)
         self._encrypted = EncryptedReads(shared)
         # (mount id, key, ETag) -> offsets of its parts' starts and of its end (partNumber).
         self._parts: dict[tuple[int, str, str], list[int]] = {}
@@ -203,7 +205,7 @@ class S3Service:
 
     async def _policy_change(self, bucket: str, text: str | None) -> None:
         try:
-            found = await self._shared.meta.set_bucket_policy(bucket, text)
+            found = await self._door.set_bucket_policy(bucket, text)
             if text is not None and not found:
                 raise errors.NoSuchBucket(BucketName=bucket)  # removed meanwhile
             await self._shared.namespace.refresh_auth()
@@ -269,7 +271,7 @@ class S3Service:
         node serves it at once, the others at their next refresh of the mounts."""
         self._shared.mount(bucket)
         try:
-            found = await self._shared.meta.set_mount_option(bucket, "cors", config)
+            found = await self._door.set_bucket_option(bucket, "cors", config)
         except MetaUnavailable as exc:
             raise meta_unavailable(exc) from None
         if not found:
