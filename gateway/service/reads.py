@@ -664,6 +664,11 @@ class Reader:
         stale = [i for i, info in enumerate(found) if info is None]
         if stale:
             await self.versions.revalidating(handle, [keys[i] for i in stale])
+            # Those the listings found unchanged are fresh now: no task each.
+            now = time.monotonic()
+            for i in stale:
+                found[i] = self.versions.fresh(handle, keys[i], now)
+            stale = [i for i in stale if found[i] is None]
             slots = asyncio.Semaphore(STAT_CONCURRENCY)
 
             async def one(i: int) -> None:
