@@ -42,14 +42,19 @@ def _handle(root: Path) -> MountHandle:
                        1 << 20, None, (), 1)  # fmt: skip
 
 
-def test_readers_in_any_order_list_each_page_once_a_ttl(tmp_path: Path) -> None:
+def _dataset(tmp_path: Path) -> tuple[Clock, Revalidator, MountHandle]:
+    """KEYS in a folder store, and a revalidator of its mount on an injected clock."""
     data = tmp_path / "store"
     (data / "data").mkdir(parents=True)
     for key in KEYS:
         (data / key).write_bytes(key.encode())
     clock = Clock()
     revalidator = Revalidator(ListedVersions(str(tmp_path)), wall=clock, page=PAGE)
-    handle = _handle(data)
+    return clock, revalidator, _handle(data)
+
+
+def test_readers_in_any_order_list_each_page_once_a_ttl(tmp_path: Path) -> None:
+    clock, revalidator, handle = _dataset(tmp_path)
     pages = math.ceil(len(KEYS) / PAGE)
 
     async def epoch(seed: int) -> float:
@@ -82,13 +87,7 @@ def test_readers_in_any_order_list_each_page_once_a_ttl(tmp_path: Path) -> None:
 def test_renewals_of_many_keys_at_once_list_each_page_once(tmp_path: Path) -> None:
     # The socket client renews its expired leases in batches of up to 1,024 keys in the order
     # it read them (shuffled), the batches side by side: here 4 batches of a quarter each.
-    data = tmp_path / "store"
-    (data / "data").mkdir(parents=True)
-    for key in KEYS:
-        (data / key).write_bytes(key.encode())
-    clock = Clock()
-    revalidator = Revalidator(ListedVersions(str(tmp_path)), wall=clock, page=PAGE)
-    handle = _handle(data)
+    clock, revalidator, handle = _dataset(tmp_path)
     pages = math.ceil(len(KEYS) / PAGE)
 
     async def renewals() -> list[float]:
