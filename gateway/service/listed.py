@@ -75,6 +75,7 @@ class Edges:
     prefix: str
     his: list[str]
     pages: dict[str, str | None]
+    listed_at: dict[str, float]  # the wall time the newest page from each edge was asked
 
     def below(self, key: str) -> tuple[str, bool]:
         """The last edge before `key` (the prefix's start if none), and whether a chained
@@ -191,15 +192,20 @@ class ListedVersions:
         assert db is not None
         try:
             rows = db.execute(
-                "SELECT after, hi FROM spans WHERE mount = ? AND prefix = ? AND chained = 1"
+                "SELECT after, hi, at FROM spans WHERE mount = ? AND prefix = ? AND chained = 1"
                 " ORDER BY at",
                 (mount_id, prefix),
             ).fetchall()
         except sqlite3.Error as exc:
             log.debug("listings: edges not read: %s", exc)
             rows = []
-        # The newest page from each edge says where the next one begins.
-        return Edges(prefix, sorted({hi for _, hi in rows if hi is not None}), dict(rows))
+        # The newest page from each edge says where the next one begins, and when.
+        return Edges(
+            prefix,
+            sorted({hi for _, hi, _ in rows if hi is not None}),
+            {after: hi for after, hi, _ in rows},
+            {after: at for after, _, at in rows},
+        )
 
     def record(
         self,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import random
 import time
 from collections import deque
 from collections.abc import Callable
@@ -31,16 +32,30 @@ PAGE = 1000  # keys a listing asks for
 LONE = 1  # revalidations of a prefix within a TTL that are asked alone, before it is listed
 _PREFIXES_KEPT = 4096  # prefixes whose recent revalidations are counted
 _END = "\U0010ffff"  # sorts after every key of a prefix
+# A prefix revalidated within HOT_FOR of its TTLs is kept listed ahead: its pages are listed
+# again once older than AHEAD of the TTL, so that a reader back after a short pause (a lease
+# renewal, an epoch's first reads) finds a listing within the TTL and waits for no store
+# request; it costs the store a listing a page every AHEAD of a TTL, HOT_FOR TTLs long.
+HOT_FOR = 4
+AHEAD = 0.75
+_AHEAD_TICK = 0.5  # seconds between looks for pages to list again (x 0.5-1, jittered)
 
 
 class Revalidator:
     """Decides how held versions are revalidated, and lists (see the module)."""
 
     def __init__(
-        self, listed: ListedVersions, wall: Callable[[], float] = time.time, page: int = PAGE
+        self,
+        listed: ListedVersions,
+        wall: Callable[[], float] = time.time,
+        page: int = PAGE,
+        ahead_tick: float | None = _AHEAD_TICK,
     ) -> None:
+        """`ahead_tick`: seconds between looks for pages to list ahead (None: only when
+        `ahead()` is called)."""
         self.listed = listed
         self._wall = wall
+        self._ahead_tick = ahead_tick
         self._page_keys = page
         self._recent: dict[tuple[int, str], deque[float]] = {}
         # Listings in flight by prefix: (start-after, done when recorded).
@@ -48,6 +63,9 @@ class Revalidator:
         # Prefixes whose pages are walked (`_walk`), and the furthest key wanted of each.
         self._walks: dict[tuple[int, str], asyncio.Task[None]] = {}
         self._wanted: dict[tuple[int, str], str] = {}
+        # Prefixes kept listed ahead (`ahead`): their mount, and when last revalidated.
+        self._hot: dict[tuple[int, str], tuple[MountHandle, float]] = {}
+        self._keeping: asyncio.Task[None] | None = None
 
     def lookup(self, handle: MountHandle, key: str) -> Listed | None:
         """What a listing within the mount's TTL said of the key; None if none spans it."""
@@ -66,6 +84,7 @@ class Revalidator:
         than a lone key of the prefix wanted revalidating lately; None: ask the key alone."""
         if handle.ttl <= 0:
             return None  # "always revalidate": a listing from before the request won't do
+        self._touch(handle, prefix_of(key))
         found = self.lookup(handle, key)
         if found is not None:
             return found
@@ -87,6 +106,7 @@ class Revalidator:
             # keys would cost 8 round trips in a row). All side by side.
             starts: dict[tuple[str, str], bool] = {}
             for prefix, in_prefix in itertools.groupby(todo, prefix_of):
+                self._touch(handle, prefix)
                 edges = self.listed.edges(handle.id, prefix)
                 unknown: list[str] = []
                 for key in in_prefix:
@@ -107,6 +127,44 @@ class Revalidator:
             if len(left) == len(todo):
                 return  # no listing spans them (their TTL is shorter than a listing): alone
             todo = left
+
+    async def ahead(self) -> int:
+        """List again the pages of the prefixes revalidated within HOT_FOR of their TTLs whose
+        newest listing is older than AHEAD of their TTL; how many. The node's workers share the
+        listings (listed.py): a page another worker listed meanwhile is not listed again."""
+        now = self._wall()
+        todo = []
+        for at, (handle, last) in list(self._hot.items()):
+            if now - last > HOT_FOR * handle.ttl or handle.ttl <= 0:
+                del self._hot[at]
+                continue
+            edges = self.listed.edges(handle.id, at[1])
+            todo += [(handle, at[1], after) for after, when in edges.listed_at.items()
+                     if now - when > AHEAD * handle.ttl]  # fmt: skip
+        await asyncio.gather(
+            *(self._listing(handle, prefix, after, True) for handle, prefix, after in todo),
+            return_exceptions=True,  # a hint only: a reader asks the store itself meanwhile
+        )
+        return len(todo)
+
+    def _touch(self, handle: MountHandle, prefix: str) -> None:
+        """The prefix is revalidated now: keep it listed ahead for HOT_FOR of its TTLs."""
+        at = (handle.id, prefix)
+        if at not in self._hot and len(self._hot) >= _PREFIXES_KEPT:
+            del self._hot[next(iter(self._hot))]
+        self._hot[at] = (handle, self._wall())
+        if self._keeping is None and self._ahead_tick is not None:
+            self._keeping = asyncio.get_running_loop().create_task(self._keep_ahead())
+
+    async def _keep_ahead(self) -> None:
+        try:
+            while self._hot and self._ahead_tick is not None:
+                await asyncio.sleep(self._ahead_tick * random.uniform(0.5, 1.0))
+                await self.ahead()
+        except Exception as exc:
+            log.warning("revalidation: listing ahead stopped: %r", exc)
+        finally:
+            self._keeping = None
 
     async def walked(self) -> None:
         """Until the pages being walked (`_walk`) are listed."""

@@ -49,7 +49,7 @@ def _dataset(tmp_path: Path) -> tuple[Clock, Revalidator, MountHandle]:
     for key in KEYS:
         (data / key).write_bytes(key.encode())
     clock = Clock()
-    revalidator = Revalidator(ListedVersions(str(tmp_path)), wall=clock, page=PAGE)
+    revalidator = Revalidator(ListedVersions(str(tmp_path)), wall=clock, page=PAGE, ahead_tick=None)
     return clock, revalidator, _handle(data)
 
 
@@ -109,3 +109,30 @@ def test_renewals_of_many_keys_at_once_list_each_page_once(tmp_path: Path) -> No
     # PAGE-th key of it; from the next on, each page once.
     assert counts[0] <= 4 * pages, counts
     assert counts[1:] == [pages] * 3, counts
+
+
+def test_a_prefix_read_lately_is_kept_listed_ahead_so_readers_after_a_pause_wait_for_none(
+    tmp_path: Path,
+) -> None:
+    clock, revalidator, handle = _dataset(tmp_path)
+    pages = math.ceil(len(KEYS) / PAGE)
+
+    async def run() -> list[int]:
+        for _ in range(2):  # two epochs past the TTL: the pages' edges are known
+            for key in random.Random(3).sample(KEYS, len(KEYS)):
+                await revalidator.find(handle, key)
+            await revalidator.walked()
+            clock.now += TTL + 1
+        listed = []
+        clock.now -= TTL + 1
+        for step in range(10):  # a pause: nothing read
+            clock.now += TTL * 0.5
+            listed.append(await revalidator.ahead())
+            if step < 8:  # within HOT_FOR of the TTLs since the last read: still spanned
+                assert all(revalidator.lookup(handle, k) is not None for k in KEYS), step
+        return listed
+
+    listed = asyncio.run(run())
+    # Every page again once its listing is older than AHEAD of the TTL (every other look
+    # here), and nothing once the prefix has not been read for HOT_FOR TTLs.
+    assert listed[:8] == [0, pages] * 4 and listed[8:] == [0, 0], listed
