@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 FILE = "listed.db"
 _BUSY_MS = 50
 _OPEN_TRIES = 20
+_END = "\U0010ffff"  # sorts after every key of a prefix
+_KEPT_ROWS = 200_000  # rows of spans kept in a process's memory (lookup), at most
 _IN_MAX = 500  # keys asked in one query (SQLite's variables: 999 in older builds)
 _KEEP = 3600.0  # spans older than this are dropped (no mount trusts a listing longer)
 
@@ -65,6 +67,16 @@ class Listed:
     etag: str | None
     size: int
     at: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Span:
+    """A listing's span as this process read it: the keys listed (key -> etag, size, at)."""
+
+    after: str
+    hi: str | None
+    at: float
+    rows: dict[str, tuple[str, int, float]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +113,9 @@ class ListedVersions:
     def __init__(self, root: str) -> None:
         path = os.path.join(root, FILE)
         self._db: sqlite3.Connection | None = None
+        # Spans read in this process, with their rows, by (mount, prefix), the newest first.
+        self._kept: dict[tuple[int, str], list[_Span]] = {}
+        self._kept_rows = 0
         for attempt in range(_OPEN_TRIES):
             try:
                 self._db = _open(path)
@@ -118,27 +133,53 @@ class ListedVersions:
 
     def lookup(self, mount_id: int, key: str, since: float) -> Listed | None:
         """What the newest listing asked after `since` that spans `key` said of it; None when
-        none does."""
+        none does. A span read once is kept in this process (`_Span`) until `since` passes
+        it: the next keys of its page are answered with no query. (A newer listing recorded
+        meanwhile by a sibling is not seen then: what is answered is still what a listing
+        asked after `since` said, so a read stays within one TTL of the store.)"""
+        prefix = prefix_of(key)
+        kept = self._kept.get((mount_id, prefix))
+        if kept:
+            kept[:] = [span for span in kept if span.at > since]
+            for span in kept:
+                if span.after < key and (span.hi is None or span.hi >= key):
+                    row = span.rows.get(key)
+                    if row is None:
+                        return Listed(None, 0, span.at)
+                    return Listed(row[0], row[1], row[2])
         db = self._db
         assert db is not None
-        prefix = prefix_of(key)
         try:
             span = db.execute(
-                "SELECT at FROM spans WHERE mount = ? AND prefix = ? AND after < ?"
+                "SELECT after, hi, at FROM spans WHERE mount = ? AND prefix = ? AND after < ?"
                 " AND (hi IS NULL OR hi >= ?) AND at > ? ORDER BY at DESC LIMIT 1",
                 (mount_id, prefix, key, key, since),
             ).fetchone()
             if span is None:
                 return None
-            row = db.execute(
-                "SELECT etag, size, at FROM listed WHERE mount = ? AND key = ?", (mount_id, key)
-            ).fetchone()
+            after, hi, at = str(span[0]), span[1], float(span[2])
+            rows = db.execute(
+                "SELECT key, etag, size, at FROM listed WHERE mount = ? AND key > ?"
+                " AND key <= ? AND at >= ?",
+                (mount_id, after, prefix + _END if hi is None else hi, at),
+            ).fetchall()
         except sqlite3.Error as exc:
             log.debug("listings: lookup failed: %s", exc)
             return None
-        if row is None or row[2] < span[0]:
-            return Listed(None, 0, float(span[0]))  # not in the listing: gone
-        return Listed(str(row[0]), int(row[1]), float(row[2]))
+        found = _Span(after, hi, at, {
+            k: (str(e), int(n), float(t)) for k, e, n, t in rows if prefix_of(k) == prefix
+        })  # fmt: skip
+        self._keep(mount_id, prefix, found)
+        row = found.rows.get(key)
+        return Listed(None, 0, at) if row is None else Listed(row[0], row[1], row[2])
+
+    def _keep(self, mount_id: int, prefix: str, span: _Span) -> None:
+        kept = self._kept.setdefault((mount_id, prefix), [])
+        kept.insert(0, span)  # the newest first
+        self._kept_rows += len(span.rows)
+        if self._kept_rows > _KEPT_ROWS:
+            self._kept.clear()  # the next lookups read their spans again
+            self._kept_rows = 0
 
     def lookup_many(self, mount_id: int, keys: Sequence[str], since: float) -> dict[str, Listed]:
         """lookup() of many keys in a few queries: those a listing asked after `since` spans."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.service.listed import ListedVersions, after_for
+from gateway.service.listed import Listed, ListedVersions, after_for
 
 MOUNT = 7
 PREFIX = "epochs/"
@@ -63,3 +63,21 @@ def test_many_keys_looked_up_at_once_are_answered_as_one_at_a_time(tmp_path: Pat
     assert many[f"{PREFIX}0015.bin"].etag is None  # in a span, not listed: gone
     assert f"{PREFIX}0033.bin" not in many  # between the spans: not answered
     assert many["other/a"].etag == '"x"'
+
+
+def test_a_span_read_once_answers_its_page_until_it_is_too_old_then_the_newer_one_does(
+    tmp_path: Path,
+) -> None:
+    # Two workers on the node's file: the reader keeps a span it read (no query for the next
+    # keys of its page), never past `since`, and then reads what the newer listing said.
+    lister, reader = ListedVersions(str(tmp_path)), ListedVersions(str(tmp_path))
+    lister.record(MOUNT, PREFIX, PREFIX, None, 100.0, _keys(0, 49))
+    assert reader.lookup(MOUNT, f"{PREFIX}0001.bin", since=50.0) == Listed('"etag-1"', 101, 100.0)
+    changed = [(k, '"new"' if k.endswith("0002.bin") else e, s) for k, e, s in _keys(0, 49)]
+    lister.record(MOUNT, PREFIX, PREFIX, None, 200.0, [c for c in changed if "0003" not in c[0]])
+    # Within the old span's time: what it said (a listing asked after `since` said so).
+    assert reader.lookup(MOUNT, f"{PREFIX}0002.bin", since=50.0) == Listed('"etag-2"', 102, 100.0)
+    # Past it: the newer listing's word, the changed and the gone key too.
+    assert reader.lookup(MOUNT, f"{PREFIX}0002.bin", since=150.0) == Listed('"new"', 102, 200.0)
+    assert reader.lookup(MOUNT, f"{PREFIX}0003.bin", since=150.0) == Listed(None, 0, 200.0)
+    assert reader.lookup(MOUNT, f"{PREFIX}0002.bin", since=250.0) is None
