@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 FILE = "listed.db"
 _BUSY_MS = 50
 _OPEN_TRIES = 20
-_END = "\U0010ffff"  # sorts after every key of a prefix
+END = "\U0010ffff"  # sorts after every key of a prefix
 _KEPT_ROWS = 200_000  # rows of spans kept in a process's memory (lookup), at most
 _IN_MAX = 500  # keys asked in one query (SQLite's variables: 999 in older builds)
 _KEEP = 3600.0  # spans older than this are dropped (no mount trusts a listing longer)
@@ -161,7 +161,7 @@ class ListedVersions:
             rows = db.execute(
                 "SELECT key, etag, size, at FROM listed WHERE mount = ? AND key > ?"
                 " AND key <= ? AND at >= ?",
-                (mount_id, after, prefix + _END if hi is None else hi, at),
+                (mount_id, after, prefix + END if hi is None else hi, at),
             ).fetchall()
         except sqlite3.Error as exc:
             log.debug("listings: lookup failed: %s", exc)

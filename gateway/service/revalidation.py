@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 
 from gateway import counters
-from gateway.service.listed import Listed, ListedVersions, after_for, prefix_of
+from gateway.service.listed import END, Listed, ListedVersions, after_for, prefix_of
 from gateway.service.namespace import MountHandle
 from gateway.service.store_errors import store_errors
 
@@ -31,7 +31,6 @@ log = logging.getLogger(__name__)
 PAGE = 1000  # keys a listing asks for
 LONE = 1  # revalidations of a prefix within a TTL that are asked alone, before it is listed
 _PREFIXES_KEPT = 4096  # prefixes whose recent revalidations are counted
-_END = "\U0010ffff"  # sorts after every key of a prefix
 # A prefix revalidated within HOT_FOR of its TTLs is kept listed ahead: its pages are listed
 # again once older than AHEAD of the TTL, so that a reader back after a short pause (a lease
 # renewal, an epoch's first reads) finds a listing within the TTL and waits for no store
@@ -166,6 +165,15 @@ class Revalidator:
         finally:
             self._keeping = None
 
+    async def close(self) -> None:
+        """Stop listing in the background (the pages walked, the prefixes kept listed ahead),
+        then close the listings' file: before the stores are closed."""
+        tasks = [*self._walks.values(), *([self._keeping] if self._keeping else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.listed.close()
+
     async def walked(self) -> None:
         """Until the pages being walked (`_walk`) are listed."""
         while self._walks:
@@ -261,5 +269,5 @@ class Revalidator:
         self.listed.record(handle.id, prefix, after, hi, asked, entries, chained)
         if not chained:
             # Listed from a key, ahead of the pages walked: walk as far as this page went.
-            self._walk(handle, prefix, prefix + _END if hi is None else hi)
+            self._walk(handle, prefix, prefix + END if hi is None else hi)
         counters.revalidation_listing(handle.kind, len(entries))

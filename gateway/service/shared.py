@@ -75,11 +75,11 @@ class Shared:
     async def close(self) -> None:
         """Close what build opened (the fills in flight cancelled); the node closes the
         metadata and page stores it gave."""
+        await self.versions.revalidator.close()  # its background listings, before the stores
         await self.fills.close()
         await self.versions.rows.close()  # versions learnt or written, briefly
         await self.namespace.close()
         self.metadata.close()
-        self.versions.revalidator.listed.close()
         if self.opens is not None:
             self.opens.close()
         self.generations.close()

@@ -31,6 +31,7 @@ from gateway.cache import Fills, PageStore
 from gateway.catalog.catalog import Catalog
 from gateway.cluster.peers import Fleet, PeerUnavailable
 from gateway.generations import OpenClaims
+from gateway.service.listed import Listed
 from gateway.service.metadata import MetadataCache
 from gateway.service.namespace import MountHandle
 from gateway.service.opening import Opened, from_peer, from_store, openers, sibling_opened
@@ -130,7 +131,7 @@ class Versions:
                         # are rare, and a listing that missed a key (a store that lists
                         # lazily) must never turn data that is there into a 404.
                         counters.revalidated("listing", "gone")
-                    elif same(listed.etag, previous.etag) and listed.size == previous.size:
+                    elif _lists(listed, previous):
                         counters.revalidated("listing", "fresh")
                         info = previous
                         now -= max(0.0, time.time() - listed.at)
@@ -178,8 +179,7 @@ class Versions:
         fresh = []
         for key, found in listed.items():
             previous, ticket = held[key]
-            listed_same = found.etag is not None and same(found.etag, previous.etag)
-            if listed_same and found.size == previous.size:
+            if _lists(found, previous):
                 fresh.append((key, previous, now - max(0.0, wall - found.at), ticket))
         if fresh:
             self.metadata.put_many(handle.id, fresh)
@@ -491,3 +491,8 @@ async def joined(
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def _lists(listed: Listed, info: ObjectInfo) -> bool:
+    """Whether a listing told this version of the key (the same ETag and size)."""
+    return listed.etag is not None and same(listed.etag, info.etag) and listed.size == info.size
