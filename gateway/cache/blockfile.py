@@ -11,7 +11,6 @@ creation and its lock, so a sweep leaves one alone for PRIVATE_GRACE seconds.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import fcntl
 import logging
@@ -26,16 +25,13 @@ from awscrt.checksums import crc32c
 from gateway.cache import verity
 from gateway.cache.layout import (
     INFLIGHT_DIR,
-    KEYS_DIR,
     MAGIC_V1,
-    NAME,
     PIECE,
     RETIRED_DIR,
     TRAILER_SIZE,
     Checksums,
     block_path,
     inflight_path,
-    key_path,
     parse_trailer,
     piece_crcs,
     retired_path,
@@ -466,12 +462,10 @@ def commit(
     tail: bytes,
     sync: bool,
     min_free: int,
-    key: str | None = None,
     seal: bool = False,
 ) -> bool:
     """Write the last bytes and the tail (trailer and piece table), with `seal` seal the file
-    (fs-verity, verity.py), rename the block into place, release the lock; with `key` (the
-    block is a block 0), record it as the key's cached version.
+    (fs-verity, verity.py), rename the block into place, release the lock.
 
     Returns False (and keeps nothing) when the disk's free space has dropped below `min_free`.
     fdatasync is optional: a block torn by a power cut fails its checksum and is refetched.
@@ -506,8 +500,6 @@ def commit(
         raise
     finally:
         os.close(fd)
-    if key is not None:
-        set_key(root, mount_id, key, name)
     return True
 
 
@@ -549,109 +541,6 @@ def discard(fd: int, root: str, name: str) -> None:
 def close(fd: int) -> None:
     with contextlib.suppress(OSError):
         os.close(fd)
-
-
-# -- which version of a key is cached ---------------------------------------------------------
-#
-# keys/<mount>/<ab>/<cd>/<key name> is a symlink whose target is the name of the key's block 0
-# (base64, 43 characters: short enough to live in the inode, so a record takes no data block).
-# A record is a hint: it may name a block evicted since (it is then removed when met).
-
-
-def _target(name: str) -> str:
-    return base64.urlsafe_b64encode(bytes.fromhex(name)).rstrip(b"=").decode()
-
-
-def _name_of(target: str) -> str | None:
-    try:
-        return base64.urlsafe_b64decode(target + "=").hex()
-    except ValueError:
-        return None
-
-
-def set_key(root: str, mount_id: int, key: str, block0: str) -> None:
-    """Record block0 as the cached version of `key` (best effort: a record is a hint)."""
-    path = key_path(root, mount_id, key)
-    tmp = f"{os.path.dirname(path)}/.{key}.{secrets.token_hex(6)}"
-    try:
-        try:
-            os.symlink(_target(block0), tmp)
-        except FileNotFoundError:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            os.symlink(_target(block0), tmp)
-        os.replace(tmp, path)
-    except OSError as exc:
-        remove(tmp)
-        log.info("cache: could not record the cached version of a key: %s", exc)
-
-
-STALE = "stale"  # find_key(remove_stale=False): a record names a block that is gone
-
-
-def find_key(root: str, mount_id: int, key: str, remove_stale: bool = True) -> str | None:
-    """The name of the cached block 0 of `key`, if its record names one that is there. A
-    record of a block gone is removed, or with `remove_stale=False` (a caller on the event
-    loop, which only reads) answered with STALE."""
-    path = key_path(root, mount_id, key)
-    try:
-        name = _name_of(os.readlink(path))
-    except OSError:
-        return None
-    if name is not None and os.path.exists(block_path(root, mount_id, name)):
-        return name
-    if not remove_stale:
-        return STALE
-    remove(path)  # its block is gone: the record is of no use
-    return None
-
-
-def drop_key(root: str, mount_id: int, key: str, block0: str) -> None:
-    """Remove the record of `key` if it names block0."""
-    path = key_path(root, mount_id, key)
-    with contextlib.suppress(OSError):
-        if os.readlink(path) == _target(block0):
-            os.unlink(path)
-
-
-def sweep_keys(root: str, stop: threading.Event | None = None) -> int:
-    """Remove the records whose block 0 is gone (and private names a crash left). Returns how
-    many went."""
-    removed = 0
-    now = time.time()
-    top = f"{root}/{KEYS_DIR}"
-    with contextlib.suppress(FileNotFoundError), os.scandir(top) as mounts:
-        for m in mounts:
-            if not (m.name.isdigit() and m.is_dir(follow_symlinks=False)):
-                continue
-            for d1 in _dirs(m.path):
-                if stop is not None and stop.is_set():
-                    return removed
-                for d2 in _dirs(d1.path):
-                    with os.scandir(d2.path) as entries:
-                        for entry in entries:
-                            if entry.name.startswith("."):
-                                if _age(entry, now) > PRIVATE_GRACE:
-                                    remove(entry.path)
-                                    removed += 1
-                            elif NAME.fullmatch(entry.name) and not _names_a_block(
-                                root, int(m.name), entry.path
-                            ):
-                                remove(entry.path)
-                                removed += 1
-    return removed
-
-
-def _names_a_block(root: str, mount_id: int, record: str) -> bool:
-    try:
-        name = _name_of(os.readlink(record))
-    except OSError:
-        return False
-    return name is not None and os.path.exists(block_path(root, mount_id, name))
-
-
-def _dirs(path: str) -> list[os.DirEntry[str]]:
-    with os.scandir(path) as entries:
-        return [e for e in entries if len(e.name) == 2 and e.is_dir(follow_symlinks=False)]
 
 
 def _age(entry: os.DirEntry[str], now: float) -> float:
@@ -729,14 +618,12 @@ def remove_all(paths: list[str]) -> None:
 # -- invalidated versions ---------------------------------------------------------------------
 
 
-def retire_all(root: str, mount_id: int, names: list[str], key: str) -> None:
+def retire_all(root: str, mount_id: int, names: list[str]) -> None:
     """Move the blocks of an invalidated version out of blocks/ (no new read finds them there)
-    into retired/ (a read of that version under way still does), and drop the key's record
-    if it names this version."""
+    into retired/ (a read of that version under way still does)."""
     for name in names:
         with contextlib.suppress(FileNotFoundError):
             os.rename(block_path(root, mount_id, name), retired_path(root, name))
-    drop_key(root, mount_id, key, names[0])
 
 
 def sweep_retired(root: str, older_than: float = RETIRED_MAX_AGE) -> int:

@@ -2,8 +2,8 @@
 policy (policy.py, built here by name in one place: _new_policy), keeps
 the cache within its capacity and the disk above its free-space floor, and publishes its
 figures in stats.json. It also sweeps what dead processes left in inflight/ and retired/ (every
-minute) and the key records whose block is gone (with its hourly rescan). Every worker process
-runs a Janitor; the one holding janitor.lock acts.
+minute) and the key records (keyrecords.py) whose block is gone (with its hourly rescan).
+Every worker process runs a Janitor; the one holding janitor.lock acts.
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ import json
 import logging
 import os
 import re
+import sqlite3
 import stat
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from gateway.cache.blockfile import sweep_inflight, sweep_keys, sweep_retired
+from gateway.cache.blockfile import sweep_inflight, sweep_retired
 from gateway.cache.journal import (
     ACCESS,
     DROP,
@@ -34,6 +35,7 @@ from gateway.cache.journal import (
     records,
     write_snapshot,
 )
+from gateway.cache.keyrecords import KeyRecords
 from gateway.cache.layout import (
     BLOCKS_DIR,
     FLAG_PINNED,
@@ -153,10 +155,24 @@ class _Rescan:
             return
         self.found = found
         try:
-            removed = sweep_keys(self._root, self._stop)
-        except OSError:
+            records = KeyRecords(self._root)
+        except sqlite3.Error as exc:
+            log.warning("cache: could not open the key records to sweep them: %s", exc)
+            return
+        try:
+            adopted = records.adopt(self._root, self._stop)
+            if adopted:
+                log.info("cache: took %d key records of an older cache into keys.db", adopted)
+            removed = records.sweep(
+                lambda mount, name: bytes.fromhex(name) in found.get(mount, _NOTHING)
+                or os.path.exists(block_path(self._root, mount, name)),
+                self._stop,
+            )
+        except (OSError, sqlite3.Error):
             log.warning("cache: sweep of the key records failed", exc_info=True)
             return
+        finally:
+            records.close()
         if removed:
             log.info("cache: removed %d records of keys whose blocks are gone", removed)
 

@@ -1,8 +1,8 @@
 """Where the page store keeps things under its root, and the format of one block file.
 
     <root>/blocks/<mount id>/<ab>/<cd>/<name>   committed blocks (name: 64 hex digits)
-    <root>/keys/<mount id>/<ab>/<cd>/<name>     which version of a key is cached: a symlink
-                                                whose target is the name of its block 0
+    <root>/keys.db                              which version of a key is cached: the name
+                                                of its block 0 (keyrecords.py)
     <root>/inflight/<name>                      blocks being filled (the filler holds an flock)
     <root>/inflight/.w.<token>[.<index>]        a write-through's lock and its spooled blocks
     <root>/retired/<name>                       blocks of invalidated versions, kept a while for
@@ -30,7 +30,7 @@ from array import array
 from awscrt.checksums import crc32c
 
 BLOCKS_DIR = "blocks"
-KEYS_DIR = "keys"
+KEYS_DIR = "keys"  # where an older cache kept its key records (symlinks)
 INFLIGHT_DIR = "inflight"
 RETIRED_DIR = "retired"
 JOURNAL_DIR = "journal"
@@ -51,10 +51,6 @@ NAME = re.compile(r"[0-9a-f]{64}")
 def block_path(root: str, mount_id: int, name: str) -> str:
     """Two levels of 256 directories under each mount keep every directory small."""
     return f"{root}/{BLOCKS_DIR}/{mount_id}/{name[:2]}/{name[2:4]}/{name}"
-
-
-def key_path(root: str, mount_id: int, name: str) -> str:
-    return f"{root}/{KEYS_DIR}/{mount_id}/{name[:2]}/{name[2:4]}/{name}"
 
 
 def inflight_path(root: str, name: str) -> str:

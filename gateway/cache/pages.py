@@ -11,7 +11,8 @@ Which blocks exist and how much room they take is the janitor's business (janito
 process of the node evicts, the others tell it what they filled and used through their
 journals. A worker therefore keeps no index of its own: a block is present if its file opens.
 What it keeps on disk besides the blocks is, per key, the name of the cached block 0
-(blockfile.set_key), so that a restarted process knows what it holds without the store.
+(keyrecords.py: rows of one SQLite file, written in batches), so that a restarted process
+knows what it holds without the store.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import hashlib
 import logging
 import os
 import random
+import sqlite3
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +35,7 @@ from gateway.cache import blockfile, verity
 from gateway.cache.figures import PageStats
 from gateway.cache.janitor import Janitor, JanitorStats, read_stats
 from gateway.cache.journal import JournalWriter
+from gateway.cache.keyrecords import KeyRecords
 from gateway.cache.layout import (
     BLOCKS_DIR,
     FLAG_PINNED,
@@ -193,6 +196,7 @@ class PageStore:
         self._timers: dict[Version, asyncio.TimerHandle] = {}  # their drop_delay running
         self._io: ThreadPoolExecutor | None = None
         self._journal: JournalWriter | None = None
+        self._keys: KeyRecords | None = None
         self._janitor = (
             Janitor(
                 self.root,
@@ -222,6 +226,10 @@ class PageStore:
         if removed:
             log.info("cache: removed %d files of fills and writes a crash left behind", removed)
         await self._open_journal()
+        try:
+            self._keys = await asyncio.to_thread(KeyRecords, self.root)
+        except sqlite3.Error as exc:  # hints only: the node serves without them
+            log.warning("cache: could not open the key records: %s", exc)
         if self._janitor is not None:
             self._janitor.start()
         self._flusher = asyncio.create_task(self._flush_journal())
@@ -261,6 +269,7 @@ class PageStore:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flusher
         journal, self._journal = self._journal, None
+        keys, self._keys = self._keys, None
         io, self._io = self._io, None
         janitor = self._janitor
         self.memory.clear()
@@ -268,6 +277,8 @@ class PageStore:
         def shut() -> None:
             if journal is not None:
                 journal.close()
+            if keys is not None:
+                keys.close()
             if janitor is not None:
                 janitor.stop()
             io.shutdown(wait=True)
@@ -497,17 +508,23 @@ class PageStore:
 
     async def cached_version(self, mount_id: int, key: str) -> bool:
         """Whether the page store recorded a cached version of the key whose block 0 is still
-        there (which version, the store's metadata says): one small file-system look.
+        there (which version, the store's metadata says): one row read and, if there is
+        one, one stat of its block file.
 
-        Made on the event loop, not a worker thread: a readlink that finds nothing (every cold
-        miss asks) costs ~3-5 µs here, a thread hop ~80 µs of CPU. A record that names a
-        block gone is removed on a thread."""
-        name = key_name(mount_id, key)
-        found = blockfile.find_key(self.root, mount_id, name, remove_stale=False)
-        if found is blockfile.STALE:
-            await self.hop(blockfile.find_key, self.root, mount_id, name)
+        Made on the event loop, not a worker thread: a lookup that finds nothing (every cold
+        miss asks) costs a few µs here, a thread hop ~80 µs of CPU. A record that names a
+        block gone is forgotten."""
+        keys = self._keys
+        if keys is None:
             return False
-        return found is not None
+        name = key_name(mount_id, key)
+        block0 = keys.find(mount_id, name)
+        if block0 is None:
+            return False
+        if os.path.exists(block_path(self.root, mount_id, block0)):
+            return True
+        keys.drop(mount_id, name, block0)
+        return False
 
     def retired(self, version: Version) -> bool:
         """Whether the version was invalidated here and its blocks wait in retired/."""
@@ -634,8 +651,7 @@ class PageStore:
         try:
             kept = await self.hop(
                 blockfile.commit, fd, self.root, entry.mount_id, entry.name, data,
-                sums.tail(FLAG_PINNED if pinned else 0), self._fsync, self.min_free, record,
-                self.seals,
+                sums.tail(FLAG_PINNED if pinned else 0), self._fsync, self.min_free, self.seals,
             )  # fmt: skip
         except OSError as exc:
             self.disk_trouble(f"could not commit block {entry.name}", exc)
@@ -644,7 +660,15 @@ class PageStore:
             log.warning("cache: block not kept: free disk space below the floor, or lost")
             return False
         self._entered(entry, length, pinned)
+        if record is not None:
+            self.record_key(entry.mount_id, record, entry.name)
         return True
+
+    def record_key(self, mount_id: int, record: str, block0: str) -> None:
+        """Remember block0 as the cached version of the key named `record` (written with the
+        next flush)."""
+        if self._keys is not None:
+            self._keys.put(mount_id, record, block0)
 
     async def give_up(self, entry: Entry, fd: int) -> None:
         """Give up a claimed fill: its file removed, the claim released."""
@@ -713,7 +737,9 @@ class PageStore:
 
     async def _retire(self, version: Version, size: int, names: list[str]) -> None:
         mount_id, key = version[0], version[1]
-        await self.hop(blockfile.retire_all, self.root, mount_id, names, key_name(mount_id, key))
+        await self.hop(blockfile.retire_all, self.root, mount_id, names)
+        if self._keys is not None:
+            self._keys.drop(mount_id, key_name(mount_id, key), names[0])
         # After the move: the janitor forgets a block only once it is gone from blocks/.
         if self._journal is not None:
             for name in names:
@@ -769,6 +795,8 @@ class PageStore:
                 await self.hop(journal.flush)
             except OSError as exc:
                 self.disk_trouble("could not write the journal", exc)
+            if self._keys is not None:
+                await self.hop(self._keys.flush)
 
 
 def _names(version: Version, size: int) -> list[str]:
@@ -832,8 +860,7 @@ class BlockWriter:
         await pages.hop(blockfile.install_all, [(p, d) for p, d, _, _ in named])
         self._spooled = []
         await self._unlock()
-        record = key_name(self._mount_id, key)
-        await pages.hop(blockfile.set_key, pages.root, self._mount_id, record, named[0][2].name)
+        pages.record_key(self._mount_id, key_name(self._mount_id, key), named[0][2].name)
         for _, _, bkey, length in named:
             pages.stats.written += 1
             pages._entered(bkey, length, self._pinned)

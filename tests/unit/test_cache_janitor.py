@@ -4,6 +4,7 @@ every writer, capacity and free-space floor, restart from a snapshot, rescans.""
 
 from __future__ import annotations
 
+import base64
 import multiprocessing
 import os
 import time
@@ -14,15 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cache.blockfile import set_key
 from gateway.cache.janitor import Janitor, read_stats
 from gateway.cache.journal import FILL, RECORD, JournalWriter, load_snapshot
+from gateway.cache.keyrecords import KeyRecords
 from gateway.cache.layout import (
     BLOCKS_DIR,
     JOURNAL_DIR,
     SNAPSHOT,
     block_path,
-    key_path,
     trailer,
 )
 from gateway.cache.pages import key_name
@@ -331,16 +331,40 @@ def test_rescan_adopts_an_unjournaled_block_and_forgets_a_vanished_one(root: str
 def test_rescan_removes_the_key_records_whose_block_is_gone(root: str) -> None:
     make_block(root, 1, 0)
     kept, gone = key_name(1, "kept"), key_name(1, "gone")
-    set_key(root, 1, kept, name_of(0).hex())
-    set_key(root, 1, gone, name_of(1).hex())  # its block 0 was evicted meanwhile
+    records = KeyRecords(root)
+    records.put(1, kept, name_of(0).hex())
+    records.put(1, gone, name_of(1).hex())  # its block 0 was evicted meanwhile
+    records.flush()
     janitor = Janitor(root, 100 * SIZE, 0, rescan_interval=0.0)
 
     def swept() -> bool:
         janitor.run_once()
-        return not os.path.lexists(key_path(root, 1, gone))
+        return KeyRecords(root).find(1, gone) is None
 
     eventually(swept)
-    assert os.path.lexists(key_path(root, 1, kept))
+    assert KeyRecords(root).find(1, kept) == name_of(0).hex()
+    janitor.stop()
+    records.close()
+
+
+def test_rescan_takes_in_the_symlink_records_of_an_older_cache(root: str) -> None:
+    """A cache written before keys.db kept a record as a symlink under keys/; the janitor's
+    rescan takes them into keys.db (and removes them), so a restart after an upgrade still
+    knows which keys it holds."""
+    make_block(root, 1, 0)
+    kept = key_name(1, "kept")
+    folder = os.path.join(root, "keys", "1", kept[:2], kept[2:4])
+    os.makedirs(folder)
+    target = base64.urlsafe_b64encode(name_of(0)).rstrip(b"=").decode()
+    os.symlink(target, os.path.join(folder, kept))
+    janitor = Janitor(root, 100 * SIZE, 0, rescan_interval=0.0)
+
+    def adopted() -> bool:
+        janitor.run_once()
+        return not os.path.exists(os.path.join(root, "keys"))
+
+    eventually(adopted)
+    assert KeyRecords(root).find(1, kept) == name_of(0).hex()
     janitor.stop()
 
 

@@ -263,7 +263,6 @@ MAX_LINES = 700
 OVER_MAX_LINES = {
     "gateway.cache.fills",
     "gateway.cache.pages",
-    "gateway.cache.blockfile",
 }
 
 

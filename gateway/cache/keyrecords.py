@@ -1,0 +1,209 @@
+"""Which version of a key the node's cache holds: key name -> the name of its block 0, per
+mount, kept across restarts so that a restarted node asks the store for a key's metadata (or
+lists its prefix) instead of fetching its first block again. A record is a hint: the block it
+names may have been evicted since, and is then forgotten when met.
+
+One SQLite file in the cache folder, `keys.db` (the standard library's sqlite3, WAL: readers
+never wait for a writer), shared by the node's workers. A fill records its key in memory
+(`put`, no I/O); the page store writes what was recorded in one transaction a flush
+(`flush`, on a thread, every JOURNAL_FLUSH), so a miss makes no file: before, each record
+was a symlink of its own under keys/<mount>/<ab>/<cd>/, a new inode (and often two new
+directories) a miss. `find` reads one row on the caller's thread (~5 us: the event loop may
+ask). What is not yet flushed when a process dies is lost, as a hint may be.
+
+The janitor's rescan removes records whose block 0 is gone (`sweep`) and takes in the
+symlinks of a cache written before this file existed (`adopt`).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Callable
+
+from gateway.cache.layout import KEYS_DIR, NAME
+
+log = logging.getLogger(__name__)
+
+FILE = "keys.db"
+_BUSY_MS = 50  # a flush waits this long for a sibling's, then keeps its records for the next
+_PENDING_MAX = 100_000  # records kept for a flush that keeps failing, past which they go
+_SWEEP_BATCH = 2_000  # rows read, checked and their dead ones deleted per transaction
+_DROP = ""  # a pending drop (its block 0 name follows in _pending's value)
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS held ("
+    " mount INTEGER NOT NULL, key BLOB NOT NULL, block0 BLOB NOT NULL,"
+    " PRIMARY KEY (mount, key)) WITHOUT ROWID"
+)
+
+
+def _connect(path: str, *, threads: bool) -> sqlite3.Connection:
+    db = sqlite3.connect(
+        path, timeout=_BUSY_MS / 1000, isolation_level=None, check_same_thread=not threads
+    )
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=OFF")  # a hint: a power cut may lose the last records
+    db.execute(_SCHEMA)
+    return db
+
+
+class KeyRecords:
+    """The node's records of cached keys (one object per process). `find` on any thread (a
+    connection of its own each); `flush`, `adopt` and `sweep` serialized by a lock."""
+
+    def __init__(self, root: str) -> None:
+        self.path = os.path.join(root, FILE)
+        self._writer = _connect(self.path, threads=True)
+        self._readers = threading.local()  # a connection per thread that reads
+        self._opened: list[sqlite3.Connection] = []
+        # (mount, key name) -> block 0 name (a put), or (_DROP, its name) (a drop if the
+        # record names that block), in the order given: the last word on each key.
+        self._pending: dict[tuple[int, str], str | tuple[str, str]] = {}
+        self._lock = threading.Lock()
+
+    def put(self, mount_id: int, key: str, block0: str) -> None:
+        """Record block0 as the cached version of the key (its name, pages.key_name)."""
+        self._pending[(mount_id, key)] = block0
+
+    def drop(self, mount_id: int, key: str, block0: str) -> None:
+        """Forget the key's record if it names block0 (a version retired)."""
+        self._pending[(mount_id, key)] = (_DROP, block0)
+
+    def find(self, mount_id: int, key: str) -> str | None:
+        """The block 0 recorded for the key, or None (not checked against the disk)."""
+        said = self._pending.get((mount_id, key))
+        if said is not None:
+            return said if isinstance(said, str) else None
+        try:
+            row = (
+                self._read()
+                .execute(
+                    "SELECT block0 FROM held WHERE mount = ? AND key = ?",
+                    (mount_id, bytes.fromhex(key)),
+                )
+                .fetchone()
+            )
+        except sqlite3.Error as exc:
+            log.info("cache: could not read the key records: %s", exc)
+            return None
+        return None if row is None else bytes(row[0]).hex()
+
+    def _read(self) -> sqlite3.Connection:
+        db: sqlite3.Connection | None = getattr(self._readers, "db", None)
+        if db is None:
+            db = self._readers.db = _connect(self.path, threads=True)
+            with self._lock:
+                self._opened.append(db)
+        return db
+
+    def flush(self) -> None:
+        """Write what was recorded since the last flush, in one transaction. Blocking."""
+        if not self._pending:
+            return
+        with self._lock:
+            pending, self._pending = self._pending, {}
+            puts = [(m, bytes.fromhex(k), bytes.fromhex(v)) for (m, k), v in pending.items()
+                    if isinstance(v, str)]  # fmt: skip
+            drops = [(m, bytes.fromhex(k), bytes.fromhex(v[1])) for (m, k), v in pending.items()
+                     if not isinstance(v, str)]  # fmt: skip
+            try:
+                with _transaction(self._writer) as db:
+                    db.executemany("INSERT OR REPLACE INTO held VALUES (?, ?, ?)", puts)
+                    db.executemany(
+                        "DELETE FROM held WHERE mount = ? AND key = ? AND block0 = ?", drops
+                    )
+            except sqlite3.Error as exc:
+                # Kept for the next flush (newer words on a key win), unless there are too many.
+                if len(pending) + len(self._pending) <= _PENDING_MAX:
+                    pending.update(self._pending)
+                    self._pending = pending
+                log.info("cache: could not write the key records (kept for later): %s", exc)
+
+    def sweep(self, alive: Callable[[int, str], bool], stop: threading.Event | None = None) -> int:
+        """Remove the records whose block 0 `alive(mount, name)` says is gone; how many went.
+        A batch at a time, so that workers' flushes go on between them. Blocking."""
+        removed = 0
+        after: tuple[int, bytes] = (-1, b"")
+        while not (stop is not None and stop.is_set()):
+            with self._lock:
+                rows = self._writer.execute(
+                    "SELECT mount, key, block0 FROM held WHERE (mount, key) > (?, ?)"
+                    " ORDER BY mount, key LIMIT ?",
+                    (*after, _SWEEP_BATCH),
+                ).fetchall()
+                if not rows:
+                    break
+                after = (rows[-1][0], rows[-1][1])
+                dead = [(m, k, b) for m, k, b in rows if not alive(m, bytes(b).hex())]
+                if dead:
+                    with _transaction(self._writer) as db:
+                        db.executemany(
+                            "DELETE FROM held WHERE mount = ? AND key = ? AND block0 = ?", dead
+                        )
+                    removed += len(dead)
+        return removed
+
+    def adopt(self, root: str, stop: threading.Event | None = None) -> int:
+        """Take in the symlink records of keys/<mount>/<ab>/<cd>/<name> that a cache written
+        before keys.db left, and remove them (and keys/ once empty). How many were taken."""
+        top = os.path.join(root, KEYS_DIR)
+        if not os.path.isdir(top):
+            return 0
+        taken = 0
+        for dirpath, _, files in os.walk(top, topdown=False):
+            if stop is not None and stop.is_set():
+                return taken
+            mount = _mount_of(top, dirpath)
+            for name in files:
+                path = os.path.join(dirpath, name)
+                with contextlib.suppress(OSError):
+                    block0 = _name_of(os.readlink(path)) if NAME.fullmatch(name) else None
+                    if mount is not None and block0 is not None:
+                        self.put(mount, name, block0)
+                        taken += 1
+                    os.unlink(path)
+            with contextlib.suppress(OSError):
+                os.rmdir(dirpath)
+            if len(self._pending) >= _SWEEP_BATCH:
+                self.flush()
+        self.flush()
+        return taken
+
+    def close(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self.flush()
+        with self._lock:
+            self._writer.close()
+            for db in self._opened:
+                db.close()
+            self._opened = []
+
+
+@contextlib.contextmanager
+def _transaction(db: sqlite3.Connection):  # type: ignore[no-untyped-def]
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def _mount_of(top: str, dirpath: str) -> int | None:
+    first = os.path.relpath(dirpath, top).split(os.sep)[0]
+    return int(first) if first.isdigit() else None
+
+
+def _name_of(target: str) -> str | None:
+    """A symlink record's target: its block 0's name in unpadded URL-safe base64."""
+    try:
+        raw = base64.urlsafe_b64decode(target + "=")
+    except ValueError:
+        return None
+    return raw.hex() if len(raw) == 32 else None
