@@ -59,6 +59,7 @@ import http.client
 import json
 import os
 import pstats
+import re
 import signal
 import subprocess
 import sys
@@ -103,6 +104,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
     p.add_argument("--load", action="store_true", help="objects loaded by `gateway load`")
     p.add_argument("--load-concurrency", type=int, default=32, help="the load's (32)")
+    p.add_argument(
+        "--capacity", default=None, help="the node's --cache-capacity (e.g. 20MiB: past it)"
+    )
+    p.add_argument(
+        "--strace", type=int, default=0,
+        help="cold GETs read under strace after the CPU run: the files each makes (0: none)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     from loadtest.procs import Cleanup
     from loadtest.sizes import parse_size
@@ -132,6 +140,7 @@ def _run(cleanup: Any, work: Path, args: argparse.Namespace, size: int) -> dict[
     keys = [f"w/{i:07d}.bin" for i in range(_WARM)]
     keys += [f"m/{i:07d}.bin" for i in range(args.objects)]
     keys += [f"p/{i:07d}.bin" for i in range(args.profile_objects)]
+    keys += [f"s/{i:07d}.bin" for i in range(args.strace)]
     total = len(keys)
     origin = _start_origin(cleanup, work, args.origin, keys, size)
     print(f"origin: {args.origin} at {origin}, {total} objects of {size} bytes")
@@ -142,12 +151,16 @@ def _run(cleanup: Any, work: Path, args: argparse.Namespace, size: int) -> dict[
     }  # fmt: skip
     what = "object loaded" if args.load else "cold GET"
 
-    node = _Node(cleanup, work, "cpu", "profile", origin, args.ttl)
+    sized = ("--cache-capacity", args.capacity) if args.capacity else ()
+    report["capacity"] = args.capacity
+    node = _Node(cleanup, work, "cpu", "profile", origin, args.ttl, sized)
     urls = node.presign(keys)
-    warm, measured, profiled = (
+    ends = _WARM + args.objects + args.profile_objects
+    warm, measured, profiled, straced = (
         urls[:_WARM],
         urls[_WARM : _WARM + args.objects],
-        urls[_WARM + args.objects :],
+        urls[_WARM + args.objects : ends],
+        urls[ends:],
     )
     _get_all(node.port, warm, args.readers)
     idle0 = _cpu(node.pid)
@@ -198,6 +211,8 @@ def _run(cleanup: Any, work: Path, args: argparse.Namespace, size: int) -> dict[
         time.sleep(0.5)
         node.switch(signal.SIGUSR2)
         report["top"] = _top(node.control / "profile.pstats", len(profiled), args.top)
+    if straced and not args.load:
+        report["files"] = _straced(node, work, straced, args.readers)
     node.stop()
     if args.load:
         return report
@@ -229,6 +244,70 @@ def _run(cleanup: Any, work: Path, args: argparse.Namespace, size: int) -> dict[
 
 def _pause() -> None:
     time.sleep(_TRACE_SETTLE)
+
+
+# What makes an inode (a new file, directory or symlink) and what makes a name for one.
+_MAKES_INODE = ("mkdir", "mkdirat", "symlink", "symlinkat")
+_MAKES_NAME = ("link", "linkat", "rename", "renameat", "renameat2")
+
+
+def _straced(node: _Node, work: Path, urls: list[str], readers: int) -> dict[str, Any]:
+    """Cold GETs under `strace -f` of the node (every thread): the inodes and names they make,
+    per GET. An open with O_CREAT that returned a descriptor counts as a new inode (the
+    page store's creates are all O_EXCL)."""
+    out = work / "strace.txt"
+    calls = ",".join(("open", "openat", *_MAKES_INODE, *_MAKES_NAME))
+    tracer = subprocess.Popen(
+        ["strace", "-f", "-qq", "-e", f"trace={calls}", "-o", str(out), "-p", str(node.pid)],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(1.0)  # attached to every thread
+        _get_all(node.port, urls, readers)
+        time.sleep(_SETTLE)  # the commits, the key records' batch, a janitor pass
+    finally:
+        tracer.terminate()
+        tracer.wait(timeout=30)
+    made: Counter[str] = Counter()
+    for line in out.read_text(errors="replace").splitlines():
+        call = line.split(None, 1)[-1].split("(", 1)[0]
+        result = line.rsplit("=", 1)[-1].strip().split(" ", 1)[0]
+        if not result.lstrip("-").isdigit() or int(result) < 0:
+            continue
+        if call in ("open", "openat"):
+            if "O_CREAT" in line:
+                made["O_CREAT " + _where(line)] += 1
+        elif call in _MAKES_INODE or call in _MAKES_NAME:
+            made[f"{call} {_where(line)}"] += 1
+    # The janitor's work on spare files (made ahead, evicted ones emptied) is off the miss
+    # path, on its own thread: counted apart.
+    miss = Counter({c: n for c, n in made.items() if not c.endswith(" spare")})
+    inodes = sum(n for c, n in miss.items() if c.startswith(("O_CREAT", *_MAKES_INODE)))
+    names = sum(n for c, n in miss.items() if c.split()[0] in _MAKES_NAME)
+    gets = len(urls)
+    figures = {
+        "gets": gets,
+        "inodes_per_get": round(inodes / gets, 2),
+        "names_per_get": round(names / gets, 2),
+        "calls": dict(made),
+    }
+    print(
+        f"\nfiles made by {gets} cold GETs (strace -f of the node, every thread): "
+        f"{figures['inodes_per_get']} new inodes a GET (O_CREAT opens, mkdirs, symlinks), "
+        f"{figures['names_per_get']} new names (links, renames); {dict(made)}"
+    )
+    return figures
+
+
+def _where(line: str) -> str:
+    """Which of the node's folders a traced call makes its file or name in: that of the last
+    path it names (a rename's or link's destination; an open's or mkdir's one path)."""
+    paths = re.findall(r'"([^"]*)"', line)
+    last = paths[-1] if paths else ""
+    for part in ("spare", "inflight", "blocks", "keys", "journal", "retired"):
+        if f"/{part}/" in last or last.endswith(f"/{part}"):
+            return part
+    return "other"
 
 
 def _commit() -> str:

@@ -16,9 +16,7 @@ import fcntl
 import logging
 import os
 import secrets
-import threading
 import time
-from collections.abc import Callable
 
 from awscrt.checksums import crc32c
 
@@ -30,6 +28,7 @@ from gateway.cache.layout import (
     RETIRED_DIR,
     TRAILER_SIZE,
     Checksums,
+    Corrupt,
     block_path,
     inflight_path,
     parse_trailer,
@@ -37,6 +36,7 @@ from gateway.cache.layout import (
     retired_path,
     tail_size,
 )
+from gateway.cache.spare import Spares
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +45,6 @@ _CREATE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 PRIVATE_GRACE = 10.0  # seconds a private name may stay unlocked before it counts as dead
 _SPOOL = ".w."
 RETIRED_MAX_AGE = 3600.0  # retired blocks older than this belong to a process that died
-
-
-class Corrupt(Exception):
-    """A block file whose size, trailer or checksum is wrong: drop it, never serve it."""
 
 
 def pread_exact(fd: int, length: int, start: int) -> bytes:
@@ -140,61 +136,6 @@ def check(fd: int, data_len: int) -> None:
     """Read the whole block and check it (size, trailer, CRC32C): Corrupt if it is damaged.
     Blocking; it also brings the block into the page cache."""
     read_fd(fd, data_len, 0, data_len, True)
-
-
-def sendable(fd: int, data_len: int, start: int, length: int) -> bool:
-    """Whether bytes [start, start+length) of a block file (of the right size for `data_len`)
-    are all in the page cache now, so that sending them does not wait for the disk: one
-    cachestat(2) (Linux 6.5+) and one fstat, ~2 us. Corrupt for a file of the wrong size."""
-    size = os.fstat(fd).st_size
-    if size not in (data_len + tail_size(data_len), data_len + TRAILER_SIZE):
-        raise Corrupt(f"block file of {size} bytes")
-    if _cachestat is None:
-        return False
-    first, last = start // _PAGE, (start + length - 1) // _PAGE
-    return _cachestat(fd, start, length) == last - first + 1
-
-
-def _cachestat_call() -> Callable[[int, int, int], int] | None:
-    """cachestat(2) through libc's syscall(), or None where the kernel lacks it."""
-    import ctypes
-
-    number = {"x86_64": 451, "aarch64": 451}.get(os.uname().machine)
-    if number is None:
-        return None
-
-    class _Range(ctypes.Structure):
-        _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
-
-    class _Stat(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_uint64) for n in ("cache", "dirty", "wb", "evicted", "recent")]
-
-    try:
-        syscall = ctypes.CDLL(None, use_errno=True).syscall
-    except (OSError, AttributeError):
-        return None
-    rng, stat = _Range(), _Stat()
-    rng_ref, stat_ref = ctypes.byref(rng), ctypes.byref(stat)
-    lock = threading.Lock()
-
-    def cachestat(fd: int, off: int, length: int) -> int:
-        with lock:
-            rng.off, rng.len = off, length
-            if syscall(number, fd, rng_ref, stat_ref, 0) != 0:
-                return -1
-            return int(stat.cache)
-
-    probe = os.open(os.path.dirname(os.path.abspath(__file__)), os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        ok = syscall(number, probe, rng_ref, stat_ref, 0) == 0 or ctypes.get_errno() != 38
-    finally:
-        os.close(probe)
-    return cachestat if ok else None
-
-
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-_cachestat = _cachestat_call()
-CACHESTAT = _cachestat is not None  # zero-copy sends need it (PageStore.region)
 
 
 def _check_whole(data: bytes | memoryview, tail: bytes, data_len: int, verify: bool) -> None:
@@ -298,28 +239,33 @@ FOLLOW = "follow"  # the fd reads another process's live fill: tail it
 PRESENT = "present"  # the block was committed meanwhile: read it (the fd is None)
 
 
-def claim(root: str, mount_id: int, name: str) -> tuple[str, int | None]:
+def claim(
+    root: str, mount_id: int, name: str, spares: Spares | None = None
+) -> tuple[str, int | None]:
     """Become the one filler of block `name` on this node, or find who is.
 
-    Creates the in-flight file under a private name, locks it, then links it to its public
-    name: the file is never visible unlocked, so a lock that can be taken means a dead filler.
+    Takes a spare file (spare.py: empty, locked) or else creates the in-flight file under a
+    private name and locks it, then links it to its public name: the file is never visible
+    unlocked, so a lock that can be taken means a dead filler.
     """
     public = inflight_path(root, name)
     final = block_path(root, mount_id, name)
     for _ in range(100):
         if os.path.exists(final):
             return PRESENT, None
-        fd, private = _private(f"{root}/{INFLIGHT_DIR}", name)
+        spare = spares.take() if spares is not None else None
+        fd, private = spare or _private(f"{root}/{INFLIGHT_DIR}", name)
         try:
             os.link(private, public)
         except FileExistsError:
-            os.close(fd)
+            os.close(fd)  # a spare stays one (still empty); a private file is removed below
         except FileNotFoundError:
             os.close(fd)  # a sweep took our private name for a dead one: make another
             continue
         except BaseException:
             os.close(fd)
-            remove(private)
+            if spare is None:
+                remove(private)
             raise
         else:
             remove(private)
@@ -329,20 +275,35 @@ def claim(root: str, mount_id: int, name: str) -> tuple[str, int | None]:
                 os.close(fd)
                 return PRESENT, None
             return CLAIMED, fd
-        remove(private)
-        try:
-            theirs = os.open(public, _READ)
-        except FileNotFoundError:
-            continue  # it just ended: look again
-        if filler_alive(theirs):
-            return FOLLOW, theirs
-        _remove_dead(theirs, public)
-        os.close(theirs)
+        if spare is None:
+            remove(private)
+        found = _busy(root, mount_id, name)
+        if found is not None:
+            return found
     raise OSError(f"could not claim the fill of block {name}")
 
 
+def _busy(root: str, mount_id: int, name: str) -> tuple[str, int | None] | None:
+    """Block `name` has a public in-flight file that is not ours: FOLLOW its live filler, or
+    None (look again) once a dead one's file is removed or the fill just ended."""
+    public = inflight_path(root, name)
+    try:
+        theirs = os.open(public, _READ)
+    except FileNotFoundError:
+        return None  # it just ended: look again
+    if filler_alive(theirs):
+        return FOLLOW, theirs
+    _remove_dead(theirs, public)
+    os.close(theirs)
+    return None
+
+
 def claim_all(
-    root: str, mount_id: int, names: list[str], block: str | None = None
+    root: str,
+    mount_id: int,
+    names: list[str],
+    block: str | None = None,
+    spares: Spares | None = None,
 ) -> tuple[list[tuple[str, int | None]], bool]:
     """claim() of each of `names` (the sub-blocks of one block), then whether `block` is being
     filled or is committed: a sub-block fill that finds so gives its claims up and reads the
@@ -352,7 +313,7 @@ def claim_all(
     claims: list[tuple[str, int | None]] = []
     try:
         for name in names:
-            claims.append(claim(root, mount_id, name))
+            claims.append(claim(root, mount_id, name, spares))
     except BaseException:
         release_all(root, names, claims)
         raise

@@ -379,7 +379,9 @@ class Fills:
         pages = self.pages
         for _ in range(_SETTLE_TRIES):
             try:
-                how, fd = await pages.hop(blockfile.claim, pages.root, bkey.mount_id, bkey.name)
+                how, fd = await pages.hop(
+                    blockfile.claim, pages.root, bkey.mount_id, bkey.name, pages.spares
+                )
             except OSError as exc:
                 pages.disk_trouble(f"could not claim block {bkey.name}", exc)
                 break
@@ -635,7 +637,7 @@ class Fills:
             try:
                 claims, busy = await pages.hop(
                     blockfile.claim_all, pages.root, bkey.mount_id, names,
-                    None if in_block else bkey.name,
+                    None if in_block else bkey.name, pages.spares,
                 )  # fmt: skip
             except OSError as exc:
                 pages.disk_trouble(f"could not claim sub-blocks of {bkey.name}", exc)

@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from gateway.cache import spare
 from gateway.cache.blockfile import sweep_inflight, sweep_retired
 from gateway.cache.journal import (
     ACCESS,
@@ -41,6 +42,7 @@ from gateway.cache.layout import (
     FLAG_PINNED,
     JANITOR_LOCK,
     NAME,
+    SPARE_DIR,
     STATS,
     TRAILER_SIZE,
     block_path,
@@ -52,6 +54,7 @@ log = logging.getLogger(__name__)
 _HEX2 = re.compile(r"[0-9a-f]{2}")
 _LOG_INTERVAL = 60.0  # seconds between two log lines about evictions (or failed passes)
 _NOTHING: dict[bytes, int] = {}
+_SPARES_MIN = 32  # spare block files kept however few fills take them
 
 Found = tuple[float, int, bytes, int]  # mtime, mount, name, size of one block file
 
@@ -232,6 +235,8 @@ class Janitor:
         self._unlogged = [0, 0, time.monotonic()]  # evictions, bytes, since
         self._failed_passes = 0
         self._failure_logged = 0.0
+        self._spares = 0  # spares left after the last pass
+        self.recycled = 0  # evicted files made spares
 
     def set_quotas(self, quotas: Mapping[int, int]) -> None:
         """Bytes per mount id, from the next pass on. Thread-safe."""
@@ -283,11 +288,18 @@ class Janitor:
             # a later pin in it, which the replay would wrongly lose, one pass wide.
             self._next_snapshot = now
         self._check_rescan(now)
-        free = self._evict()
+        spares = spare.count(self.root)
+        # What fills took since the last pass sets how many to keep (a node that misses
+        # little keeps few; one that misses fast, up to spare.TARGET).
+        wanted = min(spare.TARGET, max(_SPARES_MIN, 4 * (self._spares - spares)))
+        free, spares = self._evict(spares)
+        if spares < wanted:
+            spares += spare.make(self.root, min(spare.MAKE_MAX, wanted - spares))
+        self._spares = spares
         self._publish(free)
         if now >= self._next_sweep:
             self._next_sweep = now + self._sweep_interval
-            removed = sweep_inflight(self.root) + sweep_retired(self.root)
+            removed = sweep_inflight(self.root) + sweep_retired(self.root) + spare.sweep(self.root)
             if removed:
                 log.info("cache: removed %d files of fills and writes dead processes left", removed)
         if now >= self._next_snapshot:
@@ -307,7 +319,7 @@ class Janitor:
 
     def _become(self) -> bool:
         if self._lock_fd is None:
-            os.makedirs(self.root, exist_ok=True)
+            os.makedirs(os.path.join(self.root, SPARE_DIR), exist_ok=True)
             path = os.path.join(self.root, JANITOR_LOCK)
             self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
@@ -504,19 +516,27 @@ class Janitor:
                 len(gone),
             )
 
-    def _evict(self) -> int:
-        """Evict what the policy says; returns the free bytes of the file system."""
+    def _evict(self, spares: int) -> tuple[int, int]:
+        """Evict what the policy says, an evicted file made a spare (spare.py) while there are
+        fewer than spare.TARGET (`spares` now); returns the free bytes of the file system and
+        the spares then."""
         assert self._journal is not None
         free = _free_bytes(self.root)
         victims = self._policy.victims(max(0, self.min_free - free))
         if not victims:
             self._log_evictions()
-            return free
+            return free, spares
         failed: list[OSError] = []
         touched = self._rescan.touched if self._rescan is not None else None
         for mount, name, _ in victims:
+            path = block_path(self.root, mount, name.hex())
             try:
-                os.unlink(block_path(self.root, mount, name.hex()))
+                if spares < spare.TARGET:
+                    if spare.recycle(self.root, path):
+                        spares += 1
+                        self.recycled += 1
+                else:
+                    os.unlink(path)
             except FileNotFoundError:
                 pass
             except OSError as exc:
@@ -537,7 +557,7 @@ class Janitor:
         except OSError:  # only a later janitor reads them; a rescan makes up for their loss
             log.warning("cache: could not write the janitor's journal", exc_info=True)
         self._log_evictions()
-        return _free_bytes(self.root)
+        return _free_bytes(self.root), spares
 
     def _log_evictions(self, force: bool = False) -> None:
         count, freed, since = self._unlogged

@@ -5,6 +5,8 @@
                                                 of its block 0 (keyrecords.py)
     <root>/inflight/<name>                      blocks being filled (the filler holds an flock)
     <root>/inflight/.w.<token>[.<index>]        a write-through's lock and its spooled blocks
+    <root>/spare/<name>                         empty files a fill takes instead of making one
+                                                (spare.py)
     <root>/retired/<name>                       blocks of invalidated versions, kept a while for
                                                 the reads of them under way
     <root>/journal/<pid>-<token>.log            each process's record of fills, uses and drops
@@ -33,6 +35,7 @@ BLOCKS_DIR = "blocks"
 KEYS_DIR = "keys"  # where an older cache kept its key records (symlinks)
 INFLIGHT_DIR = "inflight"
 RETIRED_DIR = "retired"
+SPARE_DIR = "spare"
 JOURNAL_DIR = "journal"
 SNAPSHOT = "index.snap"
 JANITOR_LOCK = "janitor.lock"
@@ -46,6 +49,10 @@ PIECE = 16 << 10  # what a small range reads and checks at least: ~2 us here
 FLAG_PINNED = 1
 
 NAME = re.compile(r"[0-9a-f]{64}")
+
+
+class Corrupt(Exception):
+    """A block file whose size, trailer or checksum is wrong: drop it, never serve it."""
 
 
 def block_path(root: str, mount_id: int, name: str) -> str:

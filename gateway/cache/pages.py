@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from gateway.cache import blockfile, verity
+from gateway.cache import blockfile, resident, verity
 from gateway.cache.figures import PageStats
 from gateway.cache.janitor import Janitor, JanitorStats, read_stats
 from gateway.cache.journal import JournalWriter
@@ -42,12 +42,14 @@ from gateway.cache.layout import (
     INFLIGHT_DIR,
     JOURNAL_DIR,
     RETIRED_DIR,
+    SPARE_DIR,
     Checksums,
     block_path,
     file_size,
     retired_path,
 )
 from gateway.cache.memory import MemoryTier
+from gateway.cache.spare import Spares
 from gateway.cache.subblocks import SubKey
 
 log = logging.getLogger(__name__)
@@ -177,7 +179,7 @@ class PageStore:
         self._fsync = fsync
         self._io_threads = io_threads
         self._verify_sample = verify_sample
-        self._recheck = zero_copy_recheck if blockfile.CACHESTAT else 0.0
+        self._recheck = zero_copy_recheck if resident.CACHESTAT else 0.0
         self._seal_blocks = seal_blocks
         self.seals = False  # whether blocks are sealed when committed (open() probes)
         self._drop_delay = drop_delay
@@ -197,6 +199,7 @@ class PageStore:
         self._io: ThreadPoolExecutor | None = None
         self._journal: JournalWriter | None = None
         self._keys: KeyRecords | None = None
+        self.spares = Spares(self.root)  # empty files a fill takes (spare.py)
         self._janitor = (
             Janitor(
                 self.root,
@@ -217,7 +220,7 @@ class PageStore:
     async def open(self) -> None:
         if self._io is not None:
             raise RuntimeError("page store is already open")
-        for sub in (BLOCKS_DIR, INFLIGHT_DIR, JOURNAL_DIR, RETIRED_DIR):
+        for sub in (BLOCKS_DIR, INFLIGHT_DIR, JOURNAL_DIR, RETIRED_DIR, SPARE_DIR):
             os.makedirs(os.path.join(self.root, sub), exist_ok=True)
         self._io = ThreadPoolExecutor(self._io_threads, thread_name_prefix="cache-io")
         await self._probe_seals()
@@ -413,7 +416,7 @@ class PageStore:
             if self.seals and verity.is_sealed(fd):
                 # The kernel checks each page it reads from the disk: what the page cache
                 # holds of a sealed file was checked, and a damaged page is never in it.
-                if not blockfile.sendable(fd, length, start, end - start):
+                if not resident.sendable(fd, length, start, end - start):
                     os.close(fd)
                     return None
                 self.stats.sealed += 1
@@ -421,7 +424,7 @@ class PageStore:
                 await self.hop(blockfile.check, fd, length)
                 self._checked_now(name)
                 self.stats.rechecks += 1
-            elif not blockfile.sendable(fd, length, start, end - start):
+            elif not resident.sendable(fd, length, start, end - start):
                 os.close(fd)
                 return None
         except blockfile.Corrupt as exc:
@@ -462,7 +465,7 @@ class PageStore:
             if verify:
                 whole = blockfile.read_resident_fd(fd, length, True) is not None
             else:
-                whole = blockfile.sendable(fd, length, 0, length)
+                whole = resident.sendable(fd, length, 0, length)
         except (blockfile.Corrupt, OSError):
             # As peek_disk(): the full path reads it again and drops it if it is damaged.
             os.close(fd)

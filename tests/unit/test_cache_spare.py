@@ -1,0 +1,113 @@
+"""Spare block files (gateway/cache/spare.py): an evicted block's file becomes an empty spare
+only when no one has it open, a fill takes a spare instead of making a file, and a spare is
+never handed out with bytes in it or to two fillers at once."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gateway.cache import blockfile, spare
+from gateway.cache.janitor import Janitor
+from gateway.cache.layout import SPARE_DIR, Checksums, block_path, inflight_path
+from tests.unit.test_cache_janitor import DATA, SIZE, fill_blocks, name_of
+
+MOUNT = 1
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> str:
+    path = str(tmp_path / "cache")
+    for sub in ("blocks", "inflight", SPARE_DIR):
+        os.makedirs(os.path.join(path, sub))
+    return path
+
+
+def _spares(root: str) -> list[str]:
+    return sorted(os.listdir(os.path.join(root, SPARE_DIR)))
+
+
+def _commit(root: str, fd: int, name: str, data: bytes) -> None:
+    sums = Checksums()
+    sums.update(data)
+    assert blockfile.commit(fd, root, MOUNT, name, data, sums.tail(0), False, 0)
+
+
+def test_an_evicted_file_no_one_has_open_becomes_an_empty_spare(root: str) -> None:
+    fill_blocks(root, MOUNT, range(10))
+    janitor = Janitor(root, 5 * SIZE, 0, interval=3600.0)
+    janitor.run_once()
+    assert janitor.recycled == 5
+    kept = [i for i in range(10) if os.path.exists(block_path(root, MOUNT, name_of(i).hex()))]
+    assert len(kept) == 5
+    names = _spares(root)
+    assert len(names) >= 5  # the recycled ones, and the few made ahead
+    assert all(os.path.getsize(os.path.join(root, SPARE_DIR, n)) == 0 for n in names)
+    janitor.stop()
+
+
+def test_an_evicted_file_someone_reads_keeps_its_bytes_and_is_removed(root: str) -> None:
+    fill_blocks(root, MOUNT, range(1))
+    path = block_path(root, MOUNT, name_of(0).hex())
+    reader = os.open(path, os.O_RDONLY)  # a reader, a zero-copy send, a short-circuit client
+    try:
+        before = os.listdir(os.path.join(root, SPARE_DIR))
+        assert not spare.recycle(root, path)
+        assert not os.path.exists(path)
+        assert os.listdir(os.path.join(root, SPARE_DIR)) == before
+        assert os.pread(reader, DATA, 0) == b"x" * DATA  # the old bytes, whole
+    finally:
+        os.close(reader)
+
+
+def test_a_fill_takes_a_spare_instead_of_making_a_file(root: str) -> None:
+    assert spare.make(root, 3) == 3
+    inodes = {os.stat(os.path.join(root, SPARE_DIR, n)).st_ino for n in _spares(root)}
+    spares = spare.Spares(root)
+    name = "ab" * 32
+    how, fd = blockfile.claim(root, MOUNT, name, spares)
+    assert how == blockfile.CLAIMED and fd is not None
+    assert os.fstat(fd).st_ino in inodes
+    assert len(_spares(root)) == 2
+    _commit(root, fd, name, b"y" * 1000)
+    committed = os.stat(block_path(root, MOUNT, name))
+    assert committed.st_ino in inodes
+    assert blockfile.read(block_path(root, MOUNT, name), 1000, 0, 1000, True) == b"y" * 1000
+    assert spares.taken == 1
+
+
+def test_a_spare_is_taken_by_one_filler_only(root: str) -> None:
+    assert spare.make(root, 1) == 1
+    first, second = spare.Spares(root), spare.Spares(root)
+    taken = first.take()
+    assert taken is not None
+    assert second.take() is None  # locked by the first
+    how, fd = blockfile.claim(root, MOUNT, "cd" * 32, first)  # none left: a file is made
+    assert how == blockfile.CLAIMED and fd is not None
+    blockfile.discard(fd, root, "cd" * 32)
+    os.close(taken[0])
+    assert second.take() is not None  # given back untouched: still a spare
+
+
+def test_a_claim_that_finds_a_live_fill_leaves_its_spare_a_spare(root: str) -> None:
+    name = "ef" * 32
+    how, fd = blockfile.claim(root, MOUNT, name)
+    assert how == blockfile.CLAIMED and fd is not None
+    assert spare.make(root, 1) == 1
+    spares = spare.Spares(root)
+    how2, theirs = blockfile.claim(root, MOUNT, name, spares)
+    assert how2 == blockfile.FOLLOW and theirs is not None
+    os.close(theirs)
+    assert len(_spares(root)) == 1 and spares.take() is not None
+    assert os.path.exists(inflight_path(root, name))
+    blockfile.discard(fd, root, name)
+
+
+def test_a_spare_with_bytes_is_never_handed_out(root: str) -> None:
+    assert spare.make(root, 1) == 1
+    (name,) = _spares(root)
+    with open(os.path.join(root, SPARE_DIR, name), "wb") as f:
+        f.write(b"left over")
+    assert spare.Spares(root).take() is None
