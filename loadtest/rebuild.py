@@ -35,6 +35,7 @@ from pathlib import Path
 
 from awscrt.checksums import crc32c
 
+from gateway.cache import relayout
 from gateway.cache.janitor import Janitor, read_stats, scan_blocks
 from gateway.cache.journal import load_snapshot, write_snapshot
 from gateway.cache.layout import SNAPSHOT, block_path, trailer
@@ -172,6 +173,7 @@ def timed(fn: Callable[[], object]) -> float:
 def create_blocks(root: str, blocks: int, mounts: int, writers: int) -> None:
     """`writers` processes, forked (so they are in this thread's mount namespace), each making
     a share of the files; killed at once if this process stops (kill -9 too)."""
+    relayout.mark(root)  # written in the current layout: nothing for a node to move
     ctx, me, step = multiprocessing.get_context("fork"), os.getpid(), -(-blocks // writers)
     jobs = [(me, root, mounts, lo, min(lo + step, blocks)) for lo in range(0, blocks, step)]
     procs = [ctx.Process(target=_writer, args=job, daemon=True) for job in jobs]

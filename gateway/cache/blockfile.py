@@ -30,6 +30,7 @@ from gateway.cache.layout import (
     Checksums,
     Corrupt,
     block_path,
+    fan_out,
     inflight_path,
     parse_trailer,
     piece_crcs,
@@ -450,7 +451,7 @@ def commit(
         try:
             os.rename(public, dest)
         except FileNotFoundError:
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            fan_out(dest)  # the mount's first block
             os.rename(public, dest)
     except _Lost:
         log.info("cache: the fill of block %s was taken for a dead one while sealed", name)
@@ -567,7 +568,7 @@ def install_all(moves: list[tuple[str, str]]) -> None:
         try:
             os.replace(tmp, dest)
         except FileNotFoundError:
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            fan_out(dest)  # the mount's first block
             os.replace(tmp, dest)
 
 

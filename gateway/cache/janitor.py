@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from gateway.cache import spare
+from gateway.cache import relayout, spare
 from gateway.cache.blockfile import sweep_inflight, sweep_retired
 from gateway.cache.journal import (
     ACCESS,
@@ -106,8 +106,7 @@ def scan_blocks(root: str, stop: threading.Event | None = None) -> Iterator[Foun
             for d1 in _subdirs(m.path):
                 if stop is not None and stop.is_set():
                     raise _Stopped
-                for d2 in _subdirs(d1.path):
-                    yield from _scan_leaf(d2.path, d1.name + d2.name, int(m.name))
+                yield from _scan_leaf(d1.path, d1.name, int(m.name))
 
 
 class _Stopped(Exception):
@@ -320,6 +319,7 @@ class Janitor:
     def _become(self) -> bool:
         if self._lock_fd is None:
             os.makedirs(os.path.join(self.root, SPARE_DIR), exist_ok=True)
+            relayout.ensure(self.root)  # a folder an older version wrote
             path = os.path.join(self.root, JANITOR_LOCK)
             self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:

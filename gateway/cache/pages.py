@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from gateway.cache import blockfile, resident, verity
+from gateway.cache import blockfile, relayout, resident, verity
 from gateway.cache.figures import PageStats
 from gateway.cache.janitor import Janitor, JanitorStats, read_stats
 from gateway.cache.journal import JournalWriter
@@ -222,6 +222,7 @@ class PageStore:
             raise RuntimeError("page store is already open")
         for sub in (BLOCKS_DIR, INFLIGHT_DIR, JOURNAL_DIR, RETIRED_DIR, SPARE_DIR):
             os.makedirs(os.path.join(self.root, sub), exist_ok=True)
+        await asyncio.to_thread(relayout.ensure, self.root)  # a folder an older version wrote
         self._io = ThreadPoolExecutor(self._io_threads, thread_name_prefix="cache-io")
         await self._probe_seals()
         removed = await self.hop(blockfile.sweep_inflight, self.root)
@@ -233,6 +234,8 @@ class PageStore:
             self._keys = await asyncio.to_thread(KeyRecords, self.root)
         except sqlite3.Error as exc:  # hints only: the node serves without them
             log.warning("cache: could not open the key records: %s", exc)
+        else:
+            self.spawn(self._load_keys(self._keys))
         if self._janitor is not None:
             self._janitor.start()
         self._flusher = asyncio.create_task(self._flush_journal())
@@ -521,6 +524,8 @@ class PageStore:
         if keys is None:
             return False
         name = key_name(mount_id, key)
+        if not keys.might_hold(name):
+            return False
         block0 = keys.find(mount_id, name)
         if block0 is None:
             return False
@@ -666,6 +671,12 @@ class PageStore:
         if record is not None:
             self.record_key(entry.mount_id, record, entry.name)
         return True
+
+    async def _load_keys(self, keys: KeyRecords) -> None:
+        try:
+            await self.hop(keys.load)
+        except sqlite3.Error as exc:  # every cold miss reads a row then: slower, not wrong
+            log.warning("cache: could not load the key records: %s", exc)
 
     def record_key(self, mount_id: int, record: str, block0: str) -> None:
         """Remember block0 as the cached version of the key named `record` (written with the

@@ -448,6 +448,8 @@ def test_files_outside_the_layout_are_left_alone(root: str) -> None:
         f"{root}/{BLOCKS_DIR}/01/00/00/{name_of(0).hex()}",  # not a mount id as we write them
         f"{root}/{BLOCKS_DIR}/x/00/00/{name_of(0).hex()}",
         f"{root}/{BLOCKS_DIR}/1/ff/00/{name_of(0).hex()}",  # in another name's directory
+        f"{root}/{BLOCKS_DIR}/1/00/notes.txt",
+        f"{root}/{BLOCKS_DIR}/1/ff/{name_of(0).hex()}",  # in another name's directory
     ]
     for path in strangers:
         os.makedirs(os.path.dirname(path), exist_ok=True)

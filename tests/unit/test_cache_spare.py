@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cache import blockfile, spare
+from gateway.cache import blockfile, relayout, spare
 from gateway.cache.janitor import Janitor
 from gateway.cache.layout import SPARE_DIR, Checksums, block_path, inflight_path
 from tests.unit.test_cache_janitor import DATA, SIZE, fill_blocks, name_of
@@ -111,3 +111,35 @@ def test_a_spare_with_bytes_is_never_handed_out(root: str) -> None:
     with open(os.path.join(root, SPARE_DIR, name), "wb") as f:
         f.write(b"left over")
     assert spare.Spares(root).take() is None
+
+
+def test_a_mount_s_first_block_makes_all_its_directories_and_no_later_miss_makes_one(
+    root: str,
+) -> None:
+    made = []
+    for i in range(40):
+        name = f"{i:02x}" * 32
+        how, fd = blockfile.claim(root, MOUNT, name)
+        assert how == blockfile.CLAIMED and fd is not None
+        _commit(root, fd, name, b"z" * 10)
+        made.append(len(os.listdir(os.path.join(root, "blocks", str(MOUNT)))))
+    assert made == [256] * 40
+    assert blockfile.read(block_path(root, MOUNT, "27" * 32), 10, 0, 10, True) == b"z" * 10
+
+
+def test_a_cache_written_with_two_levels_of_directories_is_moved_once_and_kept(
+    root: str,
+) -> None:
+    names = [f"{i:02x}" * 32 for i in range(5)]
+    for name in names:
+        old = os.path.join(root, "blocks", str(MOUNT), name[:2], name[2:4], name)
+        os.makedirs(os.path.dirname(old), exist_ok=True)
+        with open(old, "wb") as f:
+            sums = Checksums()
+            sums.update(b"q" * 10)
+            f.write(b"q" * 10 + sums.tail(0))
+    assert relayout.ensure(root) == len(names)
+    for name in names:
+        assert blockfile.read(block_path(root, MOUNT, name), 10, 0, 10, True) == b"q" * 10
+        assert not os.path.exists(os.path.join(root, "blocks", str(MOUNT), name[:2], name[2:4]))
+    assert relayout.ensure(root) == 0  # the folder says it is current now
