@@ -245,6 +245,7 @@ class Janitor:
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError("janitor already started")
+        spare.quiet_lease_breaks()  # evicted files become spares only then
         self._thread = threading.Thread(target=self._loop, name="cache-janitor", daemon=True)
         self._thread.start()
 

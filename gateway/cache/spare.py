@@ -25,6 +25,7 @@ import logging
 import os
 import random
 import secrets
+import signal
 import threading
 
 from gateway.cache.layout import SPARE_DIR
@@ -102,10 +103,27 @@ def count(root: str) -> int:
         return 0
 
 
+def quiet_lease_breaks() -> bool:
+    """Ignore SIGIO in this process, so that a lease broken by an opener (one that found the
+    file by its old name just before it was moved) cannot end it: the kernel tells a lease's
+    holder with SIGIO, whose default action ends the process. Called from the main thread
+    (signal handlers are set there) when the janitor starts; whether leases may be taken."""
+    if signal.getsignal(signal.SIGIO) is signal.SIG_DFL:
+        try:
+            signal.signal(signal.SIGIO, signal.SIG_IGN)
+        except ValueError:  # not the main thread: no leases, evicted files are removed
+            return False
+    return True
+
+
 def recycle(root: str, path: str) -> bool:
     """Make the evicted block file at `path` a spare if no process has it open; else (or when
     the file system cannot tell, or the file is sealed: fs-verity files are read-only for
-    good) remove it. Whether it became a spare. Either way nothing is left at `path`."""
+    good, or SIGIO is not ignored: quiet_lease_breaks) remove it. Whether it became a spare.
+    Either way nothing is left at `path`."""
+    if signal.getsignal(signal.SIGIO) is signal.SIG_DFL:
+        _remove(path)
+        return False
     name = secrets.token_hex(8)
     moving = f"{root}/{SPARE_DIR}/{_RECYCLING}{name}"
     try:

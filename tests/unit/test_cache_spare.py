@@ -4,8 +4,12 @@ never handed out with bytes in it or to two fillers at once."""
 
 from __future__ import annotations
 
+import fcntl
+import multiprocessing
 import os
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,6 +40,7 @@ def _commit(root: str, fd: int, name: str, data: bytes) -> None:
 
 
 def test_an_evicted_file_no_one_has_open_becomes_an_empty_spare(root: str) -> None:
+    assert spare.quiet_lease_breaks()  # as Janitor.start does, in the main thread
     fill_blocks(root, MOUNT, range(10))
     janitor = Janitor(root, 5 * SIZE, 0, interval=3600.0)
     janitor.run_once()
@@ -52,6 +57,7 @@ def test_an_evicted_file_someone_reads_keeps_its_bytes_and_is_removed(root: str)
     fill_blocks(root, MOUNT, range(1))
     path = block_path(root, MOUNT, name_of(0).hex())
     reader = os.open(path, os.O_RDONLY)  # a reader, a zero-copy send, a short-circuit client
+    assert spare.quiet_lease_breaks()
     try:
         before = os.listdir(os.path.join(root, SPARE_DIR))
         assert not spare.recycle(root, path)
@@ -143,3 +149,36 @@ def test_a_cache_written_with_two_levels_of_directories_is_moved_once_and_kept(
         assert blockfile.read(block_path(root, MOUNT, name), 10, 0, 10, True) == b"q" * 10
         assert not os.path.exists(os.path.join(root, "blocks", str(MOUNT), name[:2], name[2:4]))
     assert relayout.ensure(root) == 0  # the folder says it is current now
+
+
+def _hold_a_lease(path: str, ready: Any) -> None:
+    """A janitor's process holding a write lease when an opener comes: the kernel sends it
+    SIGIO, whose default action would end it. It lets the lease go once the break begins."""
+    spare.quiet_lease_breaks()
+    fd = os.open(path, os.O_RDWR)
+    fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+    ready.set()
+    while fcntl.fcntl(fd, fcntl.F_GETLEASE) == fcntl.F_WRLCK:
+        time.sleep(0.001)  # the break is the kernel's to begin: polled, it has no event
+    fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    os.close(fd)
+
+
+def test_an_open_that_breaks_the_janitor_s_lease_does_not_end_its_process(root: str) -> None:
+    path = os.path.join(root, SPARE_DIR, "leased")
+    with open(path, "wb"):
+        pass
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    holder = ctx.Process(target=_hold_a_lease, args=(path, ready))
+    holder.start()
+    try:
+        assert ready.wait(60)
+        fd = os.open(path, os.O_RDONLY)  # waits for the holder to let the lease go
+        os.close(fd)
+        holder.join(60)
+        assert holder.exitcode == 0  # -SIGIO had SIGIO kept its default action
+    finally:
+        if holder.is_alive():
+            holder.kill()
+            holder.join()
