@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 import time
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 import orjson
 
@@ -47,14 +47,18 @@ class AccessLog:
     """One JSON line per request, in the same shape as the other logs, written in batches.
 
     The logging module's per-record machinery (LogRecord, handler lock, formatter walking the
-    record) cost about a fifth of a small cache hit; this builds the line directly and writes
-    what gathered every `interval` seconds or `max_buffer` characters (and on close).
+    record) cost about a fifth of a small cache hit; this builds the line directly, as bytes,
+    and writes what gathered every `interval` seconds or 64 KiB, in one write of the lines
+    joined (and on close: the node flushes it when it stops).
     """
 
     def __init__(self, stream: TextIO | None = None, interval: float = 0.25) -> None:
         self._stream = stream or sys.stderr
+        # Bytes go to the stream's binary layer, when it has one: not decoded per line to be
+        # encoded again per batch.
+        self._binary: BinaryIO | None = getattr(self._stream, "buffer", None)
         self._interval = interval
-        self._lines: list[str] = []
+        self._lines: list[bytes] = []
         self._size = 0
         self._timer: asyncio.TimerHandle | None = None
         self._second = -1
@@ -66,13 +70,16 @@ class AccessLog:
         if second != self._second:  # strftime once a second, milliseconds appended
             self._second = second
             self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        ts = f"{self._stamp}.{int((now - second) * 1000):03d}Z"
-        head = {"ts": ts, "level": "info", "logger": "gateway.access", "msg": "request"}
+        record = {
+            "ts": f"{self._stamp}.{int((now - second) * 1000):03d}Z",
+            "level": "info", "logger": "gateway.access", "msg": "request", **fields,
+        }  # fmt: skip
         try:
             # orjson: ~1 µs a line against ~8 for json (a tenth of a small hit's CPU).
-            line = orjson.dumps(head | fields, default=str).decode()
+            line = orjson.dumps(record, default=str)
         except orjson.JSONEncodeError:  # a key with a lone surrogate, say: json writes it
-            line = json.dumps(head | fields, ensure_ascii=False, default=str)
+            text = json.dumps(record, ensure_ascii=False, default=str)
+            line = text.encode("utf-8", "backslashreplace")  # as sys.stderr writes it
         self._lines.append(line)
         self._size += len(line)
         if self._size >= 64 << 10:
@@ -86,5 +93,11 @@ class AccessLog:
             self._timer = None
         if self._lines:
             lines, self._lines, self._size = self._lines, [], 0
-            self._stream.write("\n".join(lines) + "\n")
-            self._stream.flush()
+            batch = b"\n".join(lines) + b"\n"
+            if self._binary is not None:
+                self._stream.flush()  # what the text layer holds goes first
+                self._binary.write(batch)
+                self._binary.flush()
+            else:
+                self._stream.write(batch.decode("utf-8", "backslashreplace"))
+                self._stream.flush()
