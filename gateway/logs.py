@@ -43,6 +43,31 @@ def setup_logging(level: str = "info") -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
+_HEAD = {"level": "info", "logger": "gateway.access", "msg": "request"}
+
+
+def _dumps(record: dict[str, Any]) -> bytes:
+    try:
+        # orjson: ~1 µs a line against ~8 for json (a tenth of a small hit's CPU).
+        return orjson.dumps(record, default=str)
+    except orjson.JSONEncodeError:  # a key with a lone surrogate, say: json writes it
+        text = json.dumps(record, ensure_ascii=False, default=str)
+        return text.encode("utf-8", "backslashreplace")  # as sys.stderr writes it
+
+
+def fields(values: dict[str, Any]) -> bytes | None:
+    """`values` as they appear within an access-log line (its "name":value pairs, joined by
+    commas), for AccessLog.write_parts; None for values only write() writes (a lone
+    surrogate: json's line)."""
+    try:
+        return orjson.dumps(values, default=str)[1:-1]
+    except orjson.JSONEncodeError:
+        return None
+
+
+_HEAD_FIELDS = orjson.dumps(_HEAD)[1:-1] + b","
+
+
 class AccessLog:
     """One JSON line per request, in the same shape as the other logs, written in batches.
 
@@ -65,21 +90,29 @@ class AccessLog:
         self._stamp = ""
 
     def write(self, fields: dict[str, Any]) -> None:
+        record = {"ts": self._ts(), **_HEAD, **fields}
+        self._add(_dumps(record))
+
+    def write_parts(self, request_id: str, before_ms: bytes, ms: float, after_ms: bytes) -> None:
+        """The line write() makes of {"request_id": request_id, <before_ms>, "ms": ms,
+        <after_ms>}, where the parts are fields() of what comes before and after "ms": an
+        answer whose other fields repeat (a cache hit of an object) keeps its parts, and each
+        line costs the formatting of its varying fields only."""
+        self._add(
+            b'{"ts":"%s",%s"request_id":%s,%s,"ms":%s,%s}'
+            % (self._ts().encode(), _HEAD_FIELDS, orjson.dumps(request_id), before_ms,
+               orjson.dumps(round(ms, 3)), after_ms)
+        )  # fmt: skip
+
+    def _ts(self) -> str:
         now = time.time()
         second = int(now)
         if second != self._second:  # strftime once a second, milliseconds appended
             self._second = second
             self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        record = {
-            "ts": f"{self._stamp}.{int((now - second) * 1000):03d}Z",
-            "level": "info", "logger": "gateway.access", "msg": "request", **fields,
-        }  # fmt: skip
-        try:
-            # orjson: ~1 µs a line against ~8 for json (a tenth of a small hit's CPU).
-            line = orjson.dumps(record, default=str)
-        except orjson.JSONEncodeError:  # a key with a lone surrogate, say: json writes it
-            text = json.dumps(record, ensure_ascii=False, default=str)
-            line = text.encode("utf-8", "backslashreplace")  # as sys.stderr writes it
+        return f"{self._stamp}.{int((now - second) * 1000):03d}Z"
+
+    def _add(self, line: bytes) -> None:
         self._lines.append(line)
         self._size += len(line)
         if self._size >= 64 << 10:

@@ -409,6 +409,12 @@ def test_every_answer_is_in_the_access_log_after_a_graceful_stop(tmp_path: Path)
     lines = [json.loads(x) for x in node.log().splitlines() if '"gateway.access"' in x]
     logged = {line["request_id"]: line for line in lines if line["request_id"] in ids}
     assert sorted(logged) == sorted(ids)
+    # The edge's lines (rendered from parts kept per object) and the full path's alike.
+    assert {tuple(line) for line in logged.values()} == {
+        ("ts", "level", "logger", "msg", "request_id", "op", "method", "bucket", "key",
+         "status", "bytes", "ms", "cache", "access_key"),
+    }  # fmt: skip
+    assert {line["cache"] for line in logged.values()} >= {"hit"}
     for request_id, op in ids.items():
         line = logged[request_id]
         assert (line["op"], line["bucket"], line["key"], line["status"]) == (
