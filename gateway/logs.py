@@ -87,30 +87,37 @@ class AccessLog:
         self._size = 0
         self._timer: asyncio.TimerHandle | None = None
         self._second = -1
-        self._stamp = ""
+        self._stamp = b""
+        self._milli = -1
+        self._stamp_ms = b""
 
     def write(self, fields: dict[str, Any]) -> None:
-        record = {"ts": self._ts(), **_HEAD, **fields}
+        record = {"ts": self._ts().decode(), **_HEAD, **fields}
         self._add(_dumps(record))
 
-    def write_parts(self, request_id: str, before_ms: bytes, ms: float, after_ms: bytes) -> None:
+    def write_parts(self, request_id: bytes, before_ms: bytes, ms: float, after_ms: bytes) -> None:
         """The line write() makes of {"request_id": request_id, <before_ms>, "ms": ms,
-        <after_ms>}, where the parts are fields() of what comes before and after "ms": an
-        answer whose other fields repeat (a cache hit of an object) keeps its parts, and each
-        line costs the formatting of its varying fields only."""
+        <after_ms>}, where the parts are fields() of what comes before and after "ms" and
+        the request id is the node's own (letters and digits): an answer whose other fields
+        repeat (a cache hit of an object) keeps its parts, and each line costs the formatting
+        of its varying fields only."""
         self._add(
-            b'{"ts":"%s",%s"request_id":%s,%s,"ms":%s,%s}'
-            % (self._ts().encode(), _HEAD_FIELDS, orjson.dumps(request_id), before_ms,
-               orjson.dumps(round(ms, 3)), after_ms)
+            b'{"ts":"%s",%s"request_id":"%s",%s,"ms":%s,%s}'
+            % (self._ts(), _HEAD_FIELDS, request_id, before_ms, orjson.dumps(round(ms, 3)),
+               after_ms)
         )  # fmt: skip
 
-    def _ts(self) -> str:
-        now = time.time()
-        second = int(now)
-        if second != self._second:  # strftime once a second, milliseconds appended
-            self._second = second
-            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        return f"{self._stamp}.{int((now - second) * 1000):03d}Z"
+    def _ts(self) -> bytes:
+        """The time now, as the lines write it: formatted once a millisecond."""
+        milli = int(time.time() * 1000)
+        if milli != self._milli:
+            self._milli = milli
+            second, rest = divmod(milli, 1000)
+            if second != self._second:  # strftime once a second
+                self._second = second
+                self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)).encode()
+            self._stamp_ms = b"%s.%03dZ" % (self._stamp, rest)
+        return self._stamp_ms
 
     def _add(self, line: bytes) -> None:
         self._lines.append(line)

@@ -176,11 +176,12 @@ class FastHits:
             dated = self._dated = (default_headers, lines)
         rendered = self._rendered(bucket, key, info, checksums)
         head: list[bytes | memoryview]
+        rid = request_id.encode()
         if not partial and keep_alive:  # the template's: only the date and request id vary
-            head = [_STATUS, dated[1], rendered.head, request_id.encode(), rendered.tail]
+            head = [_STATUS, dated[1], rendered.head, rid, rendered.tail]
         else:
-            head = [_STATUS_PARTIAL if partial else _STATUS, dated[1], rendered.head]
-            head += [request_id.encode(), b"\r\n"]
+            head = [_STATUS_PARTIAL if partial else _STATUS, dated[1], rendered.head, rid]
+            head.append(b"\r\n")
             if partial:
                 head.append(b"content-range: bytes %d-%d/%d\r\n" % (start, end - 1, info.size))
             head.append(b"content-length: %d\r\n" % (end - start))
@@ -217,7 +218,7 @@ class FastHits:
             else:
                 parts = rendered.log[lookup] = _log_parts(op, verb, bucket, key, sent, access_key)
         if log is not None and parts is not None:
-            log.write_parts(request_id, parts[0], elapsed * 1000, parts[1])
+            log.write_parts(rid, parts[0], elapsed * 1000, parts[1])
         elif log is not None:
             log.write(
                 {

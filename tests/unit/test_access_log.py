@@ -44,7 +44,7 @@ def test_a_line_of_parts_is_the_line_of_its_fields(
     whole = {"request_id": "ABCDEF0123456789", **before, "ms": round(ms, 3), **after}
     parts_before, parts_after = fields(before), fields(after)
     assert parts_before is not None and parts_after is not None
-    made = _lines(lambda log: log.write_parts("ABCDEF0123456789", parts_before, ms, parts_after))
+    made = _lines(lambda log: log.write_parts(b"ABCDEF0123456789", parts_before, ms, parts_after))
     assert made == _lines(lambda log: log.write(whole))
     assert len(made) == 1 and made[0].startswith(b'{"ts":"T","level":"info","logger":')
 
