@@ -137,13 +137,18 @@ async def publish_forever(pages: PageStore, fills: Fills, folder: Path) -> None:
             log_once(f"figures not published: {exc}")
 
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(GATHER_SIGNAL, publish_now)
+    try:
+        loop.add_signal_handler(GATHER_SIGNAL, publish_now)
+        signalled = True
+    except (RuntimeError, ValueError):  # not the main thread: published on the tick only
+        signalled = False
     try:
         while True:
             publish_now()
             await asyncio.sleep(PUBLISH_INTERVAL)
     finally:
-        loop.remove_signal_handler(GATHER_SIGNAL)
+        if signalled:
+            loop.remove_signal_handler(GATHER_SIGNAL)
         publish_now()
 
 
