@@ -1,9 +1,10 @@
 """Where a warm hit's CPU goes, layer by layer: `python -m loadtest.hitprofile`.
 
 One node (`gateway serve --workers 1`, SQLite, a file mount, the access log on: the defaults
-but one worker) holds N objects of each size in its cache; wrk (rotate.lua) GETs them over
-presigned SigV4 URLs at C connections for D seconds, once per HTTP server (`--server gateway`,
-the node's own, and `--server uvicorn`), while py-spy samples the worker. Each sample is put
+but one worker; `--workers N` for several, every one sampled) holds N objects of each size in
+its cache; wrk (rotate.lua) GETs them over presigned SigV4 URLs at C connections for D
+seconds, once per HTTP server (`--server gateway`, the node's own, and `--server uvicorn`),
+while py-spy samples the worker. Each sample is put
 in the layer of the innermost frame that names one (the rules below, by file and function):
 
 - parse: the HTTP protocol's own code and the request head's parsing (gateway/server/,
@@ -124,6 +125,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--connections", type=int, default=64)
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--servers", default="gateway,uvicorn")
+    p.add_argument(
+        "--workers", type=int, default=1,
+        help="worker processes (several share their metrics through files: all are sampled)",
+    )  # fmt: skip
     p.add_argument("--rate", type=int, default=250, help="py-spy samples a second")
     p.add_argument("--top", type=int, default=0, help="print the N commonest leaf frames")
     p.add_argument(
@@ -170,7 +175,8 @@ def _profile(
     port = free_port()
     log = (work / f"{server}.log").open("wb")
     proc = subprocess.Popen(
-        [gateway, "serve", "--port", str(port), "--data-dir", str(data), "--workers", "1",
+        [gateway, "serve", "--port", str(port), "--data-dir", str(data),
+         "--workers", str(args.workers),
          "--server", server, "--admin-access-key", _KEY, "--admin-secret-key", _SECRET,
          *shlex.split(args.gateway_args)],
         stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -199,7 +205,8 @@ def _profile(
         spy = subprocess.Popen(
             [shutil.which("py-spy") or str(_BIN / "py-spy"), "record", "--pid", str(proc.pid),
              "--format", "raw", "--output", str(raw), "--rate", str(args.rate),
-             "--duration", str(int(args.seconds) + 2), "--nonblocking", "--gil"],
+             "--duration", str(int(args.seconds) + 2), "--nonblocking", "--gil",
+             *(["--subprocesses"] if args.workers > 1 else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         cpu0 = cpu_seconds(proc.pid)

@@ -1,14 +1,18 @@
 """Prometheus metrics of a node: requests, bytes and latency by operation, and the cache.
 
-Counters are bumped once per request after the reply is sent; cache figures are read from
-the cache's own statistics at scrape time, so the hit path pays for nothing twice.
+Request counters are bumped as plain numbers in each worker once per request after the reply
+is sent (gateway/counters.py) and added to the Prometheus instruments when published; cache
+figures are read from the cache's own statistics at scrape time, so the hit path pays for
+nothing twice.
 
 With several worker processes (`--workers`), a scrape reaches one of them but must answer for
 the node: `gateway serve` then points PROMETHEUS_MULTIPROC_DIR at a folder of the node's
 before the workers start, prometheus_client keeps every worker's counters and histograms in
-files there (its multiprocess mode), and each worker publishes its page-store figures there
-once a second; a scrape sums them all (counters of workers that have exited included, gauges
-of live workers only).
+files there (its multiprocess mode), and each worker publishes its request counters and its
+page-store figures there every PUBLISH_INTERVAL, at its stop, and when a scrape asks (the
+scraping worker signals its live siblings and waits, up to GATHER_WAIT, for each to have
+published: figures are exact at scrape time); a scrape sums them all (counters of workers
+that have exited included, gauges of live workers only).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import contextlib
 import json
 import logging
 import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,13 +32,20 @@ from prometheus_client import CollectorRegistry, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gateway import counters
 from gateway.cache import CacheFigures, Fills, JanitorStats, MountFigures, PageStore
 from gateway.counters import BUCKET_READS, REGISTRY
 from gateway.datadir import MULTIPROC_ENV
 
 log = logging.getLogger(__name__)
 
-PUBLISH_INTERVAL = 1.0  # seconds between a worker's publications of its cache figures
+PUBLISH_INTERVAL = 0.5  # seconds between a worker's publications of its figures
+# A scrape asks each live sibling worker to publish at once with this signal (its default
+# action is to ignore it: a process that has no handler for it is not harmed), and waits for
+# them up to GATHER_WAIT seconds; a worker that has not published by then is read as it last
+# published (at most PUBLISH_INTERVAL old).
+GATHER_SIGNAL = signal.SIGURG
+GATHER_WAIT = 0.5
 
 _COUNTERS = (
     ("gateway_cache_hits", "Clients' block reads answered by the cache", "hits"),
@@ -96,23 +109,93 @@ def publish(
 ) -> tuple[dict[str, float], BucketReads, MountCounts]:
     """Write this worker's cache figures and reads by bucket where the other workers' scrapes
     find them."""
+    global _published
+    counters.publish()  # the request metrics, into prometheus_client's files
     figures = _process_figures(pages, fills)
     buckets = _process_bucket_reads()
     mounts = _process_mount_counts(pages)
     path = folder / f"cache_{os.getpid()}.json"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"figures": figures, "buckets": buckets, "mounts": mounts}))
+    _published += 1
+    doc = {"figures": figures, "buckets": buckets, "mounts": mounts, "published": _published}
+    tmp.write_text(json.dumps(doc))
     os.replace(tmp, path)
     return figures, buckets, mounts
 
 
+_published = 0  # this worker's publications so far: a scrape waits for a sibling's to grow
+
+
 async def publish_forever(pages: PageStore, fills: Fills, folder: Path) -> None:
-    while True:
+    """Publish this worker's figures every PUBLISH_INTERVAL, when a sibling's scrape signals
+    (GATHER_SIGNAL), and once more when cancelled (the worker stops)."""
+
+    def publish_now() -> None:
         try:
             publish(pages, fills, folder)
         except OSError as exc:
-            log_once(f"cache figures not published: {exc}")
-        await asyncio.sleep(PUBLISH_INTERVAL)
+            log_once(f"figures not published: {exc}")
+
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(GATHER_SIGNAL, publish_now)
+        signalled = True
+    except (RuntimeError, ValueError):  # not the main thread: published on the tick only
+        signalled = False
+    try:
+        while True:
+            publish_now()
+            await asyncio.sleep(PUBLISH_INTERVAL)
+    finally:
+        if signalled:
+            loop.remove_signal_handler(GATHER_SIGNAL)
+        publish_now()
+
+
+async def gather() -> None:
+    """Before a scrape: this process's request metrics published, and with several workers
+    each live sibling asked to publish its own, waited for up to GATHER_WAIT seconds."""
+    counters.publish()
+    folder = shared_dir()
+    if folder is None:
+        return
+    asked: dict[int, int] = {}
+    for pid, published in _siblings(folder).items():
+        try:
+            os.kill(pid, GATHER_SIGNAL)
+        except OSError:
+            continue
+        asked[pid] = published
+    deadline = time.monotonic() + GATHER_WAIT
+    while asked and time.monotonic() < deadline:
+        await asyncio.sleep(0.002)
+        now = _siblings(folder)
+        asked = {pid: n for pid, n in asked.items() if now.get(pid, n) <= n and _alive(pid)}
+
+
+def _siblings(folder: Path) -> dict[int, int]:
+    """The other live workers of this node (processes of the same parent that published in
+    `folder`) and how many times each has published."""
+    found: dict[int, int] = {}
+    me, parent = os.getpid(), os.getppid()
+    for path in folder.glob("cache_*.json"):
+        try:
+            pid = int(path.stem.split("_", 1)[1])
+            if pid == me or _parent(pid) != parent:
+                continue
+            found[pid] = int(json.loads(path.read_text()).get("published", 0))
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue  # being replaced, or gone
+    return found
+
+
+def _parent(pid: int) -> int | None:
+    """The parent of process `pid` (Linux's /proc), or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 _logged: set[str] = set()
@@ -334,6 +417,7 @@ def scrape() -> CollectorRegistry:
     worker's request metrics (prometheus_client's multiprocess files) and the node's cache."""
     folder = shared_dir()
     if folder is None:
+        counters.publish()
         return REGISTRY
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=str(folder))

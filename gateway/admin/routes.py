@@ -35,6 +35,7 @@ def admin_app(ready: Callable[[], bool], checks: Checks | None = None) -> Starle
         return JSONResponse({"status": "not ready", "checks": found}, status_code=503)
 
     async def metrics(request: Request) -> Response:
+        await node_metrics.gather()  # every worker's figures published: exact at scrape time
         return Response(generate_latest(node_metrics.scrape()), media_type=CONTENT_TYPE_LATEST)
 
     return Starlette(

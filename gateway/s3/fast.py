@@ -13,13 +13,14 @@ the request then takes the full path, which gives the answer or the error S3 giv
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Literal, TypeVar
 from urllib.parse import unquote
 
 import httptools
 
 from gateway import counters, errors
-from gateway.logs import AccessLog
+from gateway.logs import AccessLog, fields
 from gateway.s3 import limits
 from gateway.s3.handlers import checksum_headers, object_headers
 from gateway.s3.http import Reply, new_request_id, parse_query
@@ -77,8 +78,9 @@ class FastHits:
         self._access_log = access_log
         # What each request target seen is (parsing it costs more than the rest of a hit).
         self._targets: dict[bytes, tuple[str, str, str, str] | Literal[False]] = {}
-        # Each object's header lines, for the version they were rendered from.
-        self._heads: dict[tuple[str, str, bool], tuple[ObjectInfo, bytes]] = {}
+        # Each object's header lines and its access-log lines' fixed parts, for the version
+        # they were rendered from.
+        self._heads: dict[tuple[str, str, bool], _Rendered] = {}
         # The server's default header fields (the date: a new list each second), rendered.
         self._dated: tuple[list[tuple[bytes, bytes]] | None, bytes] = (None, b"")
 
@@ -172,20 +174,20 @@ class FastHits:
         if dated[0] is not default_headers:  # a new second: the date rendered once
             lines = b"".join(b"%s: %s\r\n" % (name, value) for name, value in default_headers)
             dated = self._dated = (default_headers, lines)
-        head: list[bytes | memoryview] = [
-            _STATUS_PARTIAL if partial else _STATUS,
-            dated[1],
-            self._object_head(bucket, key, info, checksums),
-        ]
-        if partial:
-            head.append(b"content-range: bytes %d-%d/%d\r\n" % (start, end - 1, info.size))
-        head += [
-            b"x-amz-request-id: ", request_id.encode(), b"\r\n",
-            b"content-length: %d\r\n" % (end - start),
-        ]  # fmt: skip
-        if not keep_alive:
-            head.append(b"connection: close\r\n")
-        head.append(b"\r\n")
+        rendered = self._rendered(bucket, key, info, checksums)
+        head: list[bytes | memoryview]
+        rid = request_id.encode()
+        if not partial and keep_alive:  # the template's: only the date and request id vary
+            head = [_STATUS, dated[1], rendered.head, rid, rendered.tail]
+        else:
+            head = [_STATUS_PARTIAL if partial else _STATUS, dated[1], rendered.head, rid]
+            head.append(b"\r\n")
+            if partial:
+                head.append(b"content-range: bytes %d-%d/%d\r\n" % (start, end - 1, info.size))
+            head.append(b"content-length: %d\r\n" % (end - start))
+            if not keep_alive:
+                head.append(b"connection: close\r\n")
+            head.append(b"\r\n")
         op = "GetObject" if verb == "GET" else "HeadObject"
         sent = 0
         body: bytes | memoryview | FileRegion | None = None
@@ -205,8 +207,20 @@ class FastHits:
         elapsed = time.perf_counter() - started
         status = 206 if partial else 200
         counters.observe(op, status, "hit", sent, elapsed, bucket)
-        if self._access_log is not None:
-            self._access_log.write(
+        log = self._access_log
+        parts: tuple[bytes, bytes] | None = None
+        if log is not None and not partial:
+            # The line's fields but the request id and time are the same for every answer of
+            # this version by this op and key: rendered once.
+            lookup = (op, access_key)
+            if lookup in rendered.log:
+                parts = rendered.log[lookup]
+            else:
+                parts = rendered.log[lookup] = _log_parts(op, verb, bucket, key, sent, access_key)
+        if log is not None and parts is not None:
+            log.write_parts(rid, parts[0], elapsed * 1000, parts[1])
+        elif log is not None:
+            log.write(
                 {
                     "request_id": request_id,
                     "op": op,
@@ -222,20 +236,46 @@ class FastHits:
             )
         return b"".join(head), body
 
-    def _object_head(self, bucket: str, key: str, info: ObjectInfo, checksums: bool) -> bytes:
-        """The object's header lines, as the full path writes them: rendered once per version
-        (and checksum mode) while that version is the one served."""
+    def _rendered(self, bucket: str, key: str, info: ObjectInfo, checksums: bool) -> _Rendered:
+        """The object's header lines, as the full path writes them, and its log lines' fixed
+        parts: rendered once per version (and checksum mode) while that version is served."""
         kept = self._heads.get((bucket, key, checksums))
-        if kept is not None and kept[0] is info:
-            return kept[1]
+        if kept is not None and kept.info is info:
+            return kept
         reply = Reply()
         object_headers(reply, info, {})
         if checksums:
             checksum_headers(reply, info.checksums)
         reply.header("x-cache", "hit")
-        rendered = b"".join(b"%s: %s\r\n" % (name, value) for name, value in reply.headers)
-        _keep(self._heads, (bucket, key, checksums), (info, rendered))
+        head = b"".join(b"%s: %s\r\n" % (name, value) for name, value in reply.headers)
+        tail = b"\r\ncontent-length: %d\r\n\r\n" % info.size
+        rendered = _Rendered(info, head + b"x-amz-request-id: ", tail, {})
+        _keep(self._heads, (bucket, key, checksums), rendered)
         return rendered
+
+
+@dataclass(slots=True)
+class _Rendered:
+    """What the edge renders once per version of an object: its header lines up to the
+    request id's value, what follows that value in a whole answer on a kept-alive
+    connection (its length, the head's end), and the fixed parts of its access-log lines by
+    (op, access key) (logs.AccessLog.write_parts; None: write() writes them)."""
+
+    info: ObjectInfo
+    head: bytes
+    tail: bytes
+    log: dict[tuple[str, str | None], tuple[bytes, bytes] | None]
+
+
+def _log_parts(
+    op: str, verb: str, bucket: str, key: str, sent: int, access_key: str | None
+) -> tuple[bytes, bytes] | None:
+    """A whole answer's access-log fields before and after "ms", as write() writes them."""
+    before = fields(
+        {"op": op, "method": verb, "bucket": bucket, "key": key, "status": 200, "bytes": sent}
+    )
+    after = fields({"cache": "hit", "access_key": access_key})
+    return (before, after) if before is not None and after is not None else None
 
 
 def _keep(kept: dict[K, V], key: K, value: V) -> None:

@@ -102,7 +102,7 @@ class Outbox:
         queue = self._queue
         if not queue and not self._paused and not self._watching:
             batch = list(pieces)
-            if sum(len(p) for p in batch) <= SLICE:
+            if sum(map(len, batch)) <= SLICE:
                 self._transport.writelines(batch)
                 self._owner.sent()
                 return

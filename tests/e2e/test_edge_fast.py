@@ -8,6 +8,7 @@ deleted key, and the new bytes right after an overwrite."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -376,3 +377,48 @@ def test_a_hit_on_disk_is_answered_at_the_edge_only_from_the_page_cache(
     assert s3.get_object(Bucket="fast", Key="big.bin")["Body"].read() == BIG
     assert _fast(node) == before + 2
     assert node.metric("gateway_cache_corrupt_blocks") >= 1
+
+
+def test_every_answer_is_in_the_access_log_after_a_graceful_stop(tmp_path: Path) -> None:
+    # The access log is written in batches (a quarter second apart): the lines of the last
+    # answers before a stop are written as the workers stop, not lost with them.
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "small.bin").write_bytes(BODY)
+    data = tmp_path / "data"
+    run_cli(data, None, "mount", "add", "fast", files.as_uri(), "-o", "metadata_ttl=3600")
+    node = start_gateway(data, args=("--no-seal-blocks",))  # the default workers
+    try:
+        ids: dict[str, str] = {}
+        for _ in range(3):  # a new connection each: the workers warm their memory tiers
+            got = node.client().get_object(Bucket="fast", Key="small.bin")
+            ids[got["ResponseMetadata"]["HTTPHeaders"]["x-amz-request-id"]] = "GetObject"
+        for i in range(20):  # each on a connection of its own, over the workers
+            if i % 2:
+                got = node.client().head_object(Bucket="fast", Key="small.bin")
+                op = "HeadObject"
+            else:
+                got = node.client().get_object(Bucket="fast", Key="small.bin")
+                assert got["Body"].read() == BODY
+                op = "GetObject"
+            ids[got["ResponseMetadata"]["HTTPHeaders"]["x-amz-request-id"]] = op
+        fast = _fast(node)
+    finally:
+        assert node.stop()
+    assert fast > 0  # some were answered at the edge
+    lines = [json.loads(x) for x in node.log().splitlines() if '"gateway.access"' in x]
+    logged = {line["request_id"]: line for line in lines if line["request_id"] in ids}
+    assert sorted(logged) == sorted(ids)
+    # The edge's lines (rendered from parts kept per object) and the full path's alike.
+    assert {tuple(line) for line in logged.values()} == {
+        ("ts", "level", "logger", "msg", "request_id", "op", "method", "bucket", "key",
+         "status", "bytes", "ms", "cache", "access_key"),
+    }  # fmt: skip
+    assert {line["cache"] for line in logged.values()} >= {"hit"}
+    for request_id, op in ids.items():
+        line = logged[request_id]
+        assert (line["op"], line["bucket"], line["key"], line["status"]) == (
+            op, "fast", "small.bin", 200,
+        )  # fmt: skip
+        assert line["bytes"] == (len(BODY) if op == "GetObject" else 0)
+        assert line["level"] == "info" and line["msg"] == "request"

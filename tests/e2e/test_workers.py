@@ -157,6 +157,23 @@ def test_what_a_load_brought_in_is_a_hit_in_every_worker(
     assert origin.count() == 0, origin.count()
 
 
+def test_a_scrape_counts_every_workers_requests_exactly_at_once(
+    node: GatewayNode, origin: CountingProxy, origin_objects: str
+) -> None:
+    # Each worker counts its requests as plain numbers and publishes them on a tick; a scrape
+    # asks its siblings to publish first, so what was answered before it is all counted.
+    _mount(node, "counted", origin, "metadata_ttl=600")
+    for i in range(40):  # cached, and in the memory tier of the workers that read them
+        node.client().get_object(Bucket="counted", Key=f"ds/{i:03d}")["Body"].read()
+    eventually(lambda: node.metric("gateway_bucket_reads", 'bucket="counted"') >= 40, 5)
+    gets = 'op="GetObject",status="200"'
+    before = node.metric("gateway_requests", gets), node.metric("gateway_bucket_reads")
+    for i in range(40):  # a new connection each, spread over the workers
+        node.client().get_object(Bucket="counted", Key=f"ds/{i:03d}")["Body"].read()
+    after = node.metric("gateway_requests", gets), node.metric("gateway_bucket_reads")
+    assert after == (before[0] + 40, before[1] + 40)
+
+
 def test_a_mount_removed_by_the_cli_is_gone_from_every_worker_when_it_returns(
     node: GatewayNode, origin: CountingProxy, origin_objects: str
 ) -> None:

@@ -739,3 +739,65 @@ def test_a_client_that_takes_nothing_of_an_edge_answer_is_cut_off(tmp_path: Any)
             await server.drain()
 
     uvloop.run(main())
+
+
+def test_a_head_answered_at_the_edge_before_is_answered_again_as_the_parser_read_it() -> None:
+    """The same request bytes again (a presigned URL's GET, as clients repeat it) are answered
+    at the edge without being parsed again: the edge is asked with what the parser read the
+    first time (method, target, fields, keep-alive), on any connection; a `Connection: close`
+    is still closed after its answer; a head the edge declines now goes to the application,
+    read by the parser as any other; a head with an Authorization header is parsed each time."""
+    asked: list[tuple[bytes, bytes, list[tuple[bytes, bytes]], bool]] = []
+    read: list[Any] = []  # the fields lists the edge was given: one per parse
+    declining: set[bytes] = set()
+
+    def answer(method: bytes, target: bytes, fields: Any, keep_alive: bool, *_: Any) -> Any:
+        if target in declining:
+            return None
+        asked.append((method, target, list(fields), keep_alive))
+        read.append(fields)
+        body = b"edge %d" % len(asked)
+        return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body) + body, None
+
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        await _answer(send, 200, b"app " + scope["raw_path"])
+
+    plain = b"GET /obj?sig=1 HTTP/1.1\r\nHost: h\r\nUser-Agent: t  \r\n\r\n"
+    closing = b"GET /obj?sig=2 HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
+    signed = b"GET /obj?sig=3 HTTP/1.1\r\nHost: h\r\nAuthorization: AWS4 x\r\n\r\n"
+    fields = [(b"host", b"h"), (b"user-agent", b"t")]
+
+    async def main() -> None:
+        async with serving_edge(app, answer) as (_, port):
+            for _ in range(2):  # two connections, three requests each, one at a time
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                for _ in range(3):
+                    writer.write(plain)
+                    status, _, body = await _read_answer(reader)
+                    assert (status, body) == (b"HTTP/1.1 200 OK", b"edge %d" % len(asked))
+                writer.write(signed)
+                assert (await _read_answer(reader))[2] == b"edge %d" % len(asked)
+                writer.close()
+            assert asked[:3] == [(b"GET", b"/obj?sig=1", fields, True)] * 3
+            assert [a[1] for a in asked] == [b"/obj?sig=1"] * 3 + [b"/obj?sig=3"] + (
+                [b"/obj?sig=1"] * 3 + [b"/obj?sig=3"]
+            )
+            assert all(a == asked[0] for a in asked if a[1] == b"/obj?sig=1")
+            # Parsed once: the same bytes again are answered with what was read the first time.
+            assert all(read[i] is read[0] for i in (1, 2, 4, 5, 6))
+            assert read[7] is not read[3]  # an Authorization header: parsed each time
+            for _ in range(2):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(closing)
+                assert (await _read_answer(reader))[2] == b"edge %d" % len(asked)
+                assert await reader.read() == b""  # closed after it
+                writer.close()
+            assert [a[3] for a in asked[-2:]] == [False, False]
+            declining.add(b"/obj?sig=1")
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            for _ in range(2):
+                writer.write(plain)
+                assert (await _read_answer(reader))[2] == b"app /obj"
+            writer.close()
+
+    uvloop.run(main())
