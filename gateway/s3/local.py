@@ -99,13 +99,23 @@ def may_read(service: S3Service, access_key: str, bucket: str, key: str) -> bool
     the secret it proved), the bucket is mounted, and the key's user may s3:GetObject it
     (docs/tenants.md; a Unix socket has no source address, so a policy that asks for one
     refuses)."""
+    return may_read_all(service, access_key, bucket, [key])[0]
+
+
+def may_read_all(service: S3Service, access_key: str, bucket: str, keys: list[str]) -> list[bool]:
+    """may_read() of each of many keys of one bucket: what does not depend on the key (the
+    access key, the mount) decided once, the policy per key."""
     if service.secret_for(access_key) is None or not service.has_bucket(bucket):
-        return False
-    try:
-        service.authorize(access_key, "s3:GetObject", bucket, key, None)
-    except errors.AccessDenied:
-        return False
-    return True
+        return [False] * len(keys)
+    decisions = []
+    for key in keys:
+        try:
+            service.authorize(access_key, "s3:GetObject", bucket, key, None)
+        except errors.AccessDenied:
+            decisions.append(False)
+        else:
+            decisions.append(True)
+    return decisions
 
 
 class LocalReads:
@@ -305,6 +315,10 @@ class LocalReads:
         """Answer one request: its objects, their descriptors in messages of at most MAX_FDS."""
         try:
             bucket, keys, first, count = _parse(request)
+            if count == 0 and first == 0:
+                renewal = await self._renewal(access_key, bucket, keys, _fresh_for(request))
+                await _send(conn, {"objects": renewal, "more": False}, [])
+                return
             found = await self._find(access_key, bucket, keys, first, count)
         except errors.S3Error as exc:
             HANDED.labels(exc.code).inc()
@@ -350,6 +364,34 @@ class LocalReads:
         finally:
             for _, held_fds in items[done:]:
                 _close_all(held_fds)
+
+    async def _renewal(
+        self, access_key: str, bucket: str, keys: list[str], fresh_for: float
+    ) -> list[dict[str, object]]:
+        """A request of versions only (count 0: a lease renewal): each key's version and how
+        long it stays fresh, or its error, in one answer; no file looked up or opened. The
+        versions are looked up together (Reader.local_versions), keys fresh for less than
+        `fresh_for` seconds revalidated first."""
+        service = self._service
+        if not service.has_bucket(bucket):
+            raise errors.NoSuchBucket()
+        allowed = may_read_all(service, access_key, bucket, keys)
+        mine = [key for key, ok in zip(keys, allowed, strict=True) if ok]
+        looked_up = iter(await service.local_versions(bucket, mine, fresh_for))
+        objects: list[dict[str, object]] = []
+        denied = _error(errors.AccessDenied())
+        for ok in allowed:
+            found = next(looked_up) if ok else None
+            if found is None:
+                HANDED.labels(denied["error"]).inc()
+                objects.append(denied)
+            elif isinstance(found, errors.S3Error):
+                HANDED.labels(found.code).inc()
+                objects.append(_error(found))
+            else:
+                objects.append(_object(found, []))
+        _NONE.inc(sum(1 for o in objects if "error" not in o))
+        return objects
 
     async def _find(
         self, access_key: str, bucket: str, keys: list[str], first: int, count: int
@@ -442,6 +484,14 @@ def _parse(request: dict[str, object]) -> tuple[str, list[str], int, int]:
     for key in keys:
         limits.check_key(key)
     return bucket, keys, first, min(count, MAX_BLOCKS)
+
+
+def _fresh_for(request: dict[str, object]) -> float:
+    """A renewal's "fresh_for": seconds its versions should stay fresh at least (0: any)."""
+    value = request.get("fresh_for", 0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise errors.InvalidRequest('"fresh_for" is a number of seconds.')
+    return float(value)
 
 
 def _object(found: LocalBlocks, blocks: list[list[int]]) -> dict[str, object]:
