@@ -7,10 +7,11 @@ credentials, SO_PEERCRED). The client then proves its access key once for the co
 answers the node's nonce with a presigned SigV4 GET of `/_gateway/short-circuit?nonce=...`,
 verified as any presigned URL. After that, requests name a bucket and many keys, with no
 signature of their own; whether the connection's key may read each (bucket, key) is decided
-by ONE function, `may_read`, per key. The answer gives, for each key, the version (ETag,
-size), how long the client may trust it (the mount's metadata TTL) and, for each block this
-node holds, its length, with the descriptors attached (SCM_RIGHTS; an answer too large for
-one message, past 253 descriptors, comes as several). Blocks not cached are fetched first, the
+by ONE function, `may_read`, per key (`may_read_all`, the same decision for a request's
+keys). The answer gives, for each key, the version (ETag, size), how long the client may
+trust it (what is left of the mount's metadata TTL for it) and, for each block this node
+holds, its length, with the descriptors attached (SCM_RIGHTS; an answer too large for one
+message, past 253 descriptors, comes as several). Blocks not cached are fetched first, the
 keys of a request FETCHES at a time (one fetch for concurrent readers, as for HTTP); blocks of
 peers are not handed over (the client reads them over HTTP).
 
@@ -22,8 +23,10 @@ Messages, both ways: a 4-byte big-endian length, then that many bytes of JSON.
                         the connection is closed)
   client, then:         {"bucket": "...", "keys": ["...", ...], "first": 0, "count": 64}
   node:                 {"objects": [<object>, ...], "more": true|false}, repeated while "more";
-                        "count": 0 asks for versions only (no descriptor): a client
-                        renews its leases past the TTL with it, many keys a request
+                        "count": 0 asks for versions only (no descriptor, one message): a
+                        client renews its leases with it, many keys a request; with
+                        "fresh_for": s (at most half the TTL), versions the node knows fresh
+                        for less than s are revalidated first (a renewal ahead of the lapse)
     <object>:           {"etag": ..., "size": ..., "block_size": ..., "ttl": ...,
                          "blocks": [[index, length], ...]}   (descriptors in this order)
                         or {"error": "NoSuchKey", "status": 404, "message": "..."}
