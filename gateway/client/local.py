@@ -431,7 +431,7 @@ class ShortCircuit:
                     continue  # for good, or run out already: a read renews it
                 if lease.until - now < RENEW_BEFORE * ttls.get(bucket, lease.ttl):
                     due.setdefault(bucket, []).append(key)
-        held = [t for t in ttls.values() if t > 0]
+            held = [t for t in ttls.values() if t > 0]
         if not held or now - self._read_at > HOT_FOR * max(held):
             return {}, None
         return due, min(held)
