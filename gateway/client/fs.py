@@ -60,7 +60,8 @@ class GatewayFileSystem(AbstractFileSystem):
     and moves to the next that answers (those listed, then the fleet's other nodes) when its
     node stops answering; `local_socket` for short-circuit reads on the node's host,
     `max_descriptors` for the block files' descriptors it keeps (default: half the
-    process's limit)."""
+    process's limit), `renew_ahead` (default True) to renew leases in a thread of the
+    process before they lapse (docs/client.md, "Renewal")."""
 
     protocol = ("gw",)
     root_marker = ""
@@ -74,6 +75,7 @@ class GatewayFileSystem(AbstractFileSystem):
         local_socket: str | None = None,
         route: bool = True,
         max_descriptors: int | None = None,
+        renew_ahead: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -94,6 +96,7 @@ class GatewayFileSystem(AbstractFileSystem):
         self._pid = -1
         self._lock = threading.Lock()
         self.max_descriptors = max_descriptors
+        self.renew_ahead = renew_ahead
         self._local: ShortCircuit | None = None
         if self.local_socket:
             self._local = self._short_circuit()
@@ -192,7 +195,10 @@ class GatewayFileSystem(AbstractFileSystem):
 
     def _short_circuit(self) -> ShortCircuit:
         assert self.local_socket
-        return ShortCircuit(self.local_socket, self._sign_hello, self.stats, self.max_descriptors)
+        return ShortCircuit(
+            self.local_socket, self._sign_hello, self.stats, self.max_descriptors,
+            renew_ahead=self.renew_ahead,
+        )  # fmt: skip
 
     def _sign_hello(self, nonce: str) -> tuple[str, str]:
         """The short-circuit connection's hello: a presigned GET naming the node's nonce,

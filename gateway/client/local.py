@@ -12,10 +12,18 @@ lives while it is open), and names one version: a lease never outlives its TTL, 
 overwrite is read after at most that long, as through HTTP. A lease is also never kept past
 its node: when the node stops answering (its socket refuses, or it hung up the connection),
 every lease is dropped and the socket left alone for RETRY_AFTER seconds (reads go over HTTP).
+
+Leases of a process that reads are renewed ahead of their lapse, in a thread of the client's
+(`renew_ahead`): a lease with less than RENEW_BEFORE of its TTL left is renewed (the node's
+word that its version holds, many keys a request), so that a read past the TTL finds its
+lease valid rather than wait for a renewal. The renewer only ever extends a lease whose
+version the node confirmed, from the time it asked: a read is still never more than one TTL
+behind the store, and a lease of another version, or refused, runs out as it would have.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -24,6 +32,7 @@ import select
 import socket
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -39,6 +48,18 @@ MAX_KEYS = 1024  # keys asked in one request (as many as the node takes)
 # this many requests' worth. The node answers them from listings of their prefixes, a
 # thousand keys a store request (docs/cache.md, "Freshness"), not a request each.
 RENEW_AHEAD_REQUESTS = 8
+# Renewal ahead of the lapse (the renewer thread): a lease is renewed once less than this share
+# of its TTL is left, while the process has read within HOT_FOR of its TTLs (a process that
+# stopped reading lets its leases run out); the renewer looks every TICK of the shortest
+# mount's TTL leased from (at least MIN_TICK seconds, at most MAX_TICK).
+RENEW_BEFORE = 0.4
+# ... and the node asked for versions fresh for at least this share of the TTL (it lists their
+# prefix again where its newest listing is older): a renewal then lasts past the next look.
+FRESH_FOR = 0.5
+HOT_FOR = 4
+TICK = 0.1
+MIN_TICK = 0.05
+MAX_TICK = 5.0
 MAX_FDS = 253  # descriptors in one message (the kernel's SCM_MAX_FD)
 REFUSED_FOR = 60.0  # seconds a client whose uid the node refused reads over HTTP only
 RETRY_AFTER = 10.0  # seconds after the node stopped answering before its socket is tried again
@@ -90,7 +111,8 @@ class ShortCircuit:
     keeps the leases (its own copies of the descriptors) and opens its own connection.
 
     `sign_hello(nonce)` gives the presigned hello (request target, Host it was signed for);
-    `max_fds` bounds the descriptors held (default: half the process's limit)."""
+    `max_fds` bounds the descriptors held (default: half the process's limit);
+    `renew_ahead`: renew leases in a thread before they lapse (see the module)."""
 
     def __init__(
         self,
@@ -99,12 +121,20 @@ class ShortCircuit:
         stats: ClientStats | None = None,
         max_fds: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        renew_ahead: bool = True,
     ) -> None:
         self.path = path
         self._sign_hello = sign_hello
         self.stats = stats if stats is not None else ClientStats()
         self._max_fds = max_fds or _descriptor_budget()
         self._clock = clock
+        self._renew_ahead = renew_ahead
+        self._read_at = -float("inf")  # when this process last asked for a lease
+        # The longest a lease of each bucket was given: its mount's TTL, near enough (a lease
+        # lasts what is left of the node's TTL for the version).
+        self._ttls: dict[str, float] = {}
+        self._renewer: threading.Thread | None = None
+        self._closed = threading.Event()
         self._leases: OrderedDict[tuple[str, str], Lease] = OrderedDict()
         self._open_fds = 0
         self._lock = threading.Lock()  # the leases
@@ -116,6 +146,8 @@ class ShortCircuit:
         self._refused_until = -float("inf")  # the node refused this process's uid
         self._down_until = -float("inf")  # the node stopped answering: HTTP until then
         self._check_at = -float("inf")  # when to look again whether the node hung up
+        # A child forked while a thread of the parent held a lock would wait for it forever.
+        os.register_at_fork(after_in_child=functools.partial(_forked, weakref.ref(self)))
 
     def room(self) -> int:
         """Descriptors that more leases may take before older ones are let go."""
@@ -129,6 +161,7 @@ class ShortCircuit:
     def held(self, bucket: str, key: str) -> Lease | None:
         """The object's lease if one is held and still valid: no round trip."""
         now = self._clock()
+        self._read_at = now
         if now >= self._check_at:
             self._check_node(now)
         with self._lock:
@@ -153,6 +186,7 @@ class ShortCircuit:
         """Leases of many keys: those held, and the others asked of the node in as few
         requests as it takes (MAX_KEYS keys each). A key's error is its answer."""
         now = self._clock()
+        self._read_at = now
         if now >= self._check_at:
             self._check_node(now)
         found: dict[str, Lease | ShortCircuitError] = {}
@@ -212,6 +246,10 @@ class ShortCircuit:
         return blockfile.read_fd(fd, length, start, end - start, index not in lease.verified)
 
     def close(self) -> None:
+        self._closed.set()
+        renewer = self._renewer
+        if renewer is not None and renewer is not threading.current_thread():
+            renewer.join(timeout=5)
         with self._lock:
             for lease in self._leases.values():
                 lease.close()
@@ -265,10 +303,14 @@ class ShortCircuit:
                     old.close()
                 self._leases[(bucket, key)] = fresh
                 self._open_fds += len(fresh.fds)
+                if fresh.ttl > self._ttls.get(bucket, 0.0):
+                    self._ttls[bucket] = fresh.ttl
             while self._open_fds > self._max_fds and len(self._leases) > 1:
                 _, evicted = self._leases.popitem(last=False)
                 self._open_fds -= len(evicted.fds)
                 evicted.close()
+        if self._renew_ahead and any(isinstance(a, Lease) and a.ttl > 0 for a in asked.values()):
+            self._start_renewer()
 
     def _revalidate(
         self, bucket: str, keys: list[str], now: float, found: dict[str, Lease | ShortCircuitError]
@@ -310,6 +352,8 @@ class ShortCircuit:
                     found[key] = kept
                 else:
                     again.append(key)
+        if self._renew_ahead and any(isinstance(f, Lease) and f.ttl > 0 for f in found.values()):
+            self._start_renewer()  # the process reads again after a pause: renew ahead again
         return again
 
     def _renewed(
@@ -323,13 +367,12 @@ class ShortCircuit:
                 return None
             if "error" in answer:
                 refusal: Lease | ShortCircuitError | None = _refusal(answer)
-            elif (
-                answer.get("etag") == lease.etag and answer.get("size") == lease.size
-                and answer.get("block_size") == lease.block_size
-            ):  # fmt: skip
+            elif _names(answer, lease):
                 ttl = float(answer["ttl"])
                 lease.until = now + ttl if ttl >= 0 else float("inf")
                 lease.ttl = ttl
+                if ttl > self._ttls.get(bucket, 0.0):
+                    self._ttls[bucket] = ttl
                 self._leases.move_to_end((bucket, key))
                 self.stats.leases_renewed += 1
                 return lease
@@ -339,6 +382,93 @@ class ShortCircuit:
             self._open_fds -= len(lease.fds)
             lease.close()
             return refusal
+
+    # -- renewal ahead of the lapse (a thread of its own) ------------------------------------
+
+    def _start_renewer(self) -> None:
+        renewer = self._renewer
+        if (renewer is not None and renewer.is_alive()) or self._closed.is_set():
+            return
+        with self._lock:  # two threads keeping leases at once start one renewer
+            if self._renewer is not renewer:
+                return
+            self._renewer = threading.Thread(
+                target=self._renewing, name="gateway-lease-renewer", daemon=True
+            )
+            self._renewer.start()
+
+    def _renewing(self) -> None:
+        """Renew the leases near their lapse while the process reads; end when it stopped
+        reading for HOT_FOR of its TTLs, or holds no lease of a TTL (started again when it
+        leases or renews one)."""
+        tick = MIN_TICK
+        try:
+            while not self._closed.wait(tick):
+                if self._pid != os.getpid() or self._clock() < self._down_until:
+                    continue  # not this process's connection to use; the node is down
+                due, shortest = self._due(self._clock())
+                if shortest is None:
+                    return
+                tick = min(MAX_TICK, max(MIN_TICK, TICK * shortest))
+                for bucket, keys in due.items():
+                    self._renew(bucket, keys)
+        except Exception as exc:  # reads renew their leases themselves meanwhile
+            log.warning("short-circuit: leases not renewed ahead: %r", exc)
+        finally:
+            with self._lock:
+                if self._renewer is threading.current_thread():
+                    self._renewer = None
+
+    def _due(self, now: float) -> tuple[dict[str, list[str]], float | None]:
+        """The keys of the leases to renew now, by bucket: valid, with less than RENEW_BEFORE
+        of their mount's TTL left; and the shortest TTL of a mount leased from (None: no lease
+        of a TTL to renew, or the process stopped reading)."""
+        due: dict[str, list[str]] = {}
+        ttls = self._ttls
+        with self._lock:
+            for (bucket, key), lease in self._leases.items():
+                if lease.ttl <= 0 or now >= lease.until:
+                    continue  # for good, or run out already: a read renews it
+                if lease.until - now < RENEW_BEFORE * ttls.get(bucket, lease.ttl):
+                    due.setdefault(bucket, []).append(key)
+            held = [t for t in ttls.values() if t > 0]
+        if not held or now - self._read_at > HOT_FOR * max(held):
+            return {}, None
+        return due, min(held)
+
+    def _renew(self, bucket: str, keys: list[str]) -> None:
+        """Renew these leases, MAX_KEYS a request (count 0: the versions only), asking the node
+        for versions it knows fresh for at least FRESH_FOR of the mount's TTL (it revalidates
+        those it does not, from a listing of their prefix). A lease is only extended, from when
+        its request was sent, where the node names its version: one of another version,
+        refused or not answered is left to run out (a read then asks again); a reader may hold
+        it meanwhile, so its descriptors are never closed here."""
+        fresh_for = round(FRESH_FOR * self._ttls.get(bucket, 0.0), 3)
+        for i in range(0, len(keys), MAX_KEYS):
+            chunk = keys[i : i + MAX_KEYS]
+            now = self._clock()
+            try:
+                objects, fds = self._request({"bucket": bucket, "keys": chunk, "first": 0,
+                                              "count": 0, "fresh_for": fresh_for})  # fmt: skip
+            except ShortCircuitError:
+                return
+            _close(fds)  # none is asked for
+            if len(objects) != len(chunk):
+                return
+            renewed = 0
+            with self._lock:
+                for key, answer in zip(chunk, objects, strict=True):
+                    lease = self._leases.get((bucket, key))
+                    if lease is None or "error" in answer or not _names(answer, lease):
+                        continue
+                    ttl = float(answer["ttl"])
+                    until = now + ttl if ttl >= 0 else float("inf")
+                    if until > lease.until:
+                        lease.until, lease.ttl = until, ttl
+                        renewed += 1
+                    if ttl > self._ttls.get(bucket, 0.0):
+                        self._ttls[bucket] = ttl
+                self.stats.leases_renewed_ahead += renewed
 
     def _ask(
         self, bucket: str, keys: list[str], now: float
@@ -494,6 +624,27 @@ class ShortCircuit:
         self._inbox = b""
         _close(self._fd_queue)
         self._fd_queue = []
+
+
+def _names(answer: dict[str, Any], lease: Lease) -> bool:
+    """Whether the node's answer names the lease's version (and cuts it into the same blocks)."""
+    return bool(
+        answer.get("etag") == lease.etag and answer.get("size") == lease.size
+        and answer.get("block_size") == lease.block_size
+    )  # fmt: skip
+
+
+def _forked(ref: weakref.ReferenceType[ShortCircuit]) -> None:
+    """In a forked child: the parent's locks (a thread of the parent may have held one at the
+    fork) and renewer thread (not in the child) are not the child's."""
+    self = ref()
+    if self is not None:
+        self._lock = threading.Lock()
+        self._talking = threading.Lock()
+        self._renewer = None
+        closed, self._closed = self._closed, threading.Event()
+        if closed.is_set():
+            self._closed.set()
 
 
 def _refusal(answer: dict[str, Any]) -> ShortCircuitError:

@@ -19,6 +19,7 @@ class ClientStats:
     lease_requests: int = 0  # round trips on the node's socket (one asks for many objects)
     leases_reused: int = 0  # objects found leased already: no round trip
     leases_renewed: int = 0  # leases past their time kept: the node said the version holds
+    leases_renewed_ahead: int = 0  # leases renewed before their time (the renewer thread)
     connections: int = 0  # connections to the node's socket (each with its signed hello)
     leases_lost: int = 0  # leases dropped because the node on this host stopped answering
     failovers: int = 0  # moves to another node when the one in use stopped answering

@@ -7,10 +7,11 @@ credentials, SO_PEERCRED). The client then proves its access key once for the co
 answers the node's nonce with a presigned SigV4 GET of `/_gateway/short-circuit?nonce=...`,
 verified as any presigned URL. After that, requests name a bucket and many keys, with no
 signature of their own; whether the connection's key may read each (bucket, key) is decided
-by ONE function, `may_read`, per key. The answer gives, for each key, the version (ETag,
-size), how long the client may trust it (the mount's metadata TTL) and, for each block this
-node holds, its length, with the descriptors attached (SCM_RIGHTS; an answer too large for
-one message, past 253 descriptors, comes as several). Blocks not cached are fetched first, the
+by ONE function, `may_read`, per key (`may_read_all`, the same decision for a request's
+keys). The answer gives, for each key, the version (ETag, size), how long the client may
+trust it (what is left of the mount's metadata TTL for it) and, for each block this node
+holds, its length, with the descriptors attached (SCM_RIGHTS; an answer too large for one
+message, past 253 descriptors, comes as several). Blocks not cached are fetched first, the
 keys of a request FETCHES at a time (one fetch for concurrent readers, as for HTTP); blocks of
 peers are not handed over (the client reads them over HTTP).
 
@@ -22,10 +23,13 @@ Messages, both ways: a 4-byte big-endian length, then that many bytes of JSON.
                         the connection is closed)
   client, then:         {"bucket": "...", "keys": ["...", ...], "first": 0, "count": 64}
   node:                 {"objects": [<object>, ...], "more": true|false}, repeated while "more";
-                        "count": 0 asks for versions only (no descriptor): a client
-                        renews its leases past the TTL with it, many keys a request
+                        "count": 0 asks for versions only (no descriptor, one message): a
+                        client renews its leases with it, many keys a request; with
+                        "fresh_for": s (at most half the TTL), versions the node knows fresh
+                        for less than s are revalidated first (a renewal ahead of the lapse)
     <object>:           {"etag": ..., "size": ..., "block_size": ..., "ttl": ...,
-                         "blocks": [[index, length], ...]}   (descriptors in this order)
+                         "blocks": [[index, length], ...]}   (descriptors in this order;
+                         no "blocks" when "count" is 0)
                         or {"error": "NoSuchKey", "status": 404, "message": "..."}
   or, for the request:  {"error": "InvalidRequest", "status": 400, "message": "..."}
 """
@@ -39,6 +43,7 @@ import errno
 import fcntl
 import json
 import logging
+import math
 import os
 import resource
 import secrets
@@ -99,13 +104,23 @@ def may_read(service: S3Service, access_key: str, bucket: str, key: str) -> bool
     the secret it proved), the bucket is mounted, and the key's user may s3:GetObject it
     (docs/tenants.md; a Unix socket has no source address, so a policy that asks for one
     refuses)."""
+    return may_read_all(service, access_key, bucket, [key])[0]
+
+
+def may_read_all(service: S3Service, access_key: str, bucket: str, keys: list[str]) -> list[bool]:
+    """may_read() of each of many keys of one bucket: what does not depend on the key (the
+    access key, the mount) decided once, the policy per key."""
     if service.secret_for(access_key) is None or not service.has_bucket(bucket):
-        return False
-    try:
-        service.authorize(access_key, "s3:GetObject", bucket, key, None)
-    except errors.AccessDenied:
-        return False
-    return True
+        return [False] * len(keys)
+    decisions = []
+    for key in keys:
+        try:
+            service.authorize(access_key, "s3:GetObject", bucket, key, None)
+        except errors.AccessDenied:
+            decisions.append(False)
+        else:
+            decisions.append(True)
+    return decisions
 
 
 class LocalReads:
@@ -305,6 +320,10 @@ class LocalReads:
         """Answer one request: its objects, their descriptors in messages of at most MAX_FDS."""
         try:
             bucket, keys, first, count = _parse(request)
+            if count == 0 and first == 0:
+                renewal = await self._renewal(access_key, bucket, keys, _fresh_for(request))
+                await _send(conn, {"objects": renewal, "more": False}, [])
+                return
             found = await self._find(access_key, bucket, keys, first, count)
         except errors.S3Error as exc:
             HANDED.labels(exc.code).inc()
@@ -350,6 +369,42 @@ class LocalReads:
         finally:
             for _, held_fds in items[done:]:
                 _close_all(held_fds)
+
+    async def _renewal(
+        self, access_key: str, bucket: str, keys: list[str], fresh_for: float
+    ) -> list[dict[str, object]]:
+        """A request of versions only (count 0: a lease renewal): each key's version and how
+        long it stays fresh, or its error, in one answer; no file looked up or opened. The
+        versions are looked up together (Reader.local_versions), keys fresh for less than
+        `fresh_for` seconds revalidated first."""
+        service = self._service
+        if not service.has_bucket(bucket):
+            raise errors.NoSuchBucket()
+        allowed = may_read_all(service, access_key, bucket, keys)
+        mine = [key for key, ok in zip(keys, allowed, strict=True) if ok]
+        looked_up = iter(await service.local_versions(bucket, mine, fresh_for))
+        objects: list[dict[str, object]] = []
+        denied = _error(errors.AccessDenied())
+        answered = 0
+        for ok in allowed:
+            found = next(looked_up) if ok else None
+            if found is None:
+                HANDED.labels(denied["error"]).inc()
+                objects.append(denied)
+            elif isinstance(found, errors.S3Error):
+                HANDED.labels(found.code).inc()
+                objects.append(_error(found))
+            else:
+                # No "blocks" (none is asked for), the TTL cut to the millisecond below: a
+                # thousand floats' seventeen digits were a good part of the answer's JSON.
+                info, ttl = found.info, found.ttl
+                if ttl > 0:
+                    ttl = math.floor(ttl * 1000) / 1000
+                objects.append({"etag": info.etag, "size": info.size,
+                                "block_size": found.block_size, "ttl": ttl})  # fmt: skip
+                answered += 1
+        _NONE.inc(answered)
+        return objects
 
     async def _find(
         self, access_key: str, bucket: str, keys: list[str], first: int, count: int
@@ -442,6 +497,14 @@ def _parse(request: dict[str, object]) -> tuple[str, list[str], int, int]:
     for key in keys:
         limits.check_key(key)
     return bucket, keys, first, min(count, MAX_BLOCKS)
+
+
+def _fresh_for(request: dict[str, object]) -> float:
+    """A renewal's "fresh_for": seconds its versions should stay fresh at least (0: any)."""
+    value = request.get("fresh_for", 0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise errors.InvalidRequest('"fresh_for" is a number of seconds.')
+    return float(value)
 
 
 def _object(found: LocalBlocks, blocks: list[list[int]]) -> dict[str, object]:

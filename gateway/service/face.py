@@ -158,6 +158,13 @@ class S3Service:
         """local_blocks() of many keys, the files' paths not checked (short-circuit)."""
         return await self.reader.local_files(bucket, keys, count)
 
+    async def local_versions(
+        self, bucket: str, keys: list[str], fresh_for: float = 0.0
+    ) -> list[LocalBlocks | errors.S3Error]:
+        """Each key's version and how long it stays fresh, for a lease renewal (short-circuit);
+        keys fresh for less than `fresh_for` seconds revalidated first."""
+        return await self.reader.local_versions(bucket, keys, fresh_for)
+
     # -- service and buckets ---------------------------------------------------------------
 
     def list_buckets(self, caller: Caller | None) -> list[Bucket]:

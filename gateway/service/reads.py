@@ -635,6 +635,32 @@ class Reader:
             found.append(LocalBlocks(info, size, ttl, files))
         return found
 
+    async def local_versions(
+        self, bucket: str, keys: list[str], fresh_for: float = 0.0
+    ) -> list[LocalBlocks | errors.S3Error]:
+        """For a lease renewal of a client on this host (short-circuit): each key's current
+        version and how long it stays fresh (Versions.remaining), no file, or its error. Keys
+        the node knows for less than `fresh_for` more seconds are revalidated first, from
+        listings of their prefixes asked within the TTL less `fresh_for` (listed now where the
+        newest is older): a client renewing ahead of its lapse is answered a newer listing's
+        time, not the same end again, and never a listing older than the TTL."""
+        handle = self.mount(bucket)
+        versions = self.versions
+        if handle.ttl > 0 and fresh_for > 0:
+            fresh_for = min(fresh_for, handle.ttl / 2)
+            near = [k for k in keys if versions.remaining(handle, k) < fresh_for]
+            if len(near) > 1:
+                await versions.revalidator.cover(handle, near, fresh_for)
+                await versions.revalidating(handle, near)
+        size = handle.block_size
+        found: list[LocalBlocks | errors.S3Error] = []
+        for info in await self._versions(handle, keys):
+            if isinstance(info, errors.S3Error):
+                found.append(info)
+            else:
+                found.append(LocalBlocks(info, size, versions.remaining(handle, info.key), []))
+        return found
+
     async def _open_for_lease(self, handle: MountHandle, key: str) -> None:
         """Open the key for a client on this host, if this node knows no version of it: its
         block 0 filled here, or by the peer that owns it (whose bytes are not read: the client

@@ -92,12 +92,16 @@ class Revalidator:
         await self._list(handle, key)
         return self.lookup(handle, key)
 
-    async def cover(self, handle: MountHandle, keys: list[str]) -> None:
+    async def cover(self, handle: MountHandle, keys: list[str], fresh_for: float = 0.0) -> None:
         """List ahead so that a listing within the TTL spans each key (many keys wanted at
-        once: a lease renewal), side by side, until each is spanned or no listing helps."""
+        once: a lease renewal), side by side, until each is spanned or no listing helps;
+        `fresh_for`: within the TTL less this many seconds (a renewal ahead of the lapse)."""
         if handle.ttl <= 0 or len(keys) <= LONE:
             return
-        todo = sorted(k for k in keys if self.lookup(handle, k) is None)
+        since = self._wall() - handle.ttl + max(0.0, min(fresh_for, handle.ttl))
+        for prefix in {prefix_of(k) for k in keys}:
+            self._touch(handle, prefix)  # renewed from listings: keep them listed ahead
+        todo = sorted(k for k in keys if self.listed.lookup(handle.id, k, since) is None)
         while todo:
             # Each page that spans a key, from its edge; where no page began at a key's edge
             # yet, one from every PAGE-th such key instead (and the pages are walked from the
@@ -105,7 +109,6 @@ class Revalidator:
             # keys would cost 8 round trips in a row). All side by side.
             starts: dict[tuple[str, str], bool] = {}
             for prefix, in_prefix in itertools.groupby(todo, prefix_of):
-                self._touch(handle, prefix)
                 edges = self.listed.edges(handle.id, prefix)
                 unknown: list[str] = []
                 for key in in_prefix:
@@ -122,7 +125,7 @@ class Revalidator:
                 *(self._listing(handle, prefix, start, chained)
                   for (prefix, start), chained in starts.items())
             )  # fmt: skip
-            left = [k for k in todo if self.lookup(handle, k) is None]
+            left = [k for k in todo if self.listed.lookup(handle.id, k, since) is None]
             if len(left) == len(todo):
                 return  # no listing spans them (their TTL is shorter than a listing): alone
             todo = left

@@ -110,9 +110,10 @@ def test_a_warm_epoch_past_its_ttl_is_revalidated_by_listings(
 def test_leases_past_the_ttl_are_renewed_together_from_a_listing(
     node: GatewayNode, origin: CountingProxy, origin_s3: Any
 ) -> None:
+    # The renewal a read past the TTL makes (renewal ahead of the lapse: test_renewal.py).
     fs = GatewayFileSystem(
         skip_instance_cache=True, endpoint_url=node.url, key=ACCESS_KEY, secret=SECRET_KEY,
-        local_socket=str(node.data_dir / "gateway.sock"),
+        local_socket=str(node.data_dir / "gateway.sock"), renew_ahead=False,
     )  # fmt: skip
     try:
         keys = KEYS[100:400]

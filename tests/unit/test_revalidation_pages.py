@@ -136,3 +136,32 @@ def test_a_prefix_read_lately_is_kept_listed_ahead_so_readers_after_a_pause_wait
     # Every page again once its listing is older than AHEAD of the TTL (every other look
     # here), and nothing once the prefix has not been read for HOT_FOR TTLs.
     assert listed[:8] == [0, pages] * 4 and listed[8:] == [0, 0], listed
+
+
+def test_a_renewal_ahead_lists_again_each_page_older_than_the_ttl_less_fresh_for(
+    tmp_path: Path,
+) -> None:
+    # A client renewing its leases ahead of their lapse asks for versions fresh for half the
+    # TTL at least: a page listed more lately than that is enough, an older one is listed again
+    # (each page once), so that the renewal lasts past the client's next look.
+    clock, revalidator, handle = _dataset(tmp_path)
+    pages = math.ceil(len(KEYS) / PAGE)
+    fresh_for = TTL / 2
+
+    async def run() -> list[float]:
+        await revalidator.cover(handle, KEYS)
+        await revalidator.walked()  # the pages' edges are known
+        listed = []
+        for age in (0.4 * TTL, 0.6 * TTL, 0.2 * TTL):
+            clock.now += age
+            before = _listings()
+            await revalidator.cover(handle, random.Random(1).sample(KEYS, len(KEYS)), fresh_for)
+            await revalidator.walked()
+            listed.append(_listings() - before)
+            since = clock.now - TTL + fresh_for
+            assert all(revalidator.listed.lookup(handle.id, k, since) for k in KEYS), age
+        return listed
+
+    # Listed 0.4 TTL ago: within the TTL less fresh_for; then 1.0 TTL: every page again;
+    # then 0.2 TTL after that: none.
+    assert asyncio.run(run()) == [0, pages, 0]
