@@ -6,6 +6,7 @@ from gateway.service.authz import Caller
 from gateway.service.buckets import bucket_name_problem
 from gateway.service.conditions import ByteRange, Conditions, check_conditions, http_date
 from gateway.service.face import Bucket, S3Service
+from gateway.service.host_reads import LocalBlocks
 from gateway.service.inputs import CopySource, DeleteEntry, Deletion, ListQuery, UploadsQuery
 from gateway.service.loads import Block, FillBudget, Loads, Unpinned, listed_info
 from gateway.service.multipart import (
@@ -15,7 +16,7 @@ from gateway.service.multipart import (
     check_part_number,
 )
 from gateway.service.namespace import MountHandle, own_paths, store_options
-from gateway.service.reads import Chunk, FileRegion, LocalBlocks, ObjectResult
+from gateway.service.reads import Chunk, FileRegion, ObjectResult
 from gateway.service.store_errors import cause
 from gateway.service.writes import MAX_PUT_SIZE, WriteConditions
 from gateway.stores import ListPage, ObjectInfo, PartInfo, WriteAttrs

@@ -14,9 +14,10 @@ from gateway.service.authz import Caller
 from gateway.service.buckets import BucketDoor, Buckets, NoDoor
 from gateway.service.conditions import ByteRange, Conditions
 from gateway.service.encrypted import EncryptedReads
+from gateway.service.host_reads import HostReads, LocalBlocks
 from gateway.service.inputs import CopySource, DeleteEntry, Deletion, ListQuery, UploadsQuery
 from gateway.service.multipart import Multipart, PartListing, UploadListing
-from gateway.service.reads import FileRegion, HitAt, LocalBlocks, ObjectResult, Reader
+from gateway.service.reads import FileRegion, HitAt, ObjectResult, Reader
 from gateway.service.shared import Shared
 from gateway.service.store_errors import meta_unavailable, store_errors
 from gateway.service.writes import ObjectWriter, WriteConditions, check_encryption
@@ -56,6 +57,7 @@ class S3Service:
         self._shared = shared
         self._door: BucketDoor = door if door is not None else NoDoor()
         self.reader = Reader(shared, readahead)
+        self._host = HostReads(self.reader)  # clients on this host (short-circuit)
         self._writer = ObjectWriter(shared, self.reader)
         self.multipart = Multipart(shared, self.reader, self._writer, multipart_max_age)
         self._buckets = Buckets(shared, bucket_store, bucket_store_options or {}, self._door)
@@ -150,20 +152,20 @@ class S3Service:
 
     async def local_blocks(self, bucket: str, key: str, first: int, count: int) -> LocalBlocks:
         """The key's version and the files of its blocks this node holds (short-circuit)."""
-        return await self.reader.local_blocks(bucket, key, first, count)
+        return await self._host.local_blocks(bucket, key, first, count)
 
     async def local_files(
         self, bucket: str, keys: list[str], count: int
     ) -> list[LocalBlocks | errors.S3Error]:
         """local_blocks() of many keys, the files' paths not checked (short-circuit)."""
-        return await self.reader.local_files(bucket, keys, count)
+        return await self._host.local_files(bucket, keys, count)
 
     async def local_versions(
         self, bucket: str, keys: list[str], fresh_for: float = 0.0
     ) -> list[LocalBlocks | errors.S3Error]:
         """Each key's version and how long it stays fresh, for a lease renewal (short-circuit);
         keys fresh for less than `fresh_for` seconds revalidated first."""
-        return await self.reader.local_versions(bucket, keys, fresh_for)
+        return await self._host.local_versions(bucket, keys, fresh_for)
 
     # -- service and buckets ---------------------------------------------------------------
 

@@ -245,7 +245,7 @@ PAST_THE_FACE: set[tuple[str, str]] = {
     ("gateway.service.opening", "gateway.cluster.peers"),
     ("gateway.service.opening", "gateway.cluster.placement"),
     ("gateway.service.plan", "gateway.cluster.placement"),
-    ("gateway.service.reads", "gateway.cache.layout"),
+    ("gateway.service.host_reads", "gateway.cache.layout"),
     ("gateway.service.reads", "gateway.cluster.peers"),
     ("gateway.service.reads", "gateway.cluster.placement"),
     ("gateway.service.reads", "gateway.stores.base"),
