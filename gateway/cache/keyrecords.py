@@ -30,6 +30,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable
@@ -40,6 +41,8 @@ log = logging.getLogger(__name__)
 
 FILE = "keys.db"
 _BUSY_MS = 50  # a flush waits this long for a sibling's, then keeps its records for the next
+_OPEN_TRIES = 60  # opening the file while a sibling makes it (~3 s in all)
+_OPEN_PAUSE = 0.05
 _PENDING_MAX = 100_000  # records kept for a flush that keeps failing, past which they go
 _SWEEP_BATCH = 2_000  # rows read, checked and their dead ones deleted per transaction
 _DROP = ""  # a pending drop (its block 0 name follows in _pending's value)
@@ -52,13 +55,26 @@ _SCHEMA = (
 
 
 def _connect(path: str, *, threads: bool) -> sqlite3.Connection:
-    db = sqlite3.connect(
-        path, timeout=_BUSY_MS / 1000, isolation_level=None, check_same_thread=not threads
-    )
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=OFF")  # a hint: a power cut may lose the last records
-    db.execute(_SCHEMA)
-    return db
+    """A connection to the file, made with it if it is new. The node's workers open it at the
+    same moment when the node starts, and the first switch of a new file to WAL takes it whole
+    without asking SQLite's busy handler: "locked" then is tried again, for up to ~3 s."""
+    for attempt in range(_OPEN_TRIES):
+        db = sqlite3.connect(
+            path, timeout=_BUSY_MS / 1000, isolation_level=None, check_same_thread=not threads
+        )
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=OFF")  # a hint: a power cut may lose the last ones
+            db.execute(_SCHEMA)
+        except sqlite3.OperationalError as exc:
+            db.close()
+            busy = "locked" in str(exc) or "busy" in str(exc)
+            if not busy or attempt == _OPEN_TRIES - 1:
+                raise
+            time.sleep(_OPEN_PAUSE)
+            continue
+        return db
+    raise AssertionError("unreachable")
 
 
 class KeyRecords:
@@ -73,6 +89,11 @@ class KeyRecords:
         # (mount, key name) -> block 0 name (a put), or (_DROP, its name) (a drop if the
         # record names that block), in the order given: the last word on each key.
         self._pending: dict[tuple[int, str], str | tuple[str, str]] = {}
+        self._flushing: dict[tuple[int, str], str | tuple[str, str]] = {}  # being written
+        # Guards the two tables above, held for a step of a few bytecodes only (the event
+        # loop puts while a flush swaps the table on a thread: a put between reading the
+        # table and storing into it would be lost, or change a table being read).
+        self._mem = threading.Lock()
         self._lock = threading.Lock()
         self._known: array[int] | None = None  # loaded: key names' first 8 bytes, sorted
 
@@ -96,15 +117,18 @@ class KeyRecords:
 
     def put(self, mount_id: int, key: str, block0: str) -> None:
         """Record block0 as the cached version of the key (its name, pages.key_name)."""
-        self._pending[(mount_id, key)] = block0
+        with self._mem:
+            self._pending[(mount_id, key)] = block0
 
     def drop(self, mount_id: int, key: str, block0: str) -> None:
         """Forget the key's record if it names block0 (a version retired)."""
-        self._pending[(mount_id, key)] = (_DROP, block0)
+        with self._mem:
+            self._pending[(mount_id, key)] = (_DROP, block0)
 
     def find(self, mount_id: int, key: str) -> str | None:
         """The block 0 recorded for the key, or None (not checked against the disk)."""
-        said = self._pending.get((mount_id, key))
+        with self._mem:
+            said = self._pending.get((mount_id, key)) or self._flushing.get((mount_id, key))
         if said is not None:
             return said if isinstance(said, str) else None
         try:
@@ -131,10 +155,12 @@ class KeyRecords:
 
     def flush(self) -> None:
         """Write what was recorded since the last flush, in one transaction. Blocking."""
-        if not self._pending:
-            return
         with self._lock:
-            pending, self._pending = self._pending, {}
+            with self._mem:
+                if not self._pending:
+                    return
+                pending, self._pending = self._pending, {}
+                self._flushing = pending
             puts = [(m, bytes.fromhex(k), bytes.fromhex(v)) for (m, k), v in pending.items()
                     if isinstance(v, str)]  # fmt: skip
             drops = [(m, bytes.fromhex(k), bytes.fromhex(v[1])) for (m, k), v in pending.items()
@@ -147,10 +173,14 @@ class KeyRecords:
                     )
             except sqlite3.Error as exc:
                 # Kept for the next flush (newer words on a key win), unless there are too many.
-                if len(pending) + len(self._pending) <= _PENDING_MAX:
-                    pending.update(self._pending)
-                    self._pending = pending
+                with self._mem:
+                    if len(pending) + len(self._pending) <= _PENDING_MAX:
+                        pending.update(self._pending)
+                        self._pending = pending
                 log.info("cache: could not write the key records (kept for later): %s", exc)
+            finally:
+                with self._mem:
+                    self._flushing = {}
 
     def sweep(self, alive: Callable[[int, str], bool], stop: threading.Event | None = None) -> int:
         """Remove the records whose block 0 `alive(mount, name)` says is gone; how many went.

@@ -230,12 +230,7 @@ class PageStore:
         if removed:
             log.info("cache: removed %d files of fills and writes a crash left behind", removed)
         await self._open_journal()
-        try:
-            self._keys = await asyncio.to_thread(KeyRecords, self.root)
-        except sqlite3.Error as exc:  # hints only: the node serves without them
-            log.warning("cache: could not open the key records: %s", exc)
-        else:
-            self.spawn(self._load_keys(self._keys))
+        await self._open_keys()
         if self._janitor is not None:
             self._janitor.start()
         self._flusher = asyncio.create_task(self._flush_journal())
@@ -672,6 +667,14 @@ class PageStore:
             self.record_key(entry.mount_id, record, entry.name)
         return True
 
+    async def _open_keys(self) -> None:
+        try:
+            self._keys = await asyncio.to_thread(KeyRecords, self.root)
+        except sqlite3.Error as exc:  # hints only: the node serves without them meanwhile
+            self.disk_trouble("could not open the key records", OSError(str(exc)))
+        else:
+            self.spawn(self._load_keys(self._keys))
+
     async def _load_keys(self, keys: KeyRecords) -> None:
         try:
             await self.hop(keys.load)
@@ -809,8 +812,13 @@ class PageStore:
                 await self.hop(journal.flush)
             except OSError as exc:
                 self.disk_trouble("could not write the journal", exc)
-            if self._keys is not None:
-                await self.hop(self._keys.flush)
+            if self._keys is None:
+                await self._open_keys()  # it could not be opened before: tried again
+            elif self._keys is not None:
+                try:
+                    await self.hop(self._keys.flush)
+                except Exception:  # never the end of this loop: the journal is flushed here too
+                    log.exception("cache: could not write the key records")
 
 
 def _names(version: Version, size: int) -> list[str]:

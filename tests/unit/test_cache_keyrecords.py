@@ -3,7 +3,12 @@ process, the keys recorded at a process's start answered without a row read."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 from gateway.cache.keyrecords import KeyRecords
 from gateway.cache.pages import key_name
@@ -41,3 +46,69 @@ def test_the_keys_recorded_at_start_are_answered_without_a_row_read(tmp_path: Pa
     others = [key_name(1, f"other{i}") for i in range(1000)]
     assert not any(started.might_hold(name) for name in others)
     started.close()
+
+
+def test_records_put_while_a_flush_runs_on_another_thread_are_all_written(
+    tmp_path: Path,
+) -> None:
+    """The event loop records keys while the page store flushes on a cache-io thread: none is
+    lost, and the flush never fails on a table changed under it (in CI it once did, and the
+    task that flushes died with it)."""
+    records = KeyRecords(str(tmp_path))
+    names = [key_name(1, f"race{i}") for i in range(20_000)]
+    done = threading.Event()
+    failures: list[BaseException] = []
+
+    def flusher() -> None:
+        try:
+            while not done.is_set():
+                records.flush()
+        except BaseException as exc:
+            failures.append(exc)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    thread = threading.Thread(target=flusher)
+    thread.start()
+    try:
+        for name in names:
+            records.put(1, name, "55" * 32)
+    finally:
+        done.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    records.flush()
+    assert failures == []
+    check = KeyRecords(str(tmp_path))
+    assert sum(check.find(1, name) is not None for name in names) == len(names)
+    records.close()
+    check.close()
+
+
+def _open_and_record(root: str, i: int, start: Any) -> None:
+    start.wait()
+    records = KeyRecords(root)
+    records.put(1, key_name(1, f"worker{i}"), "66" * 32)
+    records.flush()
+    records.close()
+
+
+def test_the_workers_of_a_starting_node_all_open_a_new_file(tmp_path: Path) -> None:
+    """Every worker opens keys.db at the same moment when a node starts on a new cache folder
+    (a new file's first switch to WAL takes it whole: "database is locked" for the others);
+    each must have its records, or a restart forgets what that worker cached (CI saw it)."""
+    ctx = multiprocessing.get_context("fork")
+    for round_ in range(5):
+        root = str(tmp_path / str(round_))
+        os.makedirs(root)
+        start = ctx.Event()
+        workers = [ctx.Process(target=_open_and_record, args=(root, i, start)) for i in range(4)]
+        for worker in workers:
+            worker.start()
+        start.set()
+        for worker in workers:
+            worker.join(60)
+        assert [w.exitcode for w in workers] == [0, 0, 0, 0]
+        check = KeyRecords(root)
+        assert all(check.find(1, key_name(1, f"worker{i}")) for i in range(4))
+        check.close()
