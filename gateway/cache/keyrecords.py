@@ -10,13 +10,12 @@ never wait for a writer), shared by the node's workers. A fill records its key i
 was a symlink of its own under keys/<mount>/<ab>/<cd>/, a new inode (and often two new
 directories) a miss. What is not yet flushed when a process dies is lost, as a hint may be.
 
-Every cold miss asks whether its key is recorded, and the answer is nearly always no. A row
-read costs ~7 us, but 20-30 us once a sibling's flush has changed the file (SQLite reads the
-pages again), so the question is first put to `might_hold`: the keys recorded when the
-process started (`load`: 8 bytes a key, sorted, one bisect), the only ones it needs to ask
-about, since what a sibling learns while the node runs reaches it through the node's record
-of learnt versions (service/learnt.py), which a restart of the node empties, and this file
-does not. A key `might_hold` says yes to is then read (`find`).
+Every cold miss asks whether its key is recorded (`find`, on the event loop): ~7 us, 20-30 us
+once a sibling's flush has changed the file (SQLite reads its pages again). Answering from the
+keys recorded when the process started (a sorted array, one bisect) was tried and dropped:
+a sibling's record made while the node runs then reaches a worker only through the node's
+record of learnt versions (service/learnt.py), which drops a write when busy, so a worker's
+first read of an object its sibling had just cached became a second fetch of it (CI).
 
 The janitor's rescan removes records whose block 0 is gone (`sweep`) and takes in the
 symlinks of a cache written before this file existed (`adopt`).
@@ -31,8 +30,6 @@ import os
 import sqlite3
 import threading
 import time
-from array import array
-from bisect import bisect_left
 from collections.abc import Callable
 
 from gateway.cache.layout import KEYS_DIR, NAME
@@ -95,25 +92,6 @@ class KeyRecords:
         # table and storing into it would be lost, or change a table being read).
         self._mem = threading.Lock()
         self._lock = threading.Lock()
-        self._known: array[int] | None = None  # loaded: key names' first 8 bytes, sorted
-
-    def load(self) -> int:
-        """Read which keys are recorded now (at the process's start), for `might_hold`;
-        blocking, ~1 s a million records. How many."""
-        with self._lock:
-            rows = self._writer.execute("SELECT key FROM held").fetchall()
-        known = array("Q", sorted(int.from_bytes(bytes(r[0])[:8], "big") for r in rows))
-        self._known = known
-        return len(known)
-
-    def might_hold(self, key: str) -> bool:
-        """False if the key (its name) was not recorded when `load` ran; True before it ran."""
-        known = self._known
-        if known is None:
-            return True
-        head = int(key[:16], 16)
-        at = bisect_left(known, head)
-        return at < len(known) and known[at] == head
 
     def put(self, mount_id: int, key: str, block0: str) -> None:
         """Record block0 as the cached version of the key (its name, pages.key_name)."""

@@ -519,8 +519,6 @@ class PageStore:
         if keys is None:
             return False
         name = key_name(mount_id, key)
-        if not keys.might_hold(name):
-            return False
         block0 = keys.find(mount_id, name)
         if block0 is None:
             return False
@@ -672,14 +670,6 @@ class PageStore:
             self._keys = await asyncio.to_thread(KeyRecords, self.root)
         except sqlite3.Error as exc:  # hints only: the node serves without them meanwhile
             self.disk_trouble("could not open the key records", OSError(str(exc)))
-        else:
-            self.spawn(self._load_keys(self._keys))
-
-    async def _load_keys(self, keys: KeyRecords) -> None:
-        try:
-            await self.hop(keys.load)
-        except sqlite3.Error as exc:  # every cold miss reads a row then: slower, not wrong
-            log.warning("cache: could not load the key records: %s", exc)
 
     def record_key(self, mount_id: int, record: str, block0: str) -> None:
         """Remember block0 as the cached version of the key named `record` (written with the

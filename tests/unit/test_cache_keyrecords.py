@@ -33,21 +33,6 @@ def test_records_are_written_in_a_batch_and_found_by_another_process_s_records(
     sibling.close()
 
 
-def test_the_keys_recorded_at_start_are_answered_without_a_row_read(tmp_path: Path) -> None:
-    before = KeyRecords(str(tmp_path))
-    held = [key_name(1, f"k{i}") for i in range(1000)]
-    for name in held:
-        before.put(1, name, "44" * 32)
-    before.close()
-    started = KeyRecords(str(tmp_path))
-    assert started.might_hold(key_name(1, "anything"))  # not loaded yet: ask the file
-    assert started.load() == 1000
-    assert all(started.might_hold(name) for name in held)
-    others = [key_name(1, f"other{i}") for i in range(1000)]
-    assert not any(started.might_hold(name) for name in others)
-    started.close()
-
-
 def test_records_put_while_a_flush_runs_on_another_thread_are_all_written(
     tmp_path: Path,
 ) -> None:
