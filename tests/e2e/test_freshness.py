@@ -17,9 +17,9 @@ import pytest
 from botocore.exceptions import ClientError
 
 from gateway.client import GatewayFileSystem
-from tests.support.gateway import ACCESS_KEY, SECRET_KEY, GatewayNode, start_gateway
+from tests.support.gateway import ACCESS_KEY, SECRET_KEY, GatewayNode
 from tests.support.net import eventually
-from tests.support.origin import CountingProxy
+from tests.support.origin import CountingProxy, seeded_node
 
 BUCKET = "origin-fresh"
 KEYS = [f"train/{i:04d}.bin" for i in range(600)]
@@ -33,15 +33,9 @@ def _body(key: str, version: int = 0) -> bytes:
 
 @pytest.fixture(scope="module")
 def node(module_dir: Path, origin: CountingProxy, origin_s3: Any) -> Iterator[GatewayNode]:
-    origin_s3.create_bucket(Bucket=BUCKET)
-    for key in KEYS:
-        origin_s3.put_object(Bucket=BUCKET, Key=key, Body=_body(key))
-    node = start_gateway(module_dir / "node")
-    opts = ["-o", f"endpoint_url={origin.url}", "-o", "access_key=ak", "-o", "secret_key=sk"]
-    node.cli("mount", "add", "fresh", f"s3://{BUCKET}", *opts, "-o", f"metadata_ttl={TTL:g}")
-    node.cli("mount", "add", "fresh3", f"s3://{BUCKET}", *opts, "-o", f"metadata_ttl={LONG_TTL:g}")
-    eventually(lambda: {"fresh", "fresh3"} <= node.buckets())
-    node.wait_workers()
+    bodies = {key: _body(key) for key in KEYS}
+    ttls = {"fresh": TTL, "fresh3": LONG_TTL}
+    node = seeded_node(module_dir / "node", origin, origin_s3, BUCKET, bodies, ttls)
     yield node
     node.stop()
 

@@ -20,7 +20,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tests.support import procs
-from tests.support.net import free_port, wait_http
+from tests.support.gateway import GatewayNode, start_gateway
+from tests.support.net import eventually, free_port, wait_http
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) belong to one connection and are never forwarded.
 _HOP_BY_HOP = frozenset(
@@ -337,3 +338,21 @@ class CountingProxy:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+def seeded_node(
+    folder: Path, origin: CountingProxy, origin_s3: Any, bucket: str,
+    bodies: dict[str, bytes], ttls: dict[str, float],
+) -> GatewayNode:  # fmt: skip
+    """A gateway node over an origin bucket made and filled with `bodies`, mounted through the
+    counting proxy once per entry of `ttls` (mount name -> metadata_ttl), its workers up."""
+    origin_s3.create_bucket(Bucket=bucket)
+    for key, body in bodies.items():
+        origin_s3.put_object(Bucket=bucket, Key=key, Body=body)
+    node = start_gateway(folder)
+    opts = ["-o", f"endpoint_url={origin.url}", "-o", "access_key=ak", "-o", "secret_key=sk"]
+    for name, ttl in ttls.items():
+        node.cli("mount", "add", name, f"s3://{bucket}", *opts, "-o", f"metadata_ttl={ttl:g}")
+    eventually(lambda: set(ttls) <= node.buckets())
+    node.wait_workers()
+    return node
