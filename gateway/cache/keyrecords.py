@@ -4,11 +4,13 @@ lists its prefix) instead of fetching its first block again. A record is a hint:
 names may have been evicted since, and is then forgotten when met.
 
 One SQLite file in the cache folder, `keys.db` (the standard library's sqlite3, WAL: readers
-never wait for a writer), shared by the node's workers. A fill records its key in memory
-(`put`, no I/O); the page store writes what was recorded in one transaction a flush
-(`flush`, on a thread, every JOURNAL_FLUSH), so a miss makes no file: before, each record
+never wait for a writer), shared by the node's workers. A fill's commit records its key
+(`put`) and writes what waits (`flush`: the records of commits on other threads at that
+moment go in the same transaction) on its cache-io thread before the commit is done, so a
+sibling asked for the key at once finds it, and a miss makes no file: before, each record
 was a symlink of its own under keys/<mount>/<ab>/<cd>/, a new inode (and often two new
-directories) a miss. What is not yet flushed when a process dies is lost, as a hint may be.
+directories) a miss. Drops, and records a busy file refused, are written by the page store's
+flush every JOURNAL_FLUSH; what is not written when a process dies is lost, as a hint may be.
 
 Every cold miss asks whether its key is recorded (`find`, on the event loop): ~7 us, 20-30 us
 once a sibling's flush has changed the file (SQLite reads its pages again). Answering from the

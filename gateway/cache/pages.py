@@ -649,11 +649,9 @@ class PageStore:
         trailer, and put the file into place; with `record` (a key's name), the entry is that
         key's cached block 0. Whether it was kept: not when the disk failed or its free
         space is below `min_free_bytes`."""
+        tail = sums.tail(FLAG_PINNED if pinned else 0)
         try:
-            kept = await self.hop(
-                blockfile.commit, fd, self.root, entry.mount_id, entry.name, data,
-                sums.tail(FLAG_PINNED if pinned else 0), self._fsync, self.min_free, self.seals,
-            )  # fmt: skip
+            kept = await self.hop(self._commit_file, fd, entry, data, tail, record)
         except OSError as exc:
             self.disk_trouble(f"could not commit block {entry.name}", exc)
             return False
@@ -661,9 +659,28 @@ class PageStore:
             log.warning("cache: block not kept: free disk space below the floor, or lost")
             return False
         self._entered(entry, length, pinned)
-        if record is not None:
-            self.record_key(entry.mount_id, record, entry.name)
         return True
+
+    def _commit_file(
+        self, fd: int, entry: Entry, data: bytes, tail: bytes, record: str | None
+    ) -> bool:
+        """blockfile.commit, then the key's record written before the commit is said done
+        (blocking: a cache-io thread's): a sibling worker asked for the key at once finds it,
+        as it found the symlink each record was before. Commits of several threads at once
+        write their records in one transaction (the flush takes all that are waiting)."""
+        kept = blockfile.commit(
+            fd, self.root, entry.mount_id, entry.name, data, tail, self._fsync, self.min_free,
+            self.seals,
+        )  # fmt: skip
+        if kept and record is not None:
+            self._record_now(entry.mount_id, record, entry.name)
+        return kept
+
+    def _record_now(self, mount_id: int, record: str, block0: str) -> None:
+        keys = self._keys
+        if keys is not None:
+            keys.put(mount_id, record, block0)
+            keys.flush()
 
     async def _open_keys(self) -> None:
         try:
@@ -671,11 +688,9 @@ class PageStore:
         except sqlite3.Error as exc:  # hints only: the node serves without them meanwhile
             self.disk_trouble("could not open the key records", OSError(str(exc)))
 
-    def record_key(self, mount_id: int, record: str, block0: str) -> None:
-        """Remember block0 as the cached version of the key named `record` (written with the
-        next flush)."""
-        if self._keys is not None:
-            self._keys.put(mount_id, record, block0)
+    async def record_key(self, mount_id: int, record: str, block0: str) -> None:
+        """Record block0 as the cached version of the key named `record`, written now."""
+        await self.hop(self._record_now, mount_id, record, block0)
 
     async def give_up(self, entry: Entry, fd: int) -> None:
         """Give up a claimed fill: its file removed, the claim released."""
@@ -872,7 +887,7 @@ class BlockWriter:
         await pages.hop(blockfile.install_all, [(p, d) for p, d, _, _ in named])
         self._spooled = []
         await self._unlock()
-        pages.record_key(self._mount_id, key_name(self._mount_id, key), named[0][2].name)
+        await pages.record_key(self._mount_id, key_name(self._mount_id, key), named[0][2].name)
         for _, _, bkey, length in named:
             pages.stats.written += 1
             pages._entered(bkey, length, self._pinned)
