@@ -16,12 +16,14 @@ import fcntl
 import logging
 import os
 import secrets
+import threading
 import time
 
 from awscrt.checksums import crc32c
 
 from gateway.cache import verity
 from gateway.cache.layout import (
+    CLAIMS_LOCK,
     INFLIGHT_DIR,
     MAGIC_V1,
     PIECE,
@@ -305,24 +307,57 @@ def claim_all(
     names: list[str],
     block: str | None = None,
     spares: Spares | None = None,
+    group: str | None = None,
 ) -> tuple[list[tuple[str, int | None]], bool]:
     """claim() of each of `names` (the sub-blocks of one block), then whether `block` is being
     filled or is committed: a sub-block fill that finds so gives its claims up and reads the
     block instead. Claiming first and looking second (a block fill does the opposite: claims
     the block, then looks for sub-blocks) means that of a block fill and a sub-block fill
-    racing, at least one sees the other, so no byte is fetched by both."""
+    racing, at least one sees the other, so no byte is fetched by both.
+
+    `group` (the block's name): the claims of one block's sub-blocks are made by one process
+    at a time (a byte of <root>/claims.lock locked for them), so that two workers asking for
+    the same range at once do not each claim part of it and fetch it in two requests."""
     claims: list[tuple[str, int | None]] = []
+    held = _lock_group(root, group) if group is not None else None
     try:
         for name in names:
             claims.append(claim(root, mount_id, name, spares))
     except BaseException:
         release_all(root, names, claims)
         raise
+    finally:
+        if held is not None:
+            fcntl.lockf(held[0], fcntl.LOCK_UN, 1, held[1])
     busy = block is not None and (
         os.path.exists(inflight_path(root, block))
         or os.path.exists(block_path(root, mount_id, block))
     )
     return claims, busy
+
+
+_GROUPS = 1 << 20  # bytes of claims.lock a block's name is hashed to
+_group_files: dict[str, int] = {}  # root -> the process's descriptor of its claims.lock
+_group_lock = threading.Lock()
+
+
+def _lock_group(root: str, group: str) -> tuple[int, int] | None:
+    """Lock the byte of <root>/claims.lock that `group` hashes to (a POSIX record lock: it
+    excludes other processes; the threads of this one share it, whose fills the in-process
+    table keeps apart); the descriptor stays open for the process's life, since closing any
+    descriptor of the file would drop all of the process's locks on it. None if it cannot be
+    opened (claims go on unserialized, as before)."""
+    with _group_lock:
+        fd = _group_files.get(root)
+        if fd is None:
+            try:
+                fd = os.open(f"{root}/{CLAIMS_LOCK}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except OSError:
+                return None
+            _group_files[root] = fd
+    offset = int(group[:8], 16) % _GROUPS
+    fcntl.lockf(fd, fcntl.LOCK_EX, 1, offset)
+    return fd, offset
 
 
 def release_all(root: str, names: list[str], claims: list[tuple[str, int | None]]) -> None:

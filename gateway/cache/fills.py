@@ -637,7 +637,7 @@ class Fills:
             try:
                 claims, busy = await pages.hop(
                     blockfile.claim_all, pages.root, bkey.mount_id, names,
-                    None if in_block else bkey.name, pages.spares,
+                    None if in_block else bkey.name, pages.spares, bkey.name,
                 )  # fmt: skip
             except OSError as exc:
                 pages.disk_trouble(f"could not claim sub-blocks of {bkey.name}", exc)

@@ -12,6 +12,8 @@
     <root>/journal/<pid>-<token>.log            each process's record of fills, uses and drops
     <root>/index.snap                           the janitor's snapshot of the index
     <root>/janitor.lock                         flocked by the one process that evicts
+    <root>/claims.lock                          a byte a block, locked while one process claims
+                                                its sub-blocks (blockfile.claim_all)
     <root>/stats.json                           the janitor's figures, read by every worker
 
 A block file is the block's bytes, a 32-byte trailer (magic, data length, CRC32C of the data,
@@ -39,6 +41,7 @@ RETIRED_DIR = "retired"
 SPARE_DIR = "spare"
 JOURNAL_DIR = "journal"
 SNAPSHOT = "index.snap"
+CLAIMS_LOCK = "claims.lock"  # a byte a block: its sub-blocks' claims one process at a time
 JANITOR_LOCK = "janitor.lock"
 STATS = "stats.json"
 
