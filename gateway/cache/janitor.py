@@ -14,7 +14,6 @@ import fcntl
 import json
 import logging
 import os
-import re
 import sqlite3
 import stat
 import threading
@@ -46,12 +45,13 @@ from gateway.cache.layout import (
     STATS,
     TRAILER_SIZE,
     block_path,
+    fan_dirs,
+    is_mount_folder,
 )
 from gateway.cache.policy import Policy, create
 
 log = logging.getLogger(__name__)
 
-_HEX2 = re.compile(r"[0-9a-f]{2}")
 _LOG_INTERVAL = 60.0  # seconds between two log lines about evictions (or failed passes)
 _NOTHING: dict[bytes, int] = {}
 _SPARES_MIN = 32  # spare block files kept however few fills take them
@@ -99,11 +99,11 @@ def scan_blocks(root: str, stop: threading.Event | None = None) -> Iterator[Foun
     not in the layout is left alone; ends early (raising _Stopped) once `stop` is set."""
     with contextlib.suppress(FileNotFoundError), os.scandir(f"{root}/{BLOCKS_DIR}") as mounts:
         for m in mounts:
-            if not (m.name.isdigit() and m.name == str(int(m.name)) and int(m.name) < 1 << 32):
+            if not is_mount_folder(m.name):
                 continue
             if not m.is_dir(follow_symlinks=False):
                 continue
-            for d1 in _subdirs(m.path):
+            for d1 in fan_dirs(m.path):
                 if stop is not None and stop.is_set():
                     raise _Stopped
                 yield from _scan_leaf(d1.path, d1.name, int(m.name))
@@ -111,11 +111,6 @@ def scan_blocks(root: str, stop: threading.Event | None = None) -> Iterator[Foun
 
 class _Stopped(Exception):
     pass
-
-
-def _subdirs(path: str) -> list[os.DirEntry[str]]:
-    with os.scandir(path) as entries:
-        return [e for e in entries if _HEX2.fullmatch(e.name) and e.is_dir(follow_symlinks=False)]
 
 
 def _scan_leaf(path: str, prefix: str, mount: int) -> Iterator[Found]:

@@ -68,6 +68,21 @@ def block_path(root: str, mount_id: int, name: str) -> str:
     return f"{root}/{BLOCKS_DIR}/{mount_id}/{name[:2]}/{name}"
 
 
+_HEX2 = re.compile(r"[0-9a-f]{2}")
+
+
+def is_mount_folder(name: str) -> bool:
+    """Whether `name` is a mount's folder under blocks/ as the page store names them (a mount
+    id written plainly): anything else there is left alone."""
+    return name.isdigit() and name == str(int(name)) and int(name) < 1 << 32
+
+
+def fan_dirs(path: str) -> list[os.DirEntry[str]]:
+    """The fan-out directories (two hex digits) in the folder at `path`."""
+    with os.scandir(path) as entries:
+        return [e for e in entries if _HEX2.fullmatch(e.name) and e.is_dir(follow_symlinks=False)]
+
+
 def fan_out(block: str) -> None:
     """Make the folder of the mount of the block at path `block`, and its 256 directories
     (blocking; once a mount)."""

@@ -13,7 +13,7 @@ import fcntl
 import logging
 import os
 
-from gateway.cache.layout import BLOCKS_DIR, NAME, fan_out
+from gateway.cache.layout import BLOCKS_DIR, NAME, fan_dirs, fan_out, is_mount_folder
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +61,10 @@ def _move(root: str) -> int:
     top = os.path.join(root, BLOCKS_DIR)
     with contextlib.suppress(FileNotFoundError), os.scandir(top) as mounts:
         for m in mounts:
-            if not (m.name.isdigit() and m.name == str(int(m.name))):
-                continue  # not a mount's folder as the page store names them: left alone
-            if not m.is_dir(follow_symlinks=False):
+            if not is_mount_folder(m.name) or not m.is_dir(follow_symlinks=False):
                 continue
-            for d1 in _two_hex_dirs(m.path):
-                for d2 in _two_hex_dirs(d1.path):
+            for d1 in fan_dirs(m.path):
+                for d2 in fan_dirs(d1.path):
                     moved += _move_leaf(d2.path, d1.path, d1.name + d2.name)
             fan_out(os.path.join(m.path, "00", "0"))
     if moved:
@@ -84,14 +82,3 @@ def _move_leaf(leaf: str, into: str, prefix: str) -> int:
     with contextlib.suppress(OSError):
         os.rmdir(leaf)  # unless something not ours is in it: left alone, as the janitor does
     return moved
-
-
-def _two_hex_dirs(path: str) -> list[os.DirEntry[str]]:
-    with os.scandir(path) as entries:
-        return [
-            e
-            for e in entries
-            if len(e.name) == 2
-            and all(c in "0123456789abcdef" for c in e.name)
-            and e.is_dir(follow_symlinks=False)
-        ]

@@ -88,11 +88,17 @@ def test_the_workers_of_a_starting_node_all_open_a_new_file(tmp_path: Path) -> N
         os.makedirs(root)
         start = ctx.Event()
         workers = [ctx.Process(target=_open_and_record, args=(root, i, start)) for i in range(4)]
-        for worker in workers:
-            worker.start()
-        start.set()
-        for worker in workers:
-            worker.join(60)
+        try:
+            for worker in workers:
+                worker.start()
+            start.set()
+            for worker in workers:
+                worker.join(60)
+        finally:
+            for worker in workers:  # a hung one ends with the test
+                if worker.is_alive():
+                    worker.kill()
+                    worker.join()
         assert [w.exitcode for w in workers] == [0, 0, 0, 0]
         check = KeyRecords(root)
         assert all(check.find(1, key_name(1, f"worker{i}")) for i in range(4))
