@@ -11,8 +11,8 @@ Which blocks exist and how much room they take is the janitor's business (janito
 process of the node evicts, the others tell it what they filled and used through their
 journals. A worker therefore keeps no index of its own: a block is present if its file opens.
 What it keeps on disk besides the blocks is, per key, the name of the cached block 0
-(keyrecords.py: rows of one SQLite file, written in batches), so that a restarted process
-knows what it holds without the store.
+(keyrecords.py: a row of one SQLite file, written by the block's commit), so that a
+restarted process knows what it holds without the store.
 """
 
 from __future__ import annotations
@@ -819,7 +819,7 @@ class PageStore:
                 self.disk_trouble("could not write the journal", exc)
             if self._keys is None:
                 await self._open_keys()  # it could not be opened before: tried again
-            elif self._keys is not None:
+            else:
                 try:
                     await self.hop(self._keys.flush)
                 except Exception:  # never the end of this loop: the journal is flushed here too
