@@ -235,6 +235,11 @@ def _private(directory: str, stem: str) -> tuple[int, str]:
     return fd, path
 
 
+def _spare_or_private(directory: str, stem: str, spares: Spares | None) -> tuple[int, str]:
+    """A spare file (empty, locked) if `spares` has one, else a new private one."""
+    return (spares.take() if spares is not None else None) or _private(directory, stem)
+
+
 # -- fills ------------------------------------------------------------------------------------
 
 CLAIMED = "claimed"  # the fd is ours, locked, at inflight/<name>: fetch and write the block
@@ -262,6 +267,8 @@ def claim(
             os.link(private, public)
         except FileExistsError:
             os.close(fd)  # a spare stays one (still empty); a private file is removed below
+            if spare is not None and spares is not None:
+                spares.give_back(private)
         except FileNotFoundError:
             os.close(fd)  # a sweep took our private name for a dead one: make another
             continue
@@ -550,11 +557,12 @@ def _age(entry: os.DirEntry[str], now: float) -> float:
 # -- write-through ----------------------------------------------------------------------------
 
 
-def spool_lock(root: str) -> tuple[int, str]:
+def spool_lock(root: str, spares: Spares | None = None) -> tuple[int, str]:
     """The lock a writer holds while it spools blocks: (fd, its path .w.<token>). Spooled blocks
-    are named <path>.<index>."""
+    are named <path>.<index>. A spare file (locked when taken) is the lock when there is one:
+    a write makes no inode, as a miss makes none."""
     directory = f"{root}/{INFLIGHT_DIR}"
-    fd, private = _private(directory, "lock")
+    fd, private = _spare_or_private(directory, "lock", spares)
     path = f"{directory}/{_SPOOL}{secrets.token_hex(8)}"
     try:
         os.rename(private, path)
@@ -565,14 +573,26 @@ def spool_lock(root: str) -> tuple[int, str]:
     return fd, path
 
 
-def spool(lock: str, index: int, data: bytes, flags: int, seal: bool = False) -> str:
+def spool(
+    lock: str, index: int, data: bytes, flags: int, seal: bool = False, spares: Spares | None = None
+) -> str:
     """Write a whole block whose bytes are at hand (a PUT's write-through) under its writer's
     lock, sealed with `seal` (as commit() seals); install_all renames it once the version is
-    known."""
+    known. A spare file is renamed to the block's spool name (before a byte is written: a
+    sweep that finds it there with its writer gone removes it) where there is one."""
     path = f"{lock}.{index}"
     sums = Checksums()
     sums.update(data)
-    fd = os.open(path, _CREATE, 0o600)
+    taken = spares.take() if spares is not None else None
+    if taken is None:
+        fd = os.open(path, _CREATE, 0o600)
+    else:
+        fd, spare_path = taken
+        try:
+            os.rename(spare_path, path)
+        except BaseException:
+            os.close(fd)  # still an empty spare, where it was
+            raise
     try:
         write_all(fd, data + sums.tail(flags))
     except BaseException:

@@ -865,10 +865,12 @@ class BlockWriter:
     async def _spool(self, block: bytes) -> None:
         pages = self._pages
         if self._lock is None:
-            self._lock = await pages.hop(blockfile.spool_lock, pages.root)
+            self._lock = await pages.hop(blockfile.spool_lock, pages.root, pages.spares)
         index = len(self._spooled)
         flags = FLAG_PINNED if self._pinned else 0
-        path = await pages.hop(blockfile.spool, self._lock[1], index, block, flags, pages.seals)
+        path = await pages.hop(
+            blockfile.spool, self._lock[1], index, block, flags, pages.seals, pages.spares
+        )
         self._spooled.append((path, index, len(block)))
         if len(block) <= pages.memory.object_max:
             self._blocks.append(block)

@@ -11,7 +11,9 @@ bytes keeps its file, which is removed as before), and new ones are made when ev
 not keep up (`make`). A fill takes one (`Spares.take`: opened, locked, checked to be still
 here and empty) where it made a private file before; blockfile.claim then links it to its
 public name in inflight/ and removes its name here, as it did the private one. A file taken
-and given back (its claim lost to another filler) is still empty and stays.
+and given back (its claim lost to another filler) is still empty and stays. A write-through
+takes them too: its lock and each block it spools (blockfile.spool_lock, spool) are spares
+renamed into inflight/.
 
 A file being moved here is emptied under a name of its own (.r.<name>) first, so no taker
 ever sees it with bytes. Blocking calls: a thread's.
@@ -27,12 +29,15 @@ import random
 import secrets
 import signal
 import threading
+import time
+from collections.abc import Callable
 
 from gateway.cache.layout import SPARE_DIR
 
 log = logging.getLogger(__name__)
 
 TARGET = 1024  # spares the janitor keeps
+RELIST_AFTER = 1.0  # seconds: an unchanged folder is listed again after this at most
 MAKE_MAX = 1024  # new ones it makes in one pass at most
 _RDWR = os.O_RDWR | os.O_CLOEXEC
 _RECYCLING = ".r."
@@ -42,11 +47,18 @@ class Spares:
     """The spares this process may take: names read from spare/ now and then, tried in a
     random order (the node's other workers take from the same folder)."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.folder = f"{root}/{SPARE_DIR}"
         self._names: list[str] = []
         self._lock = threading.Lock()
+        self._clock = clock
+        # The folder as the last listing saw it: (its mtime, when listed). A pool run dry is
+        # listed again only once the folder changed (a spare made or taken) or RELIST_AFTER
+        # passed (a change within the file system's clock tick), so a node whose janitor is
+        # not keeping up pays a stat a miss, not a listing.
+        self._listed: tuple[int, float] | None = None
         self.taken = 0  # spares this process took (figures)
+        self.listings = 0  # listings of the folder (figures)
 
     def take(self) -> tuple[int, str] | None:
         """A spare, locked and empty: (descriptor, path), or None when there is none."""
@@ -64,7 +76,23 @@ class Spares:
                 return None
         return None
 
+    def give_back(self, path: str) -> None:
+        """A spare taken and not used (its claim lost), closed and still empty: the next take
+        tries it first (its folder did not change, so no listing would find it again soon)."""
+        with self._lock:
+            self._names.append(os.path.basename(path))
+
     def _relist(self) -> bool:
+        try:
+            changed = os.stat(self.folder).st_mtime_ns
+        except FileNotFoundError:
+            return False
+        now = self._clock()
+        listed = self._listed
+        if listed is not None and listed[0] == changed and now - listed[1] < RELIST_AFTER:
+            return False  # nothing made or taken since a listing that found none to take
+        self._listed = (changed, now)  # before the listing: a change during it is seen next
+        self.listings += 1
         try:
             with os.scandir(self.folder) as entries:
                 names = [e.name for e in entries if not e.name.startswith(".")]

@@ -86,7 +86,7 @@ def test_a_fill_takes_a_spare_instead_of_making_a_file(root: str) -> None:
 
 def test_a_spare_is_taken_by_one_filler_only(root: str) -> None:
     assert spare.make(root, 1) == 1
-    first, second = spare.Spares(root), spare.Spares(root)
+    first, second, third = spare.Spares(root), spare.Spares(root), spare.Spares(root)
     taken = first.take()
     assert taken is not None
     assert second.take() is None  # locked by the first
@@ -94,7 +94,7 @@ def test_a_spare_is_taken_by_one_filler_only(root: str) -> None:
     assert how == blockfile.CLAIMED and fd is not None
     blockfile.discard(fd, root, "cd" * 32)
     os.close(taken[0])
-    assert second.take() is not None  # given back untouched: still a spare
+    assert third.take() is not None  # given back untouched: still a spare
 
 
 def test_a_claim_that_finds_a_live_fill_leaves_its_spare_a_spare(root: str) -> None:
@@ -182,3 +182,62 @@ def test_an_open_that_breaks_the_janitor_s_lease_does_not_end_its_process(root: 
         if holder.is_alive():
             holder.kill()
             holder.join()
+
+
+def _age_folder(root: str) -> None:
+    """Date spare/ back, so that a spare made next changes its mtime whatever the file
+    system's clock tick (a listing and a make within one tick would see the same mtime)."""
+    os.utime(os.path.join(root, SPARE_DIR), (1_000_000, 1_000_000))
+
+
+def test_a_dry_pool_lists_its_folder_again_only_once_it_changed_or_a_second_passed(
+    root: str,
+) -> None:
+    now = [100.0]
+    spares = spare.Spares(root, clock=lambda: now[0])
+    _age_folder(root)
+    assert spares.take() is None
+    assert spares.listings == 1
+    for _ in range(20):  # misses while the janitor is not keeping up: a stat each, no listing
+        assert spares.take() is None
+    assert spares.listings == 1
+    assert spare.make(root, 2) == 2  # the folder changed: listed at the next miss
+    first = spares.take()
+    assert first is not None and spares.listings == 2
+    second = spares.take()  # from the listing's names
+    assert second is not None and spares.listings == 2
+    _age_folder(root)
+    assert spares.take() is None and spares.listings == 3  # dry again: listed once
+    assert spares.take() is None and spares.listings == 3
+    os.close(second[0])  # given back (a claim lost): the folder is unchanged
+    assert spares.take() is None and spares.listings == 3
+    now[0] += spare.RELIST_AFTER  # a change within a tick is seen a second later at most
+    again = spares.take()
+    assert again is not None and again[1] == second[1] and spares.listings == 4
+    for fd, _ in (first, again):
+        os.close(fd)
+
+
+def test_a_write_through_spools_into_spares_and_a_dead_writer_s_are_swept(root: str) -> None:
+    assert spare.make(root, 3) == 3
+    inodes = {os.stat(os.path.join(root, SPARE_DIR, n)).st_ino for n in _spares(root)}
+    spares = spare.Spares(root)
+    lock_fd, lock = blockfile.spool_lock(root, spares)
+    data = b"w" * 5000
+    spooled = blockfile.spool(lock, 0, data, 0, False, spares)
+    assert os.fstat(lock_fd).st_ino in inodes and os.stat(spooled).st_ino in inodes
+    assert _spares(root) and len(_spares(root)) == 1 and spares.taken == 2
+    assert blockfile.sweep_inflight(root) == 0  # its writer holds the lock: kept
+    # A second writer dies with a block spooled: its lock and block go with the next sweep.
+    dead_fd, dead = blockfile.spool_lock(root, spares)
+    dead_block = blockfile.spool(dead, 0, b"d" * 100, 0, False, spares)  # no spare left: made
+    assert os.stat(dead_block).st_ino not in inodes
+    os.close(dead_fd)
+    assert blockfile.sweep_inflight(root) == 2
+    assert not os.path.exists(dead) and not os.path.exists(dead_block)
+    # The live writer installs its block: the bytes whole, with their checksums.
+    dest = block_path(root, MOUNT, "12" * 32)
+    blockfile.install_all([(spooled, dest)])
+    blockfile.unlock_spool(lock_fd, lock)
+    assert blockfile.read(dest, len(data), 0, len(data), True) == data
+    assert os.stat(dest).st_ino in inodes
