@@ -11,6 +11,8 @@ with `metadata_ttl` `--metadata-ttl` (the default TTL unless told). A writer ove
 each body names its key and a sequence number and is filled with bytes derived from both.
 Meanwhile each path reads random keys through the gateway in `--readers` threads:
 
+- **direct**: boto3 GetObject against the origin (the baseline: its lag is the origin's own,
+  and the harness's; 0 when the origin is consistent and the clock rule right);
 - **http**: boto3 GetObject against the node (what every S3 client does);
 - **socket**: the gateway's client library (`gateway.client.GatewayFileSystem`) with the
   node's short-circuit socket: cached blocks read from the node's files under leases.
@@ -169,6 +171,17 @@ def _http_reader(url: str) -> Callable[[str], bytes]:
     return read
 
 
+def _direct_reader(url: str) -> Callable[[str], bytes]:
+    s3 = origin_client(url)
+
+    def read(key: str) -> bytes:
+        return bytes(
+            s3.get_object(Bucket=ORIGIN_BUCKET, Key=f"{ORIGIN_PREFIX}/{key}")["Body"].read()
+        )
+
+    return read
+
+
 def _socket_reader(url: str, socket_path: str) -> Callable[[str], bytes]:
     from gateway.client import GatewayFileSystem
 
@@ -211,6 +224,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         gateway = start_gateway(cleanup, work, origin_url, args.metadata_ttl, [])
         socket_path = str(gateway.data_dir / "gateway.sock")
         paths: dict[str, Callable[[], Callable[[str], bytes]]] = {
+            "direct": lambda: _direct_reader(origin_url),
             "http": lambda: _http_reader(gateway.url),
             "socket": lambda: _socket_reader(gateway.url, socket_path),
         }

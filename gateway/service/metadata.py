@@ -32,7 +32,8 @@ class MetadataCache:
     `generations`: the node's change counters (shared by its workers through a file, or a
     process's own with one worker); `learnt`: the versions its workers share (None: one
     worker). `wall`: the clock the shared records are stamped with (the TTL counts from
-    learning)."""
+    learning, which is when the version was asked for); `mono`: the clock of the `now`s
+    given (time.monotonic)."""
 
     def __init__(
         self,
@@ -40,6 +41,7 @@ class MetadataCache:
         max_entries: int = 1_000_000,
         learnt: LearntVersions | None = None,
         wall: Callable[[], float] = time.time,
+        mono: Callable[[], float] = time.monotonic,
     ) -> None:
         self._max = max_entries
         self._items: OrderedDict[tuple[int, str], tuple[ObjectInfo, float, int]] = OrderedDict()
@@ -49,6 +51,7 @@ class MetadataCache:
             learnt = None
         self._learnt = learnt
         self._wall = wall
+        self._mono = mono  # the clock of the `now`s given (put's: when a version was asked)
         # Versions requests named by id, by key: (info, the key's generation when asked). A
         # version never changes; it is forgotten with its key (a write or delete of it).
         self._versions: OrderedDict[tuple[int, str], dict[str, tuple[ObjectInfo, int]]] = (
@@ -125,7 +128,9 @@ class MetadataCache:
             return False
         if self._learnt is not None:
             generation = ticket
-            at = self._wall()
+            # Learnt as of `now` (when it was asked), in the shared record's clock: siblings
+            # count the TTL from there too, not from when the answer came.
+            at = self._wall() - max(0.0, self._mono() - now)
             if self._learnt.publish(mount_id, key, info, at, generation):
                 self._unshared.pop((mount_id, key), None)
             else:
@@ -137,7 +142,7 @@ class MetadataCache:
     def put_many(self, mount_id: int, learnt: list[tuple[str, ObjectInfo, float, int]]) -> None:
         """put() of many (key, version, now, ticket), shared with the other workers in one
         write: a lease renewal's thousand keys confirmed by one listing."""
-        wall, mono = self._wall(), time.monotonic()
+        wall, mono = self._wall(), self._mono()
         shared = []
         for key, info, now, ticket in learnt:
             self._items[(mount_id, key)] = (info, now, ticket)

@@ -260,23 +260,29 @@ class Versions:
                 elif await sibling_opened(claims, byte):
                     return None
             ticket = self.metadata.ticket(handle.id, key)
+            # The version is learnt as of when it was asked for, not when the answer came: the
+            # store may have had a newer one by then, and a loaded node or store can take
+            # seconds to answer (a read is never more than one TTL behind the store).
+            asked = time.monotonic()
             if handle.cache_enabled and not here:
                 for node in openers(self._fleet, handle, key):
                     assert self._fleet is not None
+                    asked = time.monotonic()
                     try:
                         info, head = await from_peer(self._fleet, node, handle, key)
                     except PeerUnavailable as exc:
                         log.warning("peer failed to open %s, trying the next: %s", key, exc)
                         continue
-                    self.metadata.put(handle.id, key, info, time.monotonic(), ticket)
+                    self.metadata.put(handle.id, key, info, asked, ticket)
                     return Opened(info, head, "forward")
+                asked = time.monotonic()
             # Block 0's fill is claimed (its first bytes in) before the version is told to
             # this node's other workers: one that learnt it first could claim block 0 itself
             # and fetch it a second time while this fill, following that one, drops the bytes
             # it opened with.
             info, head = await from_store(self._fills, handle, key, pinned, preload)
             try:
-                await self._opened(handle, key, info, ticket)
+                await self._opened(handle, key, info, ticket, asked)
             except BaseException:
                 await head.aclose()
                 raise
@@ -317,11 +323,13 @@ class Versions:
 
     # -- what was seen --------------------------------------------------------------------------
 
-    async def _opened(self, handle: MountHandle, key: str, info: ObjectInfo, ticket: int) -> None:
+    async def _opened(
+        self, handle: MountHandle, key: str, info: ObjectInfo, ticket: int, asked: float
+    ) -> None:
         """This node opened the key at its store (the version with its block 0), asked under
-        `ticket`: known to the node's other workers before its open claim goes, unless the
-        key changed meanwhile."""
-        if self.metadata.put(handle.id, key, info, time.monotonic(), ticket):
+        `ticket` at `asked` (monotonic): known to the node's other workers before its open
+        claim goes, unless the key changed meanwhile."""
+        if self.metadata.put(handle.id, key, info, asked, ticket):
             await self.metadata.published(handle.id, key)
             await self._learnt_row(handle, key, info, None, ticket)
 

@@ -100,7 +100,15 @@ class Wall:
 
 
 def _sharing(root: Path, wall: Wall) -> MetadataCache:
-    return MetadataCache(Generations(str(root)), learnt=LearntVersions(str(root)), wall=wall)
+    """A worker's cache whose monotonic clock (the `now`s given) reads NOW when the wall
+    clock reads its start, and moves with it."""
+    start = wall.now
+    return MetadataCache(
+        Generations(str(root)),
+        learnt=LearntVersions(str(root)),
+        wall=wall,
+        mono=lambda: NOW + (wall.now - start),
+    )
 
 
 def test_a_version_the_shared_record_was_too_busy_for_is_published_again(
@@ -148,6 +156,24 @@ def test_a_version_one_worker_learnt_is_fresh_in_another_for_the_ttl_from_learni
     wall.now += 11
     assert b.fresh(1, "k", 60, NOW + 61) is None  # and not after
     assert b.fresh(1, "k", -1, NOW + 1e6) == info('"v1"')  # immutable: for good
+
+
+def test_a_version_answered_late_is_fresh_in_a_sibling_from_when_it_was_asked(
+    tmp_path: Path,
+) -> None:
+    """A store (or a loaded node) that takes seconds to answer: the version was current when
+    it was asked, perhaps not when it came; siblings count the TTL from the asking, as the
+    worker that asked does."""
+    wall = Wall()
+    a, b = _sharing(tmp_path, wall), _sharing(tmp_path, wall)
+    ticket = a.ticket(1, "k")
+    wall.now += 4  # the answer took 4 s
+    a.put(1, "k", info('"v1"'), NOW, ticket)  # asked at NOW
+    wall.now += 0.5
+    assert b.fresh(1, "k", 5, NOW + 4.5) == info('"v1"')
+    wall.now += 1
+    assert b.fresh(1, "k", 5, NOW + 5.5) is None  # 5.5 s after the asking: past the TTL
+    assert a.fresh(1, "k", 5, NOW + 5.5) is None
 
 
 def test_a_shared_version_is_not_trusted_after_a_change_of_its_key(tmp_path: Path) -> None:
