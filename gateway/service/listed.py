@@ -138,15 +138,9 @@ class ListedVersions:
         meanwhile by a sibling is not seen then: what is answered is still what a listing
         asked after `since` said, so a read stays within one TTL of the store.)"""
         prefix = prefix_of(key)
-        kept = self._kept.get((mount_id, prefix))
-        if kept:
-            kept[:] = [span for span in kept if span.at > since]
-            for span in kept:
-                if span.after < key and (span.hi is None or span.hi >= key):
-                    row = span.rows.get(key)
-                    if row is None:
-                        return Listed(None, 0, span.at)
-                    return Listed(row[0], row[1], row[2])
+        kept = self.kept(mount_id, key, since, prefix)
+        if kept is not None:
+            return kept
         db = self._db
         assert db is not None
         try:
@@ -172,6 +166,27 @@ class ListedVersions:
         self._keep(mount_id, prefix, found)
         row = found.rows.get(key)
         return Listed(None, 0, at) if row is None else Listed(row[0], row[1], row[2])
+
+    def kept(
+        self, mount_id: int, key: str, since: float, prefix: str | None = None
+    ) -> Listed | None:
+        """lookup() from the spans this process has read only, with no query: None when none
+        of them, asked after `since`, spans the key (a hit's check, which must not wait)."""
+        kept = self._kept.get((mount_id, prefix_of(key) if prefix is None else prefix))
+        if not kept:
+            return None
+        found = None
+        lapsed = False
+        for span in kept:
+            if span.at <= since:
+                lapsed = True
+            elif span.after < key and (span.hi is None or span.hi >= key):
+                row = span.rows.get(key)
+                found = Listed(None, 0, span.at) if row is None else Listed(*row)
+                break
+        if lapsed:
+            kept[:] = [span for span in kept if span.at > since]
+        return found
 
     def _keep(self, mount_id: int, prefix: str, span: _Span) -> None:
         kept = self._kept.setdefault((mount_id, prefix), [])

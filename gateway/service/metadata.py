@@ -20,6 +20,9 @@ from gateway.generations import Counters
 from gateway.service.learnt import LearntVersions
 from gateway.stores.base import ObjectInfo
 
+# Asked of a version past its TTL (its ETag and size): seconds since a listing told it, or None.
+Confirm = Callable[[str, int], float | None]
+
 # A version the shared record could not take is published again this often by shared(),
 # pausing SHARE_PAUSE seconds before the first try (doubling, at most 50 ms): ~0.4 s in all.
 SHARE_TRIES = 8
@@ -67,7 +70,12 @@ class MetadataCache:
         gens = self._generations
         return gens.current(gens.slot(mount_id, key))
 
-    def fresh(self, mount_id: int, key: str, ttl: float, now: float) -> ObjectInfo | None:
+    def fresh(
+        self, mount_id: int, key: str, ttl: float, now: float, listed: Confirm | None = None
+    ) -> ObjectInfo | None:
+        """The version known within the TTL, or None. `listed`: asked of a version past its TTL
+        (this worker's, or the node's shared record's), how many seconds ago a listing within
+        the TTL told it (None: none did); the version is fresh again from then."""
         item = self._items.get((mount_id, key))
         if item is not None:
             info, checked, generation = item
@@ -76,9 +84,21 @@ class MetadataCache:
             elif ttl < 0 or now - checked < ttl:
                 self._items.move_to_end((mount_id, key))
                 return info
+            elif listed is not None and (age := listed(info.etag, info.size)) is not None:
+                # Confirmed by a listing asked after it was learnt (the TTL has run out since).
+                self._items[(mount_id, key)] = (info, now - age, generation)
+                self._items.move_to_end((mount_id, key))
+                return info
         shared = self._shared(mount_id, key, now)
-        if shared is not None and (ttl < 0 or now - shared[1] < ttl):
+        if shared is None:
+            return None
+        if ttl < 0 or now - shared[1] < ttl:
             return shared[0]
+        if listed is not None and (age := listed(shared[0].etag, shared[0].size)) is not None:
+            item = self._items.get((mount_id, key))  # taken in by _shared(), if still trusted
+            if item is not None and item[0] is shared[0]:
+                self._items[(mount_id, key)] = (shared[0], now - age, item[2])
+                return shared[0]
         return None
 
     def age(self, mount_id: int, key: str, now: float) -> float | None:

@@ -78,6 +78,20 @@ class Revalidator:
             return {}
         return self.listed.lookup_many(handle.id, keys, self._wall() - handle.ttl)
 
+    def kept(self, handle: MountHandle, key: str) -> tuple[Listed, float] | None:
+        """What a listing asked within the mount's TTL said of the key, and how many seconds
+        ago it was asked, from the spans this process has read only: no query, no await (a
+        hit past its TTL, answered at once where `find` would have found the same). None when
+        none it holds spans the key: the full path revalidates then."""
+        if handle.ttl <= 0:
+            return None
+        wall = self._wall()
+        found = self.listed.kept(handle.id, key, wall - handle.ttl)
+        if found is None:
+            return None
+        self._touch(handle, prefix_of(key), wall)  # read from listings: keep them listed ahead
+        return found, max(0.0, wall - found.at)
+
     async def find(self, handle: MountHandle, key: str) -> Listed | None:
         """What a listing within the TTL says of the key, listing its prefix from it when more
         than a lone key of the prefix wanted revalidating lately; None: ask the key alone."""
@@ -149,12 +163,12 @@ class Revalidator:
         )
         return len(todo)
 
-    def _touch(self, handle: MountHandle, prefix: str) -> None:
+    def _touch(self, handle: MountHandle, prefix: str, wall: float | None = None) -> None:
         """The prefix is revalidated now: keep it listed ahead for HOT_FOR of its TTLs."""
         at = (handle.id, prefix)
         if at not in self._hot and len(self._hot) >= _PREFIXES_KEPT:
             del self._hot[next(iter(self._hot))]
-        self._hot[at] = (handle, self._wall())
+        self._hot[at] = (handle, self._wall() if wall is None else wall)
         if self._keeping is None and self._ahead_tick is not None:
             self._keeping = asyncio.get_running_loop().create_task(self._keep_ahead())
 

@@ -75,7 +75,20 @@ class Versions:
     def fresh(self, handle: MountHandle, key: str, now: float | None = None) -> ObjectInfo | None:
         """The version known within the mount's TTL, with no I/O (the hit path), or None."""
         now = time.monotonic() if now is None else now
-        return self.metadata.fresh(handle.id, key, handle.ttl, now)
+        if handle.ttl <= 0:
+            return self.metadata.fresh(handle.id, key, handle.ttl, now)
+        # Past its TTL, a version a listing within the TTL told (one this process has read,
+        # no query) is fresh again from the listing's time, as `current` would find it.
+        kept = self.revalidator.kept
+
+        def listed(etag: str, size: int) -> float | None:
+            found = kept(handle, key)
+            if found is None or not _tells(found[0], etag, size):
+                return None
+            counters.revalidated("listing", "fresh")
+            return found[1]
+
+        return self.metadata.fresh(handle.id, key, handle.ttl, now, listed)
 
     def hint(self, mount_id: int, key: str) -> ObjectInfo | None:
         """The last version known on this node, however old: a hint, checked with the store."""
@@ -93,7 +106,7 @@ class Versions:
         sent before a change it could know of (read-after-write and read-after-delete)."""
         now = time.monotonic()
         ticket = self.metadata.ticket(handle.id, key)
-        info = self.metadata.fresh(handle.id, key, handle.ttl, now)
+        info = self.fresh(handle, key, now)
         if info is not None:
             return info
         if handle.ttl == 0:
@@ -503,4 +516,8 @@ def _utcnow() -> datetime:
 
 def _lists(listed: Listed, info: ObjectInfo) -> bool:
     """Whether a listing told this version of the key (the same ETag and size)."""
-    return listed.etag is not None and same(listed.etag, info.etag) and listed.size == info.size
+    return _tells(listed, info.etag, info.size)
+
+
+def _tells(listed: Listed, etag: str, size: int) -> bool:
+    return listed.etag is not None and same(listed.etag, etag) and listed.size == size
