@@ -82,6 +82,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "the epoch starts with every version and lease lapsed, as after a pause in training)",
     )  # fmt: skip
     p.add_argument(
+        "--interleave", action="store_true",
+        help="the client's two HTTP rows (the TTL's and TTL -1's) last, epoch by epoch in turn, "
+        "so that each pair of epochs meets the same load (their ratio per epoch is reported)",
+    )  # fmt: skip
+    p.add_argument(
         "--only-client", action="store_true",
         help="the client library's rows, with the gateway's (which warm its cache) and local",
     )  # fmt: skip
@@ -192,32 +197,36 @@ def run(options: Options, args: argparse.Namespace) -> None:
                 paths.append((name, CLIENT + json.dumps(opts), where, gateway.pid))
         client = r.client()
         load: dict[str, Any] = {}
-        for name, base_url, targets, pid in paths:
-            for epoch in range(1, args.epochs + 1):
-                if epoch > 1 and args.pause > 0:
-                    time.sleep(args.pause)  # versions and leases lapse, as the option says
-                if name == "gateway+preload" and epoch == 1:
-                    assert preloaded is not None
-                    loader = _start_load(preloaded.data_dir, args.preload_concurrency, load)
-                order = list(range(len(keys)))
-                random.Random(epoch).shuffle(order)  # the same order for every path
-                jobs = [Job(targets[i]) for i in order]
-                conns = origin.requests()
-                through_gateway = name.startswith(("gateway", "client", "nginx proxy"))
-                watch = origin.watch(pid if through_gateway else None)
-                tally, cpu = measure(
-                    client, base_url, jobs, args.readers, options.phase_timeout, pid, watch
-                )
-                row = report.add(**_epoch_row(name, epoch, row_of(tally, cpu)))
-                if name == "gateway+preload" and epoch == 1:
-                    loader.join()
-                    _load_row(report, load, origin.description, options.wan.rate)
-                if conns is not None:
-                    row["origin reqs"] = (origin.requests() or 0) - conns
-                r.log(
-                    f"{name} epoch {epoch}: {row['seconds']:.1f} s, {row['objects/s']:.0f} obj/s, "
-                    f"{row['MB/s']:.0f} MB/s, server CPU {cpu.server_cores}"
-                )
+        turns = [(path, epoch) for path in paths for epoch in range(1, args.epochs + 1)]
+        if args.interleave:
+            pair = [p for p in paths if p[0] in ("client http", "client http ttl -1")]
+            turns = [(p, e) for p, e in turns if p not in pair]
+            turns += [(p, e) for e in range(1, args.epochs + 1) for p in pair]
+        for (name, base_url, targets, pid), epoch in turns:
+            if epoch > 1 and args.pause > 0:
+                time.sleep(args.pause)  # versions and leases lapse, as the option says
+            if name == "gateway+preload" and epoch == 1:
+                assert preloaded is not None
+                loader = _start_load(preloaded.data_dir, args.preload_concurrency, load)
+            order = list(range(len(keys)))
+            random.Random(epoch).shuffle(order)  # the same order for every path
+            jobs = [Job(targets[i]) for i in order]
+            conns = origin.requests()
+            through_gateway = name.startswith(("gateway", "client", "nginx proxy"))
+            watch = origin.watch(pid if through_gateway else None)
+            tally, cpu = measure(
+                client, base_url, jobs, args.readers, options.phase_timeout, pid, watch
+            )
+            row = report.add(**_epoch_row(name, epoch, row_of(tally, cpu)))
+            if name == "gateway+preload" and epoch == 1:
+                loader.join()
+                _load_row(report, load, origin.description, options.wan.rate)
+            if conns is not None:
+                row["origin reqs"] = (origin.requests() or 0) - conns
+            r.log(
+                f"{name} epoch {epoch}: {row['seconds']:.1f} s, {row['objects/s']:.0f} obj/s, "
+                f"{row['MB/s']:.0f} MB/s, server CPU {cpu.server_cores}"
+            )
         report.ratios = {**_ratios(report.rows), **report.ratios}
         report.notes.append(
             "server CPU: cores used by the server process (gateway, the origin for direct, nginx); "
@@ -307,6 +316,10 @@ def _ratios(rows: list[Row]) -> dict[str, float]:
         ratios["client http warm / client http ttl -1 warm (objects/s)"] = _median(
             rows, "client http", range(2, 10**6)
         ) / _median(rows, "client http ttl -1", range(2, 10**6))
+        for epoch in range(2, 1 + max(row["epoch"] for row in rows)):
+            ratios[f"client http / client http ttl -1, epoch {epoch} (objects/s)"] = _median(
+                rows, "client http", range(epoch, epoch + 1)
+            ) / _median(rows, "client http ttl -1", range(epoch, epoch + 1))
     if any(row["path"] == "gateway+preload" for row in rows):
         ratios["gateway+preload epoch 1 / direct epoch 1 (seconds)"] = _seconds(
             rows, "gateway+preload", 1
