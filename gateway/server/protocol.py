@@ -389,8 +389,7 @@ class Connection(HeadGuard, asyncio.Protocol):
         elif isinstance(body, bytes | memoryview):
             outbox.send((head, body))
         else:  # a region of a block file, closed once sent
-            outbox.send((head,))
-            outbox.send_file(body.fd, body.offset, body.count, body.close)
+            outbox.send_file(body.fd, body.offset, body.count, body.close, head)
         if not keep_alive:
             self._close_after_answers()
         else:
