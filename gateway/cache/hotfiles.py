@@ -18,7 +18,7 @@ from collections import OrderedDict
 
 # The smallest block sent from its file rather than copied from the memory tier: below it the
 # copy costs less than the system calls (docs/performance.md, "Hot blocks sent from their files").
-HOT_FILE_MIN = 64 << 10
+HOT_FILE_MIN = 192 << 10
 MAX_KEPT = 256  # descriptors per process: at most 256 x memory_object_max of files held
 
 

@@ -266,7 +266,7 @@ class Reader:
                 data = self.pages.peek_disk(bkey, info.size, pinned)
             if data is None:
                 return None
-        self._note_walk(handle, info, 0, info.size)
+        # Not noted as a walk (_note_walk): no read can go on from the end of a whole object.
         return info, data
 
     async def serve_open(

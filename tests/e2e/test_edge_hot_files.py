@@ -16,8 +16,8 @@ import pytest
 from tests.support.gateway import GatewayNode, run_cli, start_gateway
 from tests.support.net import eventually
 
-HOT = random.Random(3).randbytes(100 << 10)  # in the memory tier, past hot_file_min
-SMALL = random.Random(4).randbytes(4 << 10)  # in the memory tier, below it
+HOT = random.Random(3).randbytes(200 << 10)  # in the memory tier, past hot_file_min
+SMALL = random.Random(4).randbytes(100 << 10)  # in the memory tier, below it
 RECHECK = 2.0  # zero_copy_recheck of the node, seconds
 
 
