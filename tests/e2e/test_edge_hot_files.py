@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.test_edge_fast import _evict
 from tests.support.gateway import GatewayNode, run_cli, start_gateway
 from tests.support.net import eventually
 
@@ -97,12 +98,26 @@ def test_a_hot_block_past_the_threshold_is_sent_from_its_file(node: GatewayNode)
     assert _zero_copy(node) == sent + 1
 
 
+def test_a_hot_file_out_of_the_page_cache_is_not_sent_its_memory_copy_is(
+    node: GatewayNode,
+) -> None:
+    _warm(node)
+    block = eventually(lambda: _block_file(node, len(HOT)))
+    eventually(lambda: _evict(block))
+    # A send from it would wait for the disk on the event loop: the memory tier's bytes go.
+    sent = _zero_copy(node)
+    assert _get_many(node, "hot.bin", 5) == [HOT] * 5
+    assert _get_many(node, "small.bin", 1) == [SMALL]  # published after the hot ones
+    assert _zero_copy(node) == sent
+
+
 def test_a_hot_file_damaged_after_its_check_is_not_sent_once_the_check_falls_due(
     node: GatewayNode,
 ) -> None:
     _warm(node)
     assert _get_many(node, "hot.bin", 3) == [HOT] * 3
     block = eventually(lambda: _block_file(node, len(HOT)))
+    assert len(block.read_bytes()) > len(HOT)  # all of it in the page cache again
     with open(block, "r+b") as f:  # in the page cache: what a send would read
         f.seek(5000)
         byte = f.read(1)
