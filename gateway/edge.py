@@ -24,7 +24,7 @@ from typing import Protocol
 import httptools
 from prometheus_client import Counter as MetricCounter
 
-from gateway import errors
+from gateway import counters, errors
 from gateway.config import Settings
 from gateway.counters import REGISTRY
 from gateway.s3.http import new_request_id
@@ -53,6 +53,9 @@ FAST_ANSWERS = MetricCounter(
     "Requests answered at the edge from memory, without an ASGI request cycle",
     registry=REGISTRY,
 )
+# Counted per answer as a plain number, published with the request metrics (counters.py): an
+# inc() of prometheus_client's is a locked write of a shared file with several workers.
+FAST_ANSWERED = counters.deferred(FAST_ANSWERS)
 
 
 @dataclass(frozen=True)
@@ -312,7 +315,7 @@ def write_fast_answer(transport: asyncio.Transport, answer: FastReply, keep_aliv
         if not isinstance(body, bytes | memoryview):
             raise TypeError("a body in a file needs a server that sends files")
         transport.writelines([head, body])
-    FAST_ANSWERS.inc()
+    FAST_ANSWERED.pending += 1
     if not keep_alive:
         transport.close()
         return False

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 from gateway.cache import blockfile, relayout, resident, verity
 from gateway.cache.figures import PageStats
+from gateway.cache.hotfiles import HOT_FILE_MIN, HotFiles, Kept
 from gateway.cache.janitor import Janitor, JanitorStats, read_stats
 from gateway.cache.journal import JournalWriter
 from gateway.cache.keyrecords import KeyRecords
@@ -192,6 +193,10 @@ class PageStore:
         self._verified: dict[str, None] = {}
         # Blocks whose whole data this process checked (or wrote), and when: zero-copy sends.
         self._checked: dict[str, float] = {}
+        self._hot = HotFiles()  # hot blocks' files kept open (hot_region)
+        # A block of the memory tier at least this large is sent from its file where it may be
+        # (hot_region); smaller ones cost less copied than sent (hotfiles.py).
+        self.hot_file_min = HOT_FILE_MIN
         self._held: dict[Version, int] = {}  # versions read now -> readers
         # Versions invalidated here, their blocks in retired/ -> (size, when they may go).
         self._retired: dict[Version, tuple[int, float]] = {}
@@ -274,6 +279,7 @@ class PageStore:
         io, self._io = self._io, None
         janitor = self._janitor
         self.memory.clear()
+        self._hot.clear()
 
         def shut() -> None:
             if journal is not None:
@@ -482,6 +488,72 @@ class PageStore:
         self.stats.zero_copy += 1
         return FileRegion(fd, 0, length)
 
+    def hot_region(self, bkey: BlockKey, length: int) -> FileRegion | None:
+        """For a server that sends files: the whole block that peek() found in the memory tier
+        (`length` bytes) as a region of its file, kept open (hotfiles.py), when it may go out
+        from the page cache as zero-copy sends go (region()'s rules: read or filled by this
+        process, checked within `zero_copy_recheck` seconds or sealed, all in the page cache
+        now); else None and the caller sends the memory tier's bytes. A check that falls due
+        opens the file again by its name and reads it on the loop, only if all of it is in
+        the page cache (~1 us per 10 KiB, once per block per interval); a damaged file is
+        dropped as a read drops it, and the memory tier's bytes (checked when read in) are
+        sent."""
+        name = bkey.name
+        if self._recheck <= 0 or name not in self._verified or self._is_filling(name):
+            return None
+        kept = self._hot.get(name)
+        if kept is None or time.monotonic() > kept.until:
+            kept = self._keep_hot(bkey, length)
+            if kept is None:
+                return None
+        fd = kept.fd
+        if not resident.in_page_cache(fd, 0, length):
+            return None
+        self.stats.zero_copy += 1
+        if kept.sealed:
+            self.stats.sealed += 1
+        return FileRegion(os.dup(fd), 0, length)
+
+    def _keep_hot(self, bkey: BlockKey, length: int) -> Kept | None:
+        """hot_region(): the block's file opened by its name, checked unless it is sealed or
+        was checked within the interval, and kept until the interval is up."""
+        name = bkey.name
+        self._hot.drop(name)
+        path = block_path(self.root, bkey.mount_id, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            now = time.monotonic()
+            checked = self._checked.get(name)
+            sealed = self.seals and verity.is_sealed(fd)
+            if sealed or (checked is not None and now - checked <= self._recheck):
+                ok = resident.sendable(fd, length, 0, length)
+                until = now if sealed or checked is None else checked
+            else:
+                ok = blockfile.read_resident_fd(fd, length, True) is not None
+                if ok:
+                    self._checked_now(name)
+                    self.stats.rechecks += 1
+                until = now
+        except blockfile.Corrupt as exc:
+            os.close(fd)
+            self._unverify(name)
+            self.spawn(self._drop_damaged(bkey, path, exc))  # as a read from disk drops it
+            return None
+        except OSError:
+            os.close(fd)
+            self._unverify(name)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        if not ok:
+            os.close(fd)
+            return None
+        return self._hot.keep(name, fd, sealed, until + self._recheck)
+
     def _checked_now(self, name: str) -> None:
         if len(self._checked) >= _VERIFIED_MAX:
             self._checked.clear()
@@ -489,6 +561,7 @@ class PageStore:
 
     def _unverify(self, name: str) -> None:
         self._verified.pop(name, None)
+        self._hot.drop(name)
         self._checked.pop(name, None)
 
     def verified(self, entry: Entry) -> bool:

@@ -25,6 +25,14 @@ def sendable(fd: int, data_len: int, start: int, length: int) -> bool:
     return _cachestat(fd, start, length) == last - first + 1
 
 
+def in_page_cache(fd: int, start: int, length: int) -> bool:
+    """sendable() of a file whose size was checked already: one cachestat(2), ~1-2 us."""
+    if _cachestat is None:
+        return False
+    first, last = start // _PAGE, (start + length - 1) // _PAGE
+    return _cachestat(fd, start, length) == last - first + 1
+
+
 def _cachestat_call() -> Callable[[int, int, int], int] | None:
     """cachestat(2) through libc's syscall(), or None where the kernel lacks it."""
     import ctypes

@@ -30,9 +30,9 @@ from urllib.parse import unquote
 
 import httptools
 
-from gateway import counters, errors
+from gateway import errors
 from gateway.edge import (
-    FAST_ANSWERS,
+    FAST_ANSWERED,
     EdgeLimits,
     FastAnswer,
     HeadGuard,
@@ -47,7 +47,6 @@ from gateway.server.sends import Outbox
 # Bytes of request body buffered for an exchange before the connection stops reading.
 BODY_HIGH_WATER = 256 << 10
 ASGI_VERSION = {"version": "3.0", "spec_version": "2.3"}
-_FAST_ANSWERS = counters.deferred(FAST_ANSWERS)  # plain number a hit, published on a tick
 _ZEROCOPY_EXTENSIONS: dict[str, Any] = {ZEROCOPY: {}}
 # Request heads answered at the edge, as they arrived (one whole request in one read, nothing
 # after it) and as the parser read them: [method, target, header fields, whether HTTP keeps
@@ -381,7 +380,7 @@ class Connection(HeadGuard, asyncio.Protocol):
 
     def _send_fast(self, answer: tuple[bytes, Any], keep_alive: bool) -> None:
         """Send an answer made at the edge; then wait for the next request, or close."""
-        _FAST_ANSWERS.pending += 1  # published with the request metrics (counters.py)
+        FAST_ANSWERED.pending += 1  # published with the request metrics (counters.py)
         head, body = answer
         outbox = self.outbox
         if body is None:
@@ -389,8 +388,7 @@ class Connection(HeadGuard, asyncio.Protocol):
         elif isinstance(body, bytes | memoryview):
             outbox.send((head, body))
         else:  # a region of a block file, closed once sent
-            outbox.send((head,))
-            outbox.send_file(body.fd, body.offset, body.count, body.close)
+            outbox.send_file(body.fd, body.offset, body.count, body.close, head)
         if not keep_alive:
             self._close_after_answers()
         else:

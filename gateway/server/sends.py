@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Protocol
@@ -27,6 +28,9 @@ log = logging.getLogger(__name__)
 # take a few milliseconds, large enough that a turn's cost (a call and a system call) is
 # small against the copy (docs/performance.md, "Fair sends").
 SLICE = 256 << 10
+# A head followed by a file: the kernel holds it for the file's first bytes (one segment, not
+# two: docs/performance.md, "Hot blocks sent from their files"); never waits for room.
+_MORE = socket.MSG_MORE | socket.MSG_DONTWAIT
 
 
 class Owner(Protocol):
@@ -77,6 +81,7 @@ class Outbox:
         self._paused = False  # the transport holds bytes the socket has not taken
         self._watching = False  # a file waits for room in the socket (on a duplicate of it)
         self._watch = -1  # that duplicate: uvloop watches no descriptor a transport owns
+        self._heads: socket.socket | None = None  # a duplicate to send a file's head with
         self._turn: asyncio.Handle | None = None  # this connection's next slice, scheduled
         self._waiter: asyncio.Future[bool] | None = None  # a sender waiting for the queue
         self._timer: asyncio.TimerHandle | None = None  # the send timeout's check
@@ -112,20 +117,51 @@ class Outbox:
         self._kick()
 
     def send_file(
-        self, fd: int, offset: int, count: int, release: Callable[[], None] | None = None
+        self,
+        fd: int,
+        offset: int,
+        count: int,
+        release: Callable[[], None] | None = None,
+        head: bytes = b"",
     ) -> None:
-        """Send `count` bytes of the file `fd` from `offset` after what is queued, by the
-        kernel; `release` runs once they are sent, or dropped with the connection. The
-        caller makes sure they are in the page cache, so that the loop never waits for the
-        disk (PageStore.region)."""
+        """Send `head`, then `count` bytes of the file `fd` from `offset`, after what is
+        queued, by the kernel; `release` runs once they are sent, or dropped with the
+        connection. The caller makes sure they are in the page cache, so that the loop never
+        waits for the disk (PageStore.region)."""
         if self._sock < 0:
             raise RuntimeError("files are sent on plain TCP connections only")
+        if head:
+            self._send_head(head)
         piece = _File(fd, offset, count, release)
         if self.gone or count <= 0:
             piece.done()
             return
         self._queue.append(piece)
         self._kick()
+
+    def _send_head(self, head: bytes) -> None:
+        """A file's head: straight to the socket, marked as followed by more, when nothing
+        is before it; else (or what the socket did not take) queued as any bytes."""
+        view: bytes | memoryview = head
+        if (
+            not self._queue
+            and not self._paused
+            and not self._watching
+            and not self.gone
+            and not self._transport.is_closing()
+            and not self._transport.get_write_buffer_size()
+        ):
+            heads = self._heads
+            if heads is None:
+                heads = self._heads = socket.socket(fileno=os.dup(self._sock))
+            try:
+                sent = heads.send(head, _MORE)
+            except OSError:
+                sent = 0  # no room, or the client is gone: the transport finds out
+            if sent == len(head):
+                return
+            view = memoryview(head)[sent:]
+        self.send((view,))
 
     async def flushed(self) -> bool:
         """Wait until all that is queued is handed over; False when the connection went
@@ -155,6 +191,9 @@ class Outbox:
                 handle.cancel()
         self._turn = self._timer = None
         self._drop()
+        heads, self._heads = self._heads, None
+        if heads is not None:
+            heads.close()
 
     # -- sending -------------------------------------------------------------------------
 

@@ -248,11 +248,16 @@ class Reader:
         all of it in the page cache, from disk (`disk` False: the memory tier only, for a HEAD,
         whose answer needs no byte of the block). With `zero_copy` (the caller sends files),
         a block on disk comes as a region of its file, checked as any (PageStore's
-        peek_sendable), not as a copy. None when it is not there after all."""
+        peek_sendable), not as a copy, and so does one of the memory tier past hot_file_min
+        where its file may be sent (hot_region). None when it is not there after all."""
         handle, info, bkey = at
         pinned = handle.pinned(info.key)
         data: bytes | memoryview | FileRegion | None = self.pages.peek(bkey, pinned)
-        if data is None:
+        if data is not None:
+            if zero_copy and disk and info.size >= self.pages.hot_file_min:
+                # Sent from the page cache rather than copied into the socket (hotfiles.py).
+                data = self.pages.hot_region(bkey, info.size) or data
+        else:
             if not disk:
                 return None
             if zero_copy:
@@ -261,7 +266,7 @@ class Reader:
                 data = self.pages.peek_disk(bkey, info.size, pinned)
             if data is None:
                 return None
-        self._note_walk(handle, info, 0, info.size)
+        # Not noted as a walk (_note_walk): no read can go on from the end of a whole object.
         return info, data
 
     async def serve_open(

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.e2e.test_s3_details import (
@@ -94,3 +95,20 @@ def plain(node: GatewayNode) -> GatewayNode:
 @pytest.fixture(params=["s3w", "filew"])
 def bucket(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+def test_hits_answered_at_the_edge_are_counted_exactly_at_a_scrape(node: GatewayNode) -> None:
+    """uvicorn's protocol counts its edge answers as plain numbers published with the request
+    metrics (gateway/edge.py), as the own server does: a scrape still sees every one, from
+    whichever worker answered it."""
+    url = node.client().generate_presigned_url(
+        "get_object", Params={"Bucket": "data", "Key": "obj.bin"}, ExpiresIn=3600
+    )
+    for _ in range(3):  # cached in each worker that answers, then answered at the edge
+        assert httpx.get(url).content == BODY
+    fast = node.metric("gateway_edge_fast_answers")
+    for _ in range(20):  # a new connection each: either worker may take it
+        assert httpx.get(url).content == BODY
+    # The workers that answered only from their memory tier answered at the edge; a worker
+    # that had not read it yet answered on the full path: at least 20 - 3 on the edge.
+    assert fast + 17 <= node.metric("gateway_edge_fast_answers") <= fast + 20
