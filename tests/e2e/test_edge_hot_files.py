@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_edge_fast import _evict
+from tests.e2e.test_edge_fast import _block_file, _evict
 from tests.support.gateway import GatewayNode, run_cli, start_gateway
 from tests.support.net import eventually
 
@@ -67,15 +67,6 @@ def _get_many(node: GatewayNode, key: str, count: int) -> list[bytes]:
 
 def _zero_copy(node: GatewayNode) -> float:
     return node.metric("gateway_cache_zero_copy")
-
-
-def _block_file(node: GatewayNode, size: int) -> Path:
-    found = [
-        p for p in (node.data_dir / "cache" / "blocks").rglob("*")
-        if p.is_file() and size < p.stat().st_size < size + 4096
-    ]  # fmt: skip
-    assert len(found) == 1, found
-    return found[0]
 
 
 def _warm(node: GatewayNode) -> None:
