@@ -356,11 +356,12 @@ class PageStore:
 
     def peek_disk(self, bkey: BlockKey, length: int, pinned: bool = False) -> memoryview | None:
         """The whole block from its file without waiting for the disk, so on the event loop:
-        only a block this process has read from disk before (its file was there and is most
-        likely in the page cache still), and only if all of it is in memory now. None for
-        anything else: the full read path reads it on a thread."""
+        only if all of it is in memory now (read with RWF_NOWAIT), and checked as any read
+        from disk is (a block this process has not read before always: one another worker
+        filled or read, or one of before a restart). None for anything else (not there, being
+        filled here, not all in the page cache): the full read path reads it on a thread."""
         name = bkey.name
-        if name not in self._verified or self._is_filling(name) or self._io is None:
+        if self._is_filling(name) or self._io is None:
             return None
         small = self.memory.accepts(length)
         path = block_path(self.root, bkey.mount_id, name)
@@ -381,14 +382,13 @@ class PageStore:
 
     def may_answer(self, bkey: BlockKey, disk: bool) -> bool:
         """Whether peek() (or, with `disk`, peek_disk()) may find the block: in the memory
-        tier, or read and verified from disk by this process and not being filled. Nothing is
-        read or counted."""
+        tier, or (`disk`) on disk as far as this process can tell without I/O (not being
+        filled here: whether its file is there and in the page cache, peek_disk finds out).
+        Nothing is read or counted."""
         name = bkey.name
         if name in self.memory:
             return True
-        return (
-            disk and name in self._verified and not self._is_filling(name) and self._io is not None
-        )
+        return disk and not self._is_filling(name) and self._io is not None
 
     async def region(
         self, bkey: BlockKey, length: int, start: int, end: int, pinned: bool = False
@@ -457,7 +457,7 @@ class PageStore:
         name = bkey.name
         if self.memory.accepts(length) or self._recheck <= 0:
             return self.peek_disk(bkey, length, pinned)
-        if name not in self._verified or self._is_filling(name) or self._io is None:
+        if self._is_filling(name) or self._io is None:
             return None
         try:
             fd = os.open(block_path(self.root, bkey.mount_id, name), os.O_RDONLY | os.O_CLOEXEC)

@@ -298,13 +298,21 @@ class MetaStore(MultipartUploads, Tenants):
         changes: Sequence[tuple[int, str, ObjectInfo | None, bool]],
         written_at: datetime | None = None,
         also: Sequence[sa.Executable] = (),
+        stamps: Mapping[tuple[int, str], datetime] | None = None,
     ) -> None:
         """Many (mount_id, key, info, complete) in one transaction: an info replaces the key's
         row, None removes it. Each key at most once. `also`: statements of the same change
         made elsewhere (a completed upload's removal), run in the same transaction: all of it
-        is committed, or none."""
+        is committed, or none. A row's `written_at` (from when a read trusts it for the
+        mount's TTL) is its key's in `stamps`, when the store was asked, else `written_at`,
+        else now."""
         written_at = written_at or _now()
-        rows = [version_row(m, i, c, written_at) for m, _, i, c in changes if i is not None]
+        stamps = stamps or {}
+        rows = [
+            version_row(m, i, c, stamps.get((m, key), written_at))
+            for m, key, i, c in changes
+            if i is not None
+        ]
         gone = [{"mount_id": m, "key": key} for m, key, info, _ in changes if info is None]
         async with self._connect() as conn:
             if rows:

@@ -226,10 +226,13 @@ class Reader:
     def hit_at(self, bucket: str, key: str, disk: bool = True) -> HitAt | None:
         """Where a whole object would be answered from with no await and no wait for the disk:
         its version known within the TTL, one block this node serves, that block in the memory
-        tier or (`disk`) read and verified from disk before by this process. None for anything
-        else (the full read path then answers). Nothing is counted or read: the edge asks this
-        before it checks the request's signature, so that a miss is verified once, by the full
-        path, and take_hit() follows only an authorized request."""
+        tier or (`disk`) on disk as far as the page store tells without I/O (take_hit() reads
+        it only if all of it is in the page cache, checked first if this process has not read
+        it before, whichever worker filled it). None for anything else (the full read path
+        then answers). Nothing is counted or read: the edge asks this before it checks the
+        request's signature, so that a miss is verified once, by the full path, and
+        take_hit() follows only an authorized request. A version known whose block is gone
+        is verified twice (here, then by the full path): a few µs on a miss."""
         handle = self.namespace.mount(bucket)
         if handle is None or not handle.cache_enabled:
             return None

@@ -120,12 +120,19 @@ class VersionRows:
                     wanted.set_result(None)
 
     def record(
-        self, mount_id: int, key: str, info: ObjectInfo | None, complete: bool = True
+        self,
+        mount_id: int,
+        key: str,
+        info: ObjectInfo | None,
+        complete: bool = True,
+        at: datetime | None = None,
     ) -> None:
-        """Make `info` the key's row, or with None remove it: queued, written with others."""
+        """Make `info` the key's row, or with None remove it: queued, written with others.
+        `at`: when the store was asked what the row says (a read trusts the row for the
+        mount's TTL from then); now when not given."""
         item = (mount_id, key)
         self._queued.pop(item, None)  # to the back: after what came before it
-        self._queued[item] = None if info is None else Entry(info, complete, _utcnow())
+        self._queued[item] = None if info is None else Entry(info, complete, at or _utcnow())
         if self._task is None:
             self._task = asyncio.create_task(self._drain())
         elif len(self._queued) >= BATCH:
@@ -138,14 +145,16 @@ class VersionRows:
         info: ObjectInfo | None,
         complete: bool = True,
         also: Sequence[sa.Executable] = (),
+        at: datetime | None = None,
     ) -> None:
         """`record`, written at once, with the statements `also` in the same transaction;
         returns when it is over. A change of the key still queued is older: this one replaces
         it, so it is never written after this. A change of the key being written is waited
         for. A failure is logged, never raised (the store has the write; the catalog catches
         up at its next crawl), and the caller's cancellation does not stop the transaction."""
-        entry = None if info is None else Entry(info, complete, _utcnow())
-        await self._ordered((mount_id, key), entry, [(mount_id, key, info, complete)], also)
+        entry = None if info is None else Entry(info, complete, at or _utcnow())
+        changes = [(mount_id, key, info, complete)]
+        await self._ordered((mount_id, key), entry, changes, also)
 
     async def doubt(self, mount_id: int, key: str) -> None:
         """The row's version was not found at the store: listed still, but not trusted for
@@ -180,7 +189,8 @@ class VersionRows:
         try:
             if earlier is not None:
                 await asyncio.shield(earlier.done)
-            await self._meta.record_versions(changes, also=also)
+            stamps = {item: writing.entry.at} if writing.entry is not None else None
+            await self._meta.record_versions(changes, also=also, stamps=stamps)
         except (MetaUnavailable, sa_exc.IntegrityError) as exc:  # or the mount removed meanwhile
             log.warning("bookkeeping of the change of %s not recorded: %s", item[1], exc)
         except Exception:
@@ -234,7 +244,8 @@ class VersionRows:
         try:
             for wait in earlier:
                 await asyncio.shield(wait)
-            await self._write([_change(*one) for one in batch])
+            stamps = {(m, key): entry.at for m, key, entry in batch if entry is not None}
+            await self._write([_change(*one) for one in batch], stamps)
         finally:
             items = [(mount_id, key) for mount_id, key, _ in batch]
             for item in items:
@@ -243,9 +254,13 @@ class VersionRows:
             if not done.done():
                 done.set_result(None)
 
-    async def _write(self, batch: list[tuple[int, str, ObjectInfo | None, bool]]) -> None:
+    async def _write(
+        self,
+        batch: list[tuple[int, str, ObjectInfo | None, bool]],
+        stamps: dict[Item, datetime],
+    ) -> None:
         try:
-            await self._meta.record_versions(batch)
+            await self._meta.record_versions(batch, stamps=stamps)
         except MetaUnavailable as exc:
             log.warning("could not persist the versions of %d objects: %s", len(batch), exc)
         except sa_exc.IntegrityError:
@@ -253,7 +268,7 @@ class VersionRows:
             # the rest one by one.
             for change in batch:
                 try:
-                    await self._meta.record_versions([change])
+                    await self._meta.record_versions([change], stamps=stamps)
                 except (MetaUnavailable, sa_exc.IntegrityError) as exc:
                     log.info("version of %s not persisted: %s", change[1], exc)
         except Exception:

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -151,12 +151,13 @@ class Versions:
                     else:
                         counters.revalidated("listing", "changed")  # asked alone below
             if info is None:
+                asked = time.monotonic()
                 with store_errors(key):
                     info = await handle.store.stat(key)
                 if previous is not None:
                     counters.revalidated("head", "fresh" if same(previous.etag, info.etag)
                                          else "changed")  # fmt: skip
-                await self._learnt_row(handle, key, info, previous, ticket)
+                await self._learnt_row(handle, key, info, previous, ticket, asked)
         except errors.NoSuchKey:
             await self.gone(handle, key, ticket)
             raise
@@ -344,7 +345,7 @@ class Versions:
         claim goes, unless the key changed meanwhile."""
         if self.metadata.put(handle.id, key, info, asked, ticket):
             await self.metadata.published(handle.id, key)
-            await self._learnt_row(handle, key, info, None, ticket)
+            await self._learnt_row(handle, key, info, None, ticket, asked)
 
     async def changed(
         self, handle: MountHandle, key: str, seen: BaseException, ticket: int | None = None
@@ -468,21 +469,25 @@ class Versions:
         info: ObjectInfo,
         previous: ObjectInfo | None,
         ticket: int,
+        asked: float,
     ) -> None:
-        """The store told the key's version, asked under `ticket`. Under a synced prefix its
-        row takes it before the answer (the catalog lists the truth through every node from
-        then on: a row completed, or corrected after a change behind the gateway's back); an
-        immutable mount's row is queued when it is news. An answer from before a change of
-        the key through the node writes no row: that change wrote its own."""
+        """The store told the key's version, asked under `ticket` at `asked` (monotonic).
+        Under a synced prefix its row takes it before the answer (the catalog lists the truth
+        through every node from then on: a row completed, or corrected after a change behind
+        the gateway's back); an immutable mount's row is queued when it is news. Either row
+        is stamped with the asking's time, not the answer's: a read trusts it for the
+        mount's TTL from then, as it trusts what it asked itself. An answer from before a
+        change of the key through the node writes no row: that change wrote its own."""
         if self.metadata.ticket(handle.id, key) != ticket:
             return
+        at = _utcnow() - timedelta(seconds=max(0.0, time.monotonic() - asked))
         if self._covered(handle, key):
             if previous is not None and same(previous.etag, info.etag):
-                self.rows.record(handle.id, key, info)  # the same version, seen again now
+                self.rows.record(handle.id, key, info, at=at)  # the same version, seen again
             else:
-                await self.rows.record_now(handle.id, key, info)
+                await self.rows.record_now(handle.id, key, info, at=at)
         elif handle.ttl < 0 and (previous is None or not same(previous.etag, info.etag)):
-            self.rows.record(handle.id, key, info)
+            self.rows.record(handle.id, key, info, at=at)
 
     def _invalidate(self, handle: MountHandle, info: ObjectInfo) -> None:
         """Forget the cached blocks of this version on this node."""

@@ -164,9 +164,9 @@ async def test_changes_made_within_the_delay_share_a_transaction(
     calls: list[int] = []
 
     class Counted(MetaStore):
-        async def record_versions(self, changes, written_at=None, also=()):  # type: ignore[no-untyped-def]
+        async def record_versions(self, changes, written_at=None, also=(), stamps=None):  # type: ignore[no-untyped-def]
             calls.append(len(changes))
-            await super().record_versions(changes, written_at, also)
+            await super().record_versions(changes, written_at, also, stamps)
 
     async with Counted(database_url, SecretBox([SecretBox.generate_key()])) as counted:
         recorder = VersionRows(counted, delay=60.0)  # the test ends it with close()
