@@ -32,6 +32,7 @@ from botocore.exceptions import (
 from botocore.exceptions import ConnectionError as EndpointUnreachable
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 
+from gateway.bounded import Bounded
 from gateway.cache.blockfile import Corrupt
 from gateway.client.endpoints import Endpoints
 from gateway.client.local import HELLO_PATH, Lease, ShortCircuit, ShortCircuitError
@@ -109,7 +110,7 @@ class GatewayFileSystem(AbstractFileSystem):
         self._nodes: dict[str, Any] = {}
         # Versions and sizes learnt from listings: a routed read of a large object needs the
         # version to find the owners of its blocks (no HEAD per object).
-        self._versions: dict[tuple[str, str], tuple[str, int]] = {}
+        self._versions: Bounded[tuple[str, str], tuple[str, int]] = Bounded(_VERSIONS_KEPT)
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -269,9 +270,7 @@ class GatewayFileSystem(AbstractFileSystem):
         return entries
 
     def _remember(self, bucket: str, key: str, etag: str, size: int) -> None:
-        if len(self._versions) >= _VERSIONS_KEPT:
-            self._versions.pop(next(iter(self._versions)))
-        self._versions[(bucket, key)] = (etag, size)
+        self._versions.put((bucket, key), (etag, size))
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         path = self._strip_protocol(path)

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Literal
 from urllib.parse import unquote
 
 import httptools
 
 from gateway import counters, errors
+from gateway.bounded import Bounded
 from gateway.logs import AccessLog, fields
 from gateway.s3 import limits
 from gateway.s3.handlers import checksum_headers, object_headers
@@ -56,8 +57,6 @@ _STATUS_PARTIAL = b"HTTP/1.1 206 Partial Content\r\n"
 _TARGET_MAX = 2048  # longer request targets are looked at every time, never kept
 _KEPT = 4096  # request targets, and objects' header lines, remembered each
 _JOINED_MAX = 64 << 10  # a body up to this size is joined to the head; a larger one is not
-K = TypeVar("K")
-V = TypeVar("V")
 
 
 class FastHits:
@@ -77,10 +76,10 @@ class FastHits:
         self._base_domain = base_domain
         self._access_log = access_log
         # What each request target seen is (parsing it costs more than the rest of a hit).
-        self._targets: dict[bytes, tuple[str, str, str, str] | Literal[False]] = {}
+        self._targets: Bounded[bytes, tuple[str, str, str, str] | Literal[False]] = Bounded(_KEPT)
         # Each object's header lines and its access-log lines' fixed parts, for the version
         # they were rendered from.
-        self._heads: dict[tuple[str, str, bool], _Rendered] = {}
+        self._heads: Bounded[tuple[str, str, bool], _Rendered] = Bounded(_KEPT)
         # The server's default header fields (the date: a new list each second), rendered.
         self._dated: tuple[list[tuple[bytes, bytes]] | None, bytes] = (None, b"")
 
@@ -115,7 +114,7 @@ class FastHits:
         if plain is None:
             plain = object_target(target, self._base_domain)
             if len(target) <= _TARGET_MAX:
-                _keep(self._targets, target, plain)
+                self._targets.put(target, plain)
         if not plain:
             return None
         raw_path, qs, bucket, key = plain
@@ -250,7 +249,7 @@ class FastHits:
         head = b"".join(b"%s: %s\r\n" % (name, value) for name, value in reply.headers)
         tail = b"\r\ncontent-length: %d\r\n\r\n" % info.size
         rendered = _Rendered(info, head + b"x-amz-request-id: ", tail, {})
-        _keep(self._heads, (bucket, key, checksums), rendered)
+        self._heads.put((bucket, key, checksums), rendered)
         return rendered
 
 
@@ -276,13 +275,6 @@ def _log_parts(
     )
     after = fields({"cache": "hit", "access_key": access_key})
     return (before, after) if before is not None and after is not None else None
-
-
-def _keep(kept: dict[K, V], key: K, value: V) -> None:
-    """Remember `value` under `key`, forgetting the oldest entry past _KEPT."""
-    if len(kept) >= _KEPT:
-        kept.pop(next(iter(kept)), None)
-    kept[key] = value
 
 
 def object_target(

@@ -11,9 +11,10 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple
 
 from gateway import decimals
+from gateway.bounded import Bounded
 from gateway.errors import (
     AccessDenied,
     AuthorizationHeaderMalformed,
@@ -38,9 +39,6 @@ from gateway.s3.sigv4_canonical import (
     parse_amz_date,
     presign_params,
 )
-
-_K = TypeVar("_K")
-_V = TypeVar("_V")
 
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 MAX_PRESIGN_EXPIRES = 604800
@@ -135,16 +133,17 @@ class SigV4Verifier:
         self._region = region
         self._max_skew = max_skew
         self._clock = clock
-        self._cache_size = cache_size
-        self._keys: dict[tuple[str, str, str, str], SigningKey] = {}
+        self._keys: Bounded[tuple[str, str, str, str], SigningKey] = Bounded(cache_size)
         # Credential strings repeat across a client's requests all day: validate each once.
-        self._scopes: dict[tuple[str, bool], _Scope] = {}
+        self._scopes: Bounded[tuple[str, bool], _Scope] = Bounded(cache_size)
         # Presigned URLs already verified, as sent (a training job's loader or a benchmark
         # asks for the same URL many times): the result, the secret it was checked with and
         # when the URL expires. Exactly the same request target, host and method, with no
         # x-amz-* header beside it, is the same signed request: it verifies again while the
         # URL is valid and the key keeps its secret.
-        self._presigned: dict[tuple[str, str, str, str | None], tuple[AuthResult, str, float]] = {}
+        self._presigned: Bounded[
+            tuple[str, str, str, str | None], tuple[AuthResult, str, float]
+        ] = Bounded(cache_size)
 
     def verify(
         self, method: str, raw_path: str, query_string: str, headers: Mapping[str, str]
@@ -186,7 +185,7 @@ class SigV4Verifier:
                 if bare and checked_with is not None:
                     until = _seconds(claim.amz_date) + int(params["X-Amz-Expires"])
                     memo = (result, checked_with, until)
-                    _bounded_put(self._presigned, seen_as, memo, self._cache_size)
+                    self._presigned.put(seen_as, memo)
                 return result
         if "AWSAccessKeyId=" in query_string and "Signature=" in query_string:
             raise InvalidRequest(_SIGV2)
@@ -298,7 +297,7 @@ class SigV4Verifier:
         cached = self._scopes.get((credential, presigned))
         if cached is None:
             cached = self._parse_credential(credential, presigned)
-            _bounded_put(self._scopes, (credential, presigned), cached, self._cache_size)
+            self._scopes.put((credential, presigned), cached)
         if cached.date != amz_date[:8]:
             error = AuthorizationQueryParametersError if presigned else AuthorizationHeaderMalformed
             prefix = _QUERY_PREFIX if presigned else _HEADER_PREFIX
@@ -338,7 +337,7 @@ class SigV4Verifier:
         key = self._keys.get(cache_key)
         if key is None:
             key = SigningKey.derive(secret, scope.date, scope.region, scope.service)
-            _bounded_put(self._keys, cache_key, key, self._cache_size)
+            self._keys.put(cache_key, key)
         return key
 
     def _check(
@@ -480,9 +479,3 @@ def _seconds(amz_date: str) -> float:
     if seconds is None:
         raise AccessDenied(_NO_DATE)
     return seconds
-
-
-def _bounded_put(cache: dict[_K, _V], key: _K, value: _V, size: int) -> None:
-    if len(cache) >= size:
-        cache.pop(next(iter(cache)), None)  # the oldest: dicts keep insertion order
-    cache[key] = value

@@ -31,6 +31,7 @@ from urllib.parse import unquote
 import httptools
 
 from gateway import errors
+from gateway.bounded import Bounded
 from gateway.edge import (
     FAST_ANSWERED,
     EdgeLimits,
@@ -55,9 +56,9 @@ _ZEROCOPY_EXTENSIONS: dict[str, Any] = {ZEROCOPY: {}}
 # without an Authorization header (a presigned URL's, an anonymous one's: a header-signed
 # request carries its date and differs each time), of _HEAD_MAX bytes at most, _HEADS_KEPT.
 ParsedHead = tuple[bytes, bytes, list[tuple[bytes, bytes]], bool]
-_HEADS: dict[bytes, ParsedHead] = {}
 _HEAD_MAX = 2048
 _HEADS_KEPT = 4096
+_HEADS: Bounded[bytes, ParsedHead] = Bounded(_HEADS_KEPT)
 
 
 @dataclass
@@ -245,9 +246,7 @@ class Connection(HeadGuard, asyncio.Protocol):
         learned = self._learned
         if learned is not None and self._begun == 1 and self._between:
             # One whole request, answered at the edge: its bytes are known from now on.
-            if len(_HEADS) >= _HEADS_KEPT:
-                _HEADS.pop(next(iter(_HEADS)), None)
-            _HEADS[data] = learned
+            _HEADS.put(data, learned)
 
     def _replay(self, head: ParsedHead) -> bool:
         """Answer a request whose head is the same bytes as one parsed and answered at the

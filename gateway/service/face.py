@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from gateway import errors
+from gateway.bounded import Bounded
 from gateway.iam import MalformedPolicy, compile_policy
 from gateway.meta import MetaUnavailable
 from gateway.service.authz import Caller
@@ -63,7 +64,7 @@ class S3Service:
         self._buckets = Buckets(shared, bucket_store, bucket_store_options or {}, self._door)
         self._encrypted = EncryptedReads(shared)
         # (mount id, key, ETag) -> offsets of its parts' starts and of its end (partNumber).
-        self._parts: dict[tuple[int, str, str], list[int]] = {}
+        self._parts: Bounded[tuple[int, str, str], list[int]] = Bounded(4096)
 
     # -- authentication --------------------------------------------------------------------
 
@@ -388,9 +389,7 @@ class S3Service:
                 found.append(found[-1] + size)
             if found[-1] != info.size:
                 raise errors.ServiceUnavailable("The object changed while its parts were read.")
-            if len(self._parts) >= 4096:
-                self._parts.pop(next(iter(self._parts)))
-            self._parts[(handle.id, key, info.etag)] = found
+            self._parts.put((handle.id, key, info.etag), found)
         if number >= len(found):
             raise errors.InvalidPartNumber(
                 PartNumberRequested=str(number), ActualPartCount=str(len(found) - 1)

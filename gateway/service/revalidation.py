@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Callable
 
 from gateway import counters
+from gateway.bounded import Bounded
 from gateway.service.listed import END, Listed, ListedVersions, after_for, prefix_of
 from gateway.service.namespace import MountHandle
 from gateway.service.store_errors import store_errors
@@ -56,14 +57,14 @@ class Revalidator:
         self._wall = wall
         self._ahead_tick = ahead_tick
         self._page_keys = page
-        self._recent: dict[tuple[int, str], deque[float]] = {}
+        self._recent: Bounded[tuple[int, str], deque[float]] = Bounded(_PREFIXES_KEPT)
         # Listings in flight by prefix: (start-after, done when recorded).
         self._listing_now: dict[tuple[int, str], list[tuple[str, asyncio.Future[None]]]] = {}
         # Prefixes whose pages are walked (`_walk`), and the furthest key wanted of each.
         self._walks: dict[tuple[int, str], asyncio.Task[None]] = {}
         self._wanted: dict[tuple[int, str], str] = {}
         # Prefixes kept listed ahead (`ahead`): their mount, and when last revalidated.
-        self._hot: dict[tuple[int, str], tuple[MountHandle, float]] = {}
+        self._hot: Bounded[tuple[int, str], tuple[MountHandle, float]] = Bounded(_PREFIXES_KEPT)
         self._keeping: asyncio.Task[None] | None = None
 
     def lookup(self, handle: MountHandle, key: str) -> Listed | None:
@@ -166,9 +167,7 @@ class Revalidator:
     def _touch(self, handle: MountHandle, prefix: str, wall: float | None = None) -> None:
         """The prefix is revalidated now: keep it listed ahead for HOT_FOR of its TTLs."""
         at = (handle.id, prefix)
-        if at not in self._hot and len(self._hot) >= _PREFIXES_KEPT:
-            del self._hot[next(iter(self._hot))]
-        self._hot[at] = (handle, self._wall() if wall is None else wall)
+        self._hot.put(at, (handle, self._wall() if wall is None else wall))
         if self._keeping is None and self._ahead_tick is not None:
             self._keeping = asyncio.get_running_loop().create_task(self._keep_ahead())
 
@@ -203,9 +202,8 @@ class Revalidator:
         now = self._wall()
         recent = self._recent.get(at)
         if recent is None:
-            if len(self._recent) >= _PREFIXES_KEPT:
-                del self._recent[next(iter(self._recent))]
-            recent = self._recent[at] = deque()
+            recent = deque()
+            self._recent.put(at, recent)
         while recent and recent[0] < now - handle.ttl:
             recent.popleft()
         recent.append(now)

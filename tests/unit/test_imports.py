@@ -16,7 +16,7 @@ GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
 # Small top-level modules every part may share: the S3 error table, settings, logs, numbers,
 # the counters. LEAF: those of them that may sit under stores and the page store, which speak
 # no S3 (a store raises its own typed errors; the service maps them to S3's once).
-LEAF = {"gateway.decimals", "gateway.logs"}
+LEAF = {"gateway.decimals", "gateway.logs", "gateway.bounded"}
 # The node's change counters shared by its workers (a file in the cache folder).
 SIGNALS = {"gateway.generations"}
 BASE = LEAF | SIGNALS | {"gateway", "gateway.errors", "gateway.config", "gateway.counters"}
@@ -56,7 +56,7 @@ ALLOWED: dict[str, set[str]] = {
     "gateway.edge_uvicorn": {"gateway.edge"} | BASE,
     # Runs in training jobs, apart from any node: reads block files as the page store wrote
     # them, and finds owners with the nodes' own placement function.
-    "gateway.client": {"gateway.cache", "gateway.cluster"},
+    "gateway.client": {"gateway.cache", "gateway.cluster", "gateway.bounded"},
     "gateway.node": EVERYTHING,  # builds a node out of the parts
     "gateway.generations": set(),
     "gateway.datadir": set(),  # the data dir's modes and metrics folder, for `serve` (cli)
@@ -66,6 +66,7 @@ ALLOWED: dict[str, set[str]] = {
     "gateway.config": set(),
     "gateway.decimals": set(),
     "gateway.logs": set(),
+    "gateway.bounded": set(),
     "gateway.counters": set(),
 }
 
