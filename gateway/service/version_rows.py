@@ -68,6 +68,9 @@ class VersionRows:
         self._meta = meta
         self._delay = delay
         self._queued: dict[Item, Entry | None] = {}
+        # When the store was asked what a queued row says, where a reader said (record's
+        # `at`): its written_at. Others are stamped when written, as writes are.
+        self._asked: dict[Item, datetime] = {}
         self._task: asyncio.Task[None] | None = None
         self._wanted: dict[Item, asyncio.Future[Entry | None]] = {}
         self._finder: asyncio.Task[None] | None = None
@@ -133,6 +136,10 @@ class VersionRows:
         item = (mount_id, key)
         self._queued.pop(item, None)  # to the back: after what came before it
         self._queued[item] = None if info is None else Entry(info, complete, at or _utcnow())
+        if at is not None and info is not None:
+            self._asked[item] = at
+        else:
+            self._asked.pop(item, None)
         if self._task is None:
             self._task = asyncio.create_task(self._drain())
         elif len(self._queued) >= BATCH:
@@ -152,9 +159,10 @@ class VersionRows:
         it, so it is never written after this. A change of the key being written is waited
         for. A failure is logged, never raised (the store has the write; the catalog catches
         up at its next crawl), and the caller's cancellation does not stop the transaction."""
+        item = (mount_id, key)
         entry = None if info is None else Entry(info, complete, at or _utcnow())
-        changes = [(mount_id, key, info, complete)]
-        await self._ordered((mount_id, key), entry, changes, also)
+        stamps = {item: at} if at is not None and info is not None else None
+        await self._ordered(item, entry, [(mount_id, key, info, complete)], also, stamps)
 
     async def doubt(self, mount_id: int, key: str) -> None:
         """The row's version was not found at the store: listed still, but not trusted for
@@ -169,11 +177,13 @@ class VersionRows:
         entry: Entry | None,
         changes: list[tuple[int, str, ObjectInfo | None, bool]],
         also: Sequence[sa.Executable],
+        stamps: dict[Item, datetime] | None = None,
     ) -> None:
         self._queued.pop(item, None)
+        self._asked.pop(item, None)
         earlier = self._writing.get(item)
         writing = self._writing[item] = _Writing(entry)
-        task = asyncio.create_task(self._now_write(item, writing, earlier, changes, also))
+        task = asyncio.create_task(self._now_write(item, writing, earlier, changes, also, stamps))
         self._now.add(task)
         task.add_done_callback(self._now.discard)
         await asyncio.shield(task)
@@ -185,11 +195,11 @@ class VersionRows:
         earlier: _Writing | None,
         changes: list[tuple[int, str, ObjectInfo | None, bool]],
         also: Sequence[sa.Executable],
+        stamps: dict[Item, datetime] | None,
     ) -> None:
         try:
             if earlier is not None:
                 await asyncio.shield(earlier.done)
-            stamps = {item: writing.entry.at} if writing.entry is not None else None
             await self._meta.record_versions(changes, also=also, stamps=stamps)
         except (MetaUnavailable, sa_exc.IntegrityError) as exc:  # or the mount removed meanwhile
             log.warning("bookkeeping of the change of %s not recorded: %s", item[1], exc)
@@ -226,13 +236,18 @@ class VersionRows:
                 # The requests running now, and those of the next `delay`, add theirs.
                 await self._pause()
                 batch = []
+                stamps = {}
                 for item in list(self._queued)[:BATCH]:
                     batch.append((*item, self._queued.pop(item)))
-                await self._write_after(batch)
+                    if (asked := self._asked.pop(item, None)) is not None:
+                        stamps[item] = asked
+                await self._write_after(batch, stamps)
         finally:
             self._task = None
 
-    async def _write_after(self, batch: list[tuple[int, str, Entry | None]]) -> None:
+    async def _write_after(
+        self, batch: list[tuple[int, str, Entry | None]], stamps: dict[Item, datetime]
+    ) -> None:
         """Write the batch after the changes of its keys already under way (record_now's)."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         earlier = []
@@ -244,7 +259,6 @@ class VersionRows:
         try:
             for wait in earlier:
                 await asyncio.shield(wait)
-            stamps = {(m, key): entry.at for m, key, entry in batch if entry is not None}
             await self._write([_change(*one) for one in batch], stamps)
         finally:
             items = [(mount_id, key) for mount_id, key, _ in batch]
