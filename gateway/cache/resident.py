@@ -19,10 +19,7 @@ def sendable(fd: int, data_len: int, start: int, length: int) -> bool:
     size = os.fstat(fd).st_size
     if size not in (data_len + tail_size(data_len), data_len + TRAILER_SIZE):
         raise Corrupt(f"block file of {size} bytes")
-    if _cachestat is None:
-        return False
-    first, last = start // _PAGE, (start + length - 1) // _PAGE
-    return _cachestat(fd, start, length) == last - first + 1
+    return in_page_cache(fd, start, length)
 
 
 def in_page_cache(fd: int, start: int, length: int) -> bool:
