@@ -1,7 +1,10 @@
 """The catalog as the request path uses it: which prefixes are synced, and listings of them.
 Which prefixes are synced is held in process (re-read every few seconds): asking costs no
-database round trip. The keys' rows are the table of object versions (gateway.meta.versions),
-which gateway.service.versions reads and writes for single keys and crawls reconcile."""
+database round trip. A worker that reads a change of them tells the node's other workers
+(`on_change`), which re-read before their next request: one node answers alike through all of
+its workers as soon as one of them has seen a sync finish. The keys' rows are the table of
+object versions (gateway.meta.versions), which gateway.service.versions reads and writes for
+single keys and crawls reconcile."""
 
 from __future__ import annotations
 
@@ -29,24 +32,36 @@ def utcnow() -> datetime:
 
 
 class Catalog:
-    def __init__(self, engine: AsyncEngine, clock: Callable[[], datetime] = utcnow) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        clock: Callable[[], datetime] = utcnow,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
         self.engine = engine
         self.clock = clock
         self._synced: dict[int, tuple[str, ...]] = {}
+        self._read = False  # whether refresh has read them once
+        self._on_change = on_change
         dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
         self.insert: Any = dialect.insert
 
     # -- which prefixes are synced -----------------------------------------------------------
 
     async def refresh(self) -> None:
-        """Re-read which prefixes of which mounts have been synced."""
+        """Re-read which prefixes of which mounts have been synced; a change since the last
+        read is told to `on_change` (the node's other workers re-read it then)."""
         query = sa.select(S.c.mount_id, S.c.prefix).where(S.c.synced_at.is_not(None))
         async with transaction(self.engine) as conn:
             rows = (await conn.execute(query)).all()
         synced: dict[int, list[str]] = {}
         for mount_id, prefix in rows:
             synced.setdefault(mount_id, []).append(prefix)
-        self._synced = {m: tuple(p) for m, p in synced.items()}
+        now = {m: tuple(sorted(p)) for m, p in synced.items()}
+        before, self._synced = self._synced, now
+        if self._read and before != now and self._on_change is not None:
+            self._on_change()
+        self._read = True
 
     def covers(self, mount_id: int, key: str) -> bool:
         """Whether the catalog answers for `key` (or for a listing of prefix `key`)."""

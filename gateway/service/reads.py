@@ -541,7 +541,11 @@ class Reader:
         return await primed(source.read(span))
 
     async def _mount_by_id(self, mount_id: int) -> MountHandle:
-        """The mount a peer names by id; one this node has not seen yet is looked up."""
+        """The mount a peer names by id; one this node has not seen yet is looked up. What
+        changed on the node (a mount, a synced prefix) is re-read first, as for a client's
+        request: a peer is answered as this node's other workers would answer it."""
+        if self.namespace.stale():
+            await self.namespace.current()
         handle = self.namespace.by_id(mount_id)
         if handle is None:
             await self.namespace.lookup_unknown_mount(mount_id=mount_id)

@@ -55,7 +55,7 @@ class Shared:
         # (generations.py), and share the versions they learn (learnt.py); the CLI on the
         # node's host tells them too, through the same counters.
         generations = Generations(pages.root)
-        catalog = Catalog(meta.engine)
+        catalog = Catalog(meta.engine, on_change=generations.bump_state)
         namespace = Namespace(meta, default_ttl, block_size, mounts_changed, generations, catalog)
         meta.on_change = generations.bump_state
         several = workers > 1
