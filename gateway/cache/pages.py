@@ -394,17 +394,17 @@ class PageStore:
         self, bkey: BlockKey, length: int, start: int, end: int, pinned: bool = False
     ) -> FileRegion | None:
         """Bytes [start, end) of the block as a region of its file, to be sent without being
-        read into this process (zero-copy), or None: the block is in memory, not read or
-        filled by this process before, being filled, gone, or not all in the page cache (a
-        send must not wait for the disk on the event loop). A block whose whole data this
-        process has not checked within `zero_copy_recheck` seconds is read and checked first,
-        on a thread (docs/cache.md, "Zero-copy sends"); a damaged one is dropped, as a read
-        drops it, and None tells the caller to read it the ordinary way (fetched again)."""
+        read into this process (zero-copy), or None: the block is in memory, being filled,
+        gone, or not all in the page cache (a send must not wait for the disk on the event
+        loop). A block whose whole data this process has not checked within
+        `zero_copy_recheck` seconds (one another worker of the node filled, too) is read and
+        checked first, on a thread (docs/cache.md, "Zero-copy sends"); a damaged one is
+        dropped, as a read drops it, and None tells the caller to read it the ordinary way
+        (fetched again)."""
         name = bkey.name
         if (
             self._recheck <= 0
             or end <= start
-            or name not in self._verified
             or self._is_filling(name)
             or name in self.memory
             or self._io is None
@@ -491,15 +491,14 @@ class PageStore:
     def hot_region(self, bkey: BlockKey, length: int) -> FileRegion | None:
         """For a server that sends files: the whole block that peek() found in the memory tier
         (`length` bytes) as a region of its file, kept open (hotfiles.py), when it may go out
-        from the page cache as zero-copy sends go (region()'s rules: read or filled by this
-        process, checked within `zero_copy_recheck` seconds or sealed, all in the page cache
-        now); else None and the caller sends the memory tier's bytes. A check that falls due
+        from the page cache as zero-copy sends go (region()'s rules: checked by this process
+        within `zero_copy_recheck` seconds or sealed, all in the page cache now); else None and the caller sends the memory tier's bytes. A check that falls due
         opens the file again by its name and reads it on the loop, only if all of it is in
         the page cache (~1 us per 10 KiB, once per block per interval); a damaged file is
         dropped as a read drops it, and the memory tier's bytes (checked when read in) are
         sent."""
         name = bkey.name
-        if self._recheck <= 0 or name not in self._verified or self._is_filling(name):
+        if self._recheck <= 0 or self._is_filling(name):
             return None
         kept = self._hot.get(name)
         if kept is None or time.monotonic() > kept.until:

@@ -1,7 +1,8 @@
 """A block one process of a node filled is answered without a wait by its siblings: two page
 stores over one root, as two workers of a node hold them. Before, a process answered from
-disk on the event loop (PageStore.peek_disk, peek_sendable: the HTTP edge's hits) only the
-blocks it had filled or read itself, so a warm epoch at two workers went the full path for
+disk on the event loop (PageStore.peek_disk, peek_sendable: the HTTP edge's hits), or sent
+from its file (region: the full path's ranges and large objects), only the blocks it had
+filled or read itself, so a warm epoch at two workers went the full path for
 about half of its objects (loadtest epochs). A sibling's block is checked before its bytes
 are given, as every first read from disk is: a damaged one is never given."""
 
@@ -73,9 +74,21 @@ async def test_a_block_a_sibling_filled_is_answered_from_the_page_cache(tmp_path
         assert sibling.peek(small) == SMALL  # and now in its memory tier
         assert _bytes_of(sibling.peek_sendable(big, len(BIG)), len(BIG)) == BIG
         assert (sibling.stats.hits, sibling.stats.memory_hits) == (3, 1)
+        # A range of a block the sibling has not read, on the full path: sent from its file,
+        # checked first (a third process's view: the filler's block, unread by it).
+        third = Cache(str(tmp_path), janitor=False, capacity_bytes=1 << 30, seal_blocks=False)
+        await third.open()
+        try:
+            found = await third.pages.region(big, len(BIG), 1000, 300_000)
+            assert isinstance(found, FileRegion)
+            assert _bytes_of(found, 299_000) == BIG[1000:300_000]
+            assert third.pages.stats.rechecks == 1
+        finally:
+            await third.close()
         # A block no process cached: nothing, and nothing counted.
         gone = BlockKey(1, "never.bin", '"v1"', 4 * MiB, 0)
         assert sibling.peek_disk(gone, 10) is None and sibling.peek_sendable(gone, MiB) is None
+        assert await sibling.pages.region(gone, MiB, 0, 10) is None
         assert sibling.stats.hits == 3
     finally:
         await sibling.close()
@@ -95,6 +108,8 @@ async def test_a_damaged_block_of_a_sibling_is_never_given(tmp_path: str) -> Non
         assert sibling.peek_disk(keys[0], len(SMALL)) is None
         assert sibling.peek(keys[0]) is None
         assert sibling.peek_sendable(keys[1], len(BIG)) is None
+        assert await sibling.pages.region(keys[1], len(BIG), 0, 1000) is None
+        assert not os.path.exists(block_path(str(tmp_path), 1, keys[1].name))  # dropped
         assert sibling.stats.hits == 0
     finally:
         await sibling.close()
