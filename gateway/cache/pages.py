@@ -492,11 +492,11 @@ class PageStore:
         """For a server that sends files: the whole block that peek() found in the memory tier
         (`length` bytes) as a region of its file, kept open (hotfiles.py), when it may go out
         from the page cache as zero-copy sends go (region()'s rules: checked by this process
-        within `zero_copy_recheck` seconds or sealed, all in the page cache now); else None and the caller sends the memory tier's bytes. A check that falls due
-        opens the file again by its name and reads it on the loop, only if all of it is in
-        the page cache (~1 us per 10 KiB, once per block per interval); a damaged file is
-        dropped as a read drops it, and the memory tier's bytes (checked when read in) are
-        sent."""
+        within `zero_copy_recheck` seconds or sealed, all in the page cache now); else None
+        and the caller sends the memory tier's bytes. A check that falls due opens the file
+        again by its name and reads it on the loop, only if all of it is in the page cache
+        (~1 us per 10 KiB, once per block per interval); a damaged file is dropped as a read
+        drops it, and the memory tier's bytes (checked when read in) are sent."""
         name = bkey.name
         if self._recheck <= 0 or self._is_filling(name):
             return None
