@@ -23,7 +23,7 @@ from gateway import counters, errors
 from gateway.bounded import Bounded
 from gateway.logs import AccessLog, fields
 from gateway.s3 import limits
-from gateway.s3.handlers import checksum_headers, object_headers
+from gateway.s3.handlers import checksum_headers, object_headers, plain_object_head
 from gateway.s3.http import Reply, new_request_id, parse_query
 from gateway.s3.routing import AUTH_PARAMS
 from gateway.s3.sigv2 import SigV2Verifier, is_sigv2
@@ -241,12 +241,16 @@ class FastHits:
         kept = self._heads.get((bucket, key, checksums))
         if kept is not None and kept.info is info:
             return kept
-        reply = Reply()
-        object_headers(reply, info, {})
-        if checksums:
-            checksum_headers(reply, info.checksums)
-        reply.header("x-cache", "hit")
-        head = b"".join(b"%s: %s\r\n" % (name, value) for name, value in reply.headers)
+        plain = None if checksums else plain_object_head(info)
+        if plain is not None:
+            head = plain + b"x-cache: hit\r\n"
+        else:
+            reply = Reply()
+            object_headers(reply, info, {})
+            if checksums:
+                checksum_headers(reply, info.checksums)
+            reply.header("x-cache", "hit")
+            head = b"".join(b"%s: %s\r\n" % (name, value) for name, value in reply.headers)
         tail = b"\r\ncontent-length: %d\r\n\r\n" % info.size
         rendered = _Rendered(info, head + b"x-amz-request-id: ", tail, {})
         self._heads.put((bucket, key, checksums), rendered)

@@ -283,6 +283,36 @@ def object_headers(reply: Reply, info: ObjectInfo, overrides: dict[str, str]) ->
             reply.header(name, value)
 
 
+def plain_object_head(info: ObjectInfo) -> bytes | None:
+    """object_headers()'s lines for a version with no overrides, as bytes, when the version
+    carries nothing but its ETag, date and content type (a dataset's objects, nearly always):
+    one formatting where object_headers() builds and walks its fields (~10 us of a hit of a
+    version the edge has not rendered before). None for any other version: object_headers()
+    renders it. tests/unit/test_plain_head.py holds the two byte-equal."""
+    if (
+        info.content_encoding
+        or info.content_disposition
+        or info.content_language
+        or info.cache_control
+        or info.expires
+        or info.metadata
+        or info.tag_count
+        or info.encryption
+        or info.version_id is not None
+        or info.store_version is not None
+        or (info.storage_class and info.storage_class != "STANDARD")
+    ):
+        return None
+    content_type = info.content_type or "binary/octet-stream"
+    if not (content_type.isascii() and content_type.isprintable()):
+        return None  # _wire()'s other cases
+    return b"etag: %s\r\nlast-modified: %s\r\naccept-ranges: bytes\r\ncontent-type: %s\r\n" % (
+        info.etag.encode("latin-1"),
+        http_date(info.last_modified).encode("latin-1"),
+        content_type.encode("latin-1"),
+    )
+
+
 def version_id_header(reply: Reply, info: ObjectInfo, name: str = "x-amz-version-id") -> None:
     """The version's id where its store keeps versions: the one a request named, or the id
     the store gave the key's current version (none on stores that keep one version)."""
