@@ -57,8 +57,8 @@ _last_query: tuple[str, tuple[tuple[str, str], ...]] = ("", ())
 
 def parse_query(qs: str) -> dict[str, str]:
     """The query string's parameters, decoded (a repeated name: its last value). The last
-    query parsed is kept, so that a request the edge's try at a hit (fast.py) passes on to
-    the full path (a miss) has its query parsed once between them."""
+    query parsed is kept: the same query again (a presigned URL read over and over on the
+    full path, a range at a time) is not parsed again."""
     global _last_query
     if not qs:
         return {}

@@ -37,7 +37,7 @@ from gateway.s3.sigv4_canonical import (
     is_amz_date,
     iso8601,
     parse_amz_date,
-    presign_params,
+    presigned_query,
 )
 
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
@@ -177,9 +177,9 @@ class SigV4Verifier:
                     if self._clock() <= until and self._lookup_secret(result.access_key) == secret:
                         return result
                     del self._presigned[seen_as]
-            params = presign_params(query_string)
+            params, canonical = presigned_query(query_string)
             if not _QUERY_FIELDS.isdisjoint(params):
-                claim = self._query_claim(query_string, headers, params)
+                claim = self._query_claim(canonical, headers, params)
                 result = self._check(method, raw_path, headers, claim)
                 checked_with = self._lookup_secret(result.access_key)
                 if bare and checked_with is not None:
@@ -250,8 +250,10 @@ class SigV4Verifier:
         )
 
     def _query_claim(
-        self, query_string: str, headers: Mapping[str, str], params: dict[str, str]
+        self, canonical: str, headers: Mapping[str, str], params: dict[str, str]
     ) -> _Claim:
+        """A presigned URL's claim: `params` its X-Amz-* parameters, `canonical` its query
+        in canonical form (both presigned_query's)."""
         expires = _presign_expires(params)
         amz_date = params["X-Amz-Date"]
         scope = self._scope(params["X-Amz-Credential"], amz_date, presigned=True)
@@ -289,7 +291,7 @@ class SigV4Verifier:
             signed=signed,
             signature=params["X-Amz-Signature"],
             payload_hash=payload_hash,
-            query=canonical_query(query_string, presigned=True),
+            query=canonical,
             presigned=True,
         )
 

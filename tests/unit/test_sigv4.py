@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from email.utils import formatdate, mktime_tz, parsedate_tz
 from typing import Any, NamedTuple
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import boto3
 import pytest
@@ -16,10 +16,12 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSPreparedRequest, AWSRequest
 from botocore.config import Config
 from botocore.credentials import Credentials
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway import errors
 from gateway.s3.sigv4 import AuthResult, SigV4Verifier
-from gateway.s3.sigv4_canonical import canonical_query, canonical_uri
+from gateway.s3.sigv4_canonical import canonical_query, canonical_uri, presigned_query
 from gateway.s3.sigv4_chunked import (
     canonical_trailer,
     chunk_string_to_sign,
@@ -282,6 +284,33 @@ def test_every_byte_is_canonicalized_as_aws_uri_encode_defines() -> None:
         for sent, raw in cases:
             assert canonical_uri(f"/{sent}") == "/" + _aws_uri_encode(raw, True), sent
             assert canonical_query(f"k={sent}") == "k=" + _aws_uri_encode(raw, False), sent
+
+
+_names = st.sampled_from(
+    ["X-Amz-Algorithm", "X-Amz-Credential", "X-Amz-Signature", "X-Amz-Date", "x-id", "a b", ""]
+)
+_values = st.sampled_from(
+    ["", "AKID%2F20261206%2Fus-east-1%2Fs3%2Faws4_request", "a%2fb", "%41", "x+y", "%E2%82%AC",
+     "host%3Bx-amz-date", "é", "%", "%zz", "0f3c"]
+)  # fmt: skip
+
+
+@given(st.lists(st.tuples(_names, st.booleans(), _values), max_size=8))
+def test_a_presigned_query_is_read_in_one_pass_as_in_two(
+    pieces: list[tuple[str, bool, str]],
+) -> None:
+    """presigned_query: the X-Amz-* parameters decoded, and the canonical query without the
+    signature, as presign_params and canonical_query(presigned=True) read them in two passes."""
+    query = "&".join(f"{n}={v}" if eq else n for n, eq, v in pieces)
+    params, canonical = presigned_query(query)
+    kept = [p for p in query.split("&") if p.partition("=")[0] != "X-Amz-Signature"]
+    assert canonical == canonical_query("&".join(kept))
+    decoded = {}
+    for piece in query.split("&"):
+        name, _, value = piece.partition("=")
+        if name.startswith("X-Amz-"):
+            decoded[name] = unquote(value)
+    assert params == decoded
 
 
 # -- header authentication failures -------------------------------------------------------------
