@@ -370,7 +370,8 @@ class JobStore:
 
         A share of this node's that others stood in for (`stood_in`: done, given back or
         dropped by a node holding it for this one) is taken to be done again from its first
-        item: what they loaded is at other nodes, not on this one's disk."""
+        item: what they loaded is at other nodes, not on this one's disk. None once the job
+        has ended: the counts it ended on are kept as they are."""
         table = job_work
         open_ = sa.and_(
             table.c.job_id == job_id,
@@ -384,6 +385,17 @@ class JobStore:
         )
         live = list(live)
         async with transaction(self._engine) as conn:
+            # No share is taken once the job has ended, nor while its end is being decided:
+            # taking one again zeroes its counts, and the counts a job ended on are its
+            # figures. The job's row held in key share (claims do not wait for each other, nor
+            # for the listing's renewals) against try_finish, which holds it for update.
+            state = await conn.execute(
+                sa.select(jobs.c.state)
+                .where(jobs.c.id == job_id)
+                .with_for_update(read=True, key_share=True)
+            )
+            if state.scalar_one_or_none() not in ACTIVE:
+                return None
             for mine in (True, False):
                 who = table.c.node_id == me if mine else table.c.node_id.not_in([me, *live])
                 takeable = sa.or_(open_, redo) if mine else open_
@@ -489,8 +501,12 @@ class JobStore:
         in, or None while work is left."""
         live = sorted(set(live))
         async with transaction(self._engine) as conn:
+            # The job's row held for update, so that no share is claimed (`claim`) between
+            # the looks below and the end: on PostgreSQL each statement reads the database as
+            # it is then, and a share of a node back, taken again in between, had its counts
+            # zeroed after they were found done (the job ended done with fewer objects).
             job = (
-                await conn.execute(sa.select(jobs).where(jobs.c.id == job_id))
+                await conn.execute(sa.select(jobs).where(jobs.c.id == job_id).with_for_update())
             ).mappings().first()  # fmt: skip
             if job is None or job["state"] != RUNNING:
                 return None

@@ -4,8 +4,12 @@ a job that ends while it is away says so (issue 23 #7)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
 from collections.abc import AsyncIterator
 
+import asyncpg
 import pytest
 
 from gateway.jobs.db import Item, JobStore
@@ -110,3 +114,82 @@ async def test_a_job_ending_with_a_node_away_says_its_share_is_at_the_others(
     job = await store.get(job_id)
     assert job is not None and job.objects_done == 10
     assert "n2 away at the end" in job.message and "load again" in job.message, job.message
+
+
+async def stood_in_and_all_done(store: JobStore, job_id: int) -> None:
+    """n1 did its share (5 objects) and, n2 away, n2's (5 objects): every share is done."""
+    own = await store.claim(job_id, "n1", "n1:a", 30, live=["n1"])
+    assert own is not None and own.node_id == "n1"
+    own.cursor, own.tally.objects = 10, 5
+    assert await store.report(own, "n1:a", 30, done=True)
+    stood = await store.claim(job_id, "n1", "n1:a", 30, live=["n1"])
+    assert stood is not None and stood.node_id == "n2"
+    stood.cursor, stood.tally.objects = 10, 5
+    assert await store.report(stood, "n1:a", 30, done=True, stand_in=True)
+
+
+async def test_a_node_back_after_its_job_ended_leaves_the_job_as_it_ended(meta: MetaStore) -> None:
+    """n1 ends the job while n2 is away as n1 last saw it; n2, back, would take its share
+    up again from its first item (zeroing its counts), but the job has ended: the share
+    keeps the counts the job ended on (test_jobs_fleet_faults saw done with 214/300)."""
+    store = JobStore(meta.engine)
+    job_id = await listed(store, 10)
+    await stood_in_and_all_done(store, job_id)
+    assert await store.try_finish(job_id, ["n1"]) == "done"
+    assert await store.claim(job_id, "n2", "n2:new", 30, live=["n1", "n2"]) is None
+    job = await store.get(job_id)
+    assert job is not None and (job.state, job.objects_done) == ("done", 10), job
+
+
+async def waiting_on_locks(conn: asyncpg.Connection, count: int) -> None:
+    """Until `count` other sessions of this database wait on a lock."""
+    deadline = time.monotonic() + 30
+    while True:
+        waiting = await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'"
+        )
+        if waiting >= count:
+            return
+        assert time.monotonic() < deadline, f"{waiting} sessions wait on a lock, not {count}"
+        await asyncio.sleep(0.01)
+
+
+# SQLite runs one transaction at a time (BEGIN IMMEDIATE): there, nothing interleaves.
+@pytest.mark.parametrize("backend", ["postgresql"])
+async def test_a_node_taking_its_share_again_while_the_job_ends_never_lowers_its_figures(
+    meta: MetaStore, database_url: str
+) -> None:
+    """The end of a job and a share taken again, side by side on PostgreSQL: n1 decides the
+    end (n2 away as it last saw it) while n2, back, takes up its share that n1 stood in for.
+    The job's row is held by a third session so that n1's end is under way, and n2's claim
+    is made then. The job either ends with the share's counts or does not end; before, n2's
+    claim zeroed the counts n1 had found done, and the job ended done with 5 of 10."""
+    store = JobStore(meta.engine)
+    job_id = await listed(store, 10)
+    await stood_in_and_all_done(store, job_id)
+    dsn = database_url.replace("postgresql+asyncpg://", "postgresql://")
+    holder, watcher = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
+    try:
+        hold = holder.transaction()
+        await hold.start()
+        await holder.execute("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE", job_id)
+        ending = asyncio.create_task(store.try_finish(job_id, ["n1"]))
+        await waiting_on_locks(watcher, 1)
+        taking = asyncio.create_task(store.claim(job_id, "n2", "n2:new", 30, live=["n1", "n2"]))
+        waiting = asyncio.create_task(waiting_on_locks(watcher, 2))
+        await asyncio.wait([taking, waiting], return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting  # a claim that went through before the end: it waited on nothing
+        await hold.commit()
+        ended, taken = await ending, await taking
+    finally:
+        await holder.close()
+        await watcher.close()
+    job = await store.get(job_id)
+    assert job is not None
+    assert (ended, taken, job.state, job.objects_done) == ("done", None, "done", 10), (
+        taken,
+        job,
+    )
