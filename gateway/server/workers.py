@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import selectors
@@ -44,6 +45,7 @@ class Serving:
         lifespan = self._lifespan = _Lifespan(self.server.app, self.server.state)
         if not await lifespan.startup():
             return
+        _freeze_start_up()
         config = self.server.config
         listeners = []
         for sock in self.sockets:
@@ -104,6 +106,18 @@ class _Lifespan:
         if self._task is not None:
             with contextlib.suppress(BaseException):
                 await self._task
+
+
+def _freeze_start_up() -> None:
+    """Keep what the imports and the node's start-up made (~110,000 objects: modules,
+    functions, types, the stores' clients) out of the cyclic collector's full passes: they
+    live as long as the process, and each full pass walked them all (60-140 ms at ~145,000
+    objects, a pause every few seconds of an epoch over distinct objects; ~15-40 ms for what
+    serving makes, after). Start-up's garbage is collected first, so none of it is kept. A
+    frozen object that becomes garbage in a cycle (a store client of a mount removed) is not
+    collected: a few per mount change."""
+    gc.collect()
+    gc.freeze()
 
 
 def serve_process(app: App, config: ServerConfig, sockets: list[socket.socket]) -> bool:
