@@ -312,9 +312,10 @@ class Node:
         woken by the one door for administration (gateway/admin/ops.py) when the console or
         the jobs API submits a job."""
         s = self.settings
-        store = JobStore(meta.engine)
         me = fleet.me if fleet is not None else local_node(s)
         registry = NodeRegistry(meta.engine, s.heartbeat_timeout)
+        # A job's end is decided with the fleet's live nodes read in its own transaction.
+        store = JobStore(meta.engine, registry.live_ids if fleet is not None else None)
 
         async def members() -> list[Member]:
             if fleet is None:

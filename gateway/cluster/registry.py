@@ -199,6 +199,13 @@ class NodeRegistry:
         async with self._begin() as conn:
             return await self._records(conn)
 
+    async def live_ids(self, conn: AsyncConnection) -> set[str]:
+        """The ids of the nodes live now, read in the caller's transaction `conn` (a job's
+        end is decided with what it reads there: gateway/jobs/db.py, try_finish)."""
+        live = sa.and_(nodes.c.state == UP, self._age() < self.heartbeat_timeout)
+        found = await conn.execute(sa.select(nodes.c.id).where(live))
+        return {str(node_id) for (node_id,) in found}
+
     async def leave(self, node_id: str) -> None:
         """Mark the node as gone, so that it leaves the placement now instead of at a timeout."""
         query = (

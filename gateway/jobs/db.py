@@ -5,14 +5,14 @@ leases of gateway/meta/uploads.py do, so no node's clock decides whose lease ran
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from gateway.jobs.model import (
     ACTIVE,
@@ -114,8 +114,15 @@ def stood_in(node_id: str, lease_owner: str | None) -> bool:
 class JobStore:
     """The jobs tables over the gateway's database engine."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        live_nodes: Callable[[AsyncConnection], Awaitable[set[str]]] | None = None,
+    ) -> None:
         self._engine = engine
+        # The fleet's nodes live now, read in a transaction of this store's (the node
+        # registry's `live_ids`); None: one node, no fleet.
+        self._live_nodes = live_nodes
 
     @property
     def dialect(self) -> str:
@@ -498,8 +505,10 @@ class JobStore:
     async def try_finish(self, job_id: int, live: Iterable[str]) -> str | None:
         """End a listed job once every share of every batch is done and every live node has a
         share of each: `done`, or `partial` when something was not loaded. The state it ended
-        in, or None while work is left."""
-        live = sorted(set(live))
+        in, or None while work is left. `live`: the nodes the caller saw live; with the fleet's
+        registry (`live_nodes`), those live by the database when the end is decided are too: a
+        node back since the caller looked is not taken for away, its share left at the others
+        who stood in for it (it does that share again first)."""
         async with transaction(self._engine) as conn:
             # The job's row held for update, so that no share is claimed (`claim`) between
             # the looks below and the end: on PostgreSQL each statement reads the database as
@@ -510,6 +519,10 @@ class JobStore:
             ).mappings().first()  # fmt: skip
             if job is None or job["state"] != RUNNING:
                 return None
+            seen = set(live)
+            if self._live_nodes is not None:
+                seen |= await self._live_nodes(conn)
+            live = sorted(seen)
             want = batches(job["total_objects"], listed=True)
             open_ = await conn.execute(
                 sa.select(sa.func.count()).where(

@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
+from gateway.cluster.placement import Node
+from gateway.cluster.registry import NodeFigures, NodeRegistry
 from gateway.jobs.db import Item, JobStore
 from gateway.jobs.model import JobSpec
 from gateway.meta import MetaStore, SecretBox
@@ -139,6 +141,30 @@ async def test_a_node_back_after_its_job_ended_leaves_the_job_as_it_ended(meta: 
     assert await store.claim(job_id, "n2", "n2:new", 30, live=["n1", "n2"]) is None
     job = await store.get(job_id)
     assert job is not None and (job.state, job.objects_done) == ("done", 10), job
+
+
+async def test_a_node_live_in_the_database_when_the_job_ends_is_not_taken_for_away(
+    meta: MetaStore,
+) -> None:
+    """n1 saw n2 away when it looked (its members read before its claim), but n2 is back by
+    the time n1 decides the end: read in the end's own transaction, n2 is live, and its share,
+    which n1 stood in for, is n2's to do again before the job can end. Before, the job ended
+    done with n2 "away" and n2's keys at n1, where no read looks for them
+    (test_jobs_fleet_faults' killed-and-back test saw one go to the origin)."""
+    registry = NodeRegistry(meta.engine, 30.0)
+    store = JobStore(meta.engine, registry.live_ids)
+    job_id = await listed(store, 10)
+    await stood_in_and_all_done(store, job_id)
+    await registry.join(Node("n1", "n1:9001"), NodeFigures())
+    await registry.join(Node("n2", "n2:9001"), NodeFigures())  # back
+    assert await store.try_finish(job_id, ["n1"]) is None
+    again = await store.claim(job_id, "n2", "n2:new", 30, live=["n1", "n2"])
+    assert again is not None and (again.node_id, again.cursor) == ("n2", 0)
+    again.cursor, again.tally.objects = 10, 5
+    assert await store.report(again, "n2:new", 30, done=True)
+    assert await store.try_finish(job_id, ["n1"]) == "done"
+    job = await store.get(job_id)
+    assert job is not None and job.objects_done == 10 and "away" not in job.message, job
 
 
 async def waiting_on_locks(conn: asyncpg.Connection, count: int) -> None:
