@@ -8,7 +8,7 @@ import hashlib
 import hmac
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from email.utils import mktime_tz, parsedate_tz
 from typing import NamedTuple
 from urllib.parse import quote, unquote, unquote_to_bytes
@@ -51,19 +51,19 @@ def canonical_query(query_string: str) -> str:
     presigned_query.)"""
     if not query_string:
         return ""
-    pairs = []
-    for piece in query_string.split("&"):
-        if not piece:
-            continue
-        name, _, value = piece.partition("=")
-        pairs.append(
-            (
-                name if _CANONICAL_COMPONENT(name) else uri_encode(name),
-                value if _CANONICAL_COMPONENT(value) else uri_encode(value),
-            )
+    return _canonical(piece.partition("=")[::2] for piece in query_string.split("&") if piece)
+
+
+def _canonical(pairs: Iterable[tuple[str, str]]) -> str:
+    """(name, value) pairs as sent, re-encoded where not canonical already, sorted, joined."""
+    encoded = sorted(
+        (
+            name if _CANONICAL_COMPONENT(name) else uri_encode(name),
+            value if _CANONICAL_COMPONENT(value) else uri_encode(value),
         )
-    pairs.sort()
-    return "&".join([f"{name}={value}" for name, value in pairs])
+        for name, value in pairs
+    )
+    return "&".join([f"{name}={value}" for name, value in encoded])
 
 
 def canonical_headers(signed: list[str], headers: Mapping[str, str]) -> str:
@@ -74,10 +74,10 @@ def canonical_headers(signed: list[str], headers: Mapping[str, str]) -> str:
 
 def presigned_query(query_string: str) -> tuple[dict[str, str], str]:
     """The decoded X-Amz-* parameters of a query string (the only ones authentication reads),
-    and its canonical_query(presigned=True), in one pass over it: a presigned URL met once (an
-    epoch over distinct objects) paid two."""
+    and its canonical query without X-Amz-Signature, in one pass over it: a presigned URL met
+    once (an epoch over distinct objects) paid two."""
     params: dict[str, str] = {}
-    pairs = []
+    signed = []
     for piece in query_string.split("&"):
         if not piece:
             continue
@@ -86,14 +86,8 @@ def presigned_query(query_string: str) -> tuple[dict[str, str], str]:
             params[name] = _decoded(value) if "%" in value else value
             if name == "X-Amz-Signature":
                 continue
-        pairs.append(
-            (
-                name if _CANONICAL_COMPONENT(name) else uri_encode(name),
-                value if _CANONICAL_COMPONENT(value) else uri_encode(value),
-            )
-        )
-    pairs.sort()
-    return params, "&".join([f"{name}={value}" for name, value in pairs])
+        signed.append((name, value))
+    return params, _canonical(signed)
 
 
 # The escaped values of presigned URLs repeat (a key's credential for the day, a session's

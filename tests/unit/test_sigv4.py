@@ -300,7 +300,8 @@ def test_a_presigned_query_is_read_in_one_pass_as_in_two(
     pieces: list[tuple[str, bool, str]],
 ) -> None:
     """presigned_query: the X-Amz-* parameters decoded, and the canonical query without the
-    signature, as presign_params and canonical_query(presigned=True) read them in two passes."""
+    signature, as the two passes it replaced read them (the X-Amz-* values unquoted, and
+    canonical_query of the pieces but the signature)."""
     query = "&".join(f"{n}={v}" if eq else n for n, eq, v in pieces)
     params, canonical = presigned_query(query)
     kept = [p for p in query.split("&") if p.partition("=")[0] != "X-Amz-Signature"]
