@@ -98,6 +98,19 @@ def _s3(node: GatewayNode) -> object:
     )  # fmt: skip
 
 
+def _walk_with_block(data: Path, prefix: bytes) -> list[str] | None:
+    """Every path under `data`, when a committed block among them starts with `prefix`."""
+    paths = [str(data)]
+    for root, dirs, names in os.walk(data):
+        paths += [os.path.join(root, n) for n in dirs + names]
+    for path in paths:
+        if "/cache/blocks/" in path and os.path.isfile(path):
+            with contextlib.suppress(FileNotFoundError):
+                if Path(path).read_bytes().startswith(prefix):
+                    return paths
+    return None
+
+
 def test_a_second_user_of_the_host_reads_nothing_under_the_data_dir(host_dir: Path) -> None:
     files = host_dir / "files"
     files.mkdir()
@@ -117,12 +130,10 @@ def test_a_second_user_of_the_host_reads_nothing_under_the_data_dir(host_dir: Pa
         assert s3.get_object(Bucket="files", Key="secret.txt")["Body"].read().startswith(b"TENANT")  # type: ignore[attr-defined]
         assert s3.put_object(Bucket="files", Key="new.txt", Body=b"NEW " * 50)  # type: ignore[attr-defined]
         assert s3.get_object(Bucket="files", Key="new.txt")["Body"].read() == b"NEW " * 50  # type: ignore[attr-defined]
-        # Every path under the data dir, as the node sees it.
-        paths = [str(data)]
-        for root, dirs, names in os.walk(data):
-            paths += [os.path.join(root, n) for n in dirs + names]
-        blocks = [p for p in paths if "/cache/" in p and os.path.isfile(p)]
-        assert any(Path(p).read_bytes().startswith(b"TENANT") for p in blocks), "no block"
+        # Every path under the data dir, as the node sees it, once secret.txt's block is
+        # committed: the client has its bytes before the fill's file is put into place (a
+        # walk during the rename sees it in neither folder).
+        paths = eventually(lambda: _walk_with_block(data, b"TENANT"))
         assert any(p.endswith("gateway.db") for p in paths) and any(
             p.endswith("secret.key") for p in paths
         )
