@@ -355,7 +355,8 @@ class JobStore:
 
     async def seed(self, job_id: int, first: int, last: int, node_ids: Iterable[str]) -> None:
         """Rows for batches [first, last) for each node, where missing: a node's share of a
-        batch exists before anyone works on it, so that it is taken over if the node dies."""
+        batch exists before anyone works on it, so that it is taken over if the node dies.
+        Nothing once the job has ended (the caller's claim then finds it ended too)."""
         rows = [
             {"job_id": job_id, "batch": b, "node_id": n, "state": PENDING}
             for b in range(first, last)
@@ -365,6 +366,18 @@ class JobStore:
             return
         query = self._insert(job_work).on_conflict_do_nothing()
         async with transaction(self._engine) as conn:
+            # The job's row held in key share, as a claim holds it, against try_finish: a
+            # joining node's shares added between its looks and the end would be left out of
+            # a job that ends done (its keys never loaded where reads look for them), and
+            # shares added after the end belong to no job that runs. (The foreign key's check
+            # locks the row too, but after the rows are written: they went in once it ended.)
+            state = await conn.execute(
+                sa.select(jobs.c.state)
+                .where(jobs.c.id == job_id)
+                .with_for_update(read=True, key_share=True)
+            )
+            if state.scalar_one_or_none() not in ACTIVE:
+                return
             for at in range(0, len(rows), 1000):
                 await conn.execute(query, rows[at : at + 1000])
 

@@ -11,11 +11,12 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.cluster.placement import Node
 from gateway.cluster.registry import NodeFigures, NodeRegistry
 from gateway.jobs.db import Item, JobStore
-from gateway.jobs.model import JobSpec
+from gateway.jobs.model import JobSpec, JobView
 from gateway.meta import MetaStore, SecretBox
 
 pytestmark = pytest.mark.anyio
@@ -219,3 +220,74 @@ async def test_a_node_taking_its_share_again_while_the_job_ends_never_lowers_its
         taken,
         job,
     )
+
+
+async def own_shares_done(store: JobStore, job_id: int, nodes: list[str]) -> None:
+    """Each node did its own share of the one batch: 10 objects over them."""
+    for node in nodes:
+        own = await store.claim(job_id, node, f"{node}:a", 30, live=nodes)
+        assert own is not None and own.node_id == node
+        own.cursor, own.tally.objects = 10, 10 // len(nodes)
+        assert await store.report(own, f"{node}:a", 30, done=True)
+
+
+def shares(job: JobView) -> dict[str, tuple[int, int]]:
+    """Each node's shares of the job: (done, all)."""
+    return {n.node: (n.batches_done, n.batches) for n in job.nodes}
+
+
+async def test_a_share_seeded_after_its_job_ended_is_not_added(meta: MetaStore) -> None:
+    """A node that joins (n3) before the end: its share, seeded, holds the end off until it is
+    done. One that joins (n4) after the end: its seed adds nothing to the ended job, which
+    keeps the shares it ended on. Before, the seed added n4's share, pending, to a job done."""
+    store = JobStore(meta.engine)
+    job_id = await listed(store, 10)
+    await own_shares_done(store, job_id, ["n1", "n2"])
+    await store.seed(job_id, 0, 1, ["n1", "n2", "n3"])
+    assert await store.try_finish(job_id, ["n1", "n2"]) is None  # n3's share is open
+    joined = await store.claim(job_id, "n3", "n3:a", 30, live=["n1", "n2", "n3"])
+    assert joined is not None and joined.node_id == "n3"
+    joined.cursor = 10
+    assert await store.report(joined, "n3:a", 30, done=True)
+    assert await store.try_finish(job_id, ["n1", "n2", "n3"]) == "done"
+    await store.seed(job_id, 0, 1, ["n1", "n2", "n3", "n4"])
+    job = await store.get(job_id)
+    assert job is not None and job.state == "done"
+    assert shares(job) == {"n1": (1, 1), "n2": (1, 1), "n3": (1, 1)}, job
+
+
+# SQLite runs one transaction at a time (BEGIN IMMEDIATE): there, nothing interleaves.
+@pytest.mark.parametrize("backend", ["postgresql"])
+async def test_a_seed_while_the_job_ends_waits_for_the_end_and_adds_nothing(
+    meta: MetaStore, database_url: str
+) -> None:
+    """A joining node's share seeded while try_finish holds the job's row (paused where it
+    reads the fleet's live nodes, its shares not read yet): the seed waits on the row, and
+    once the end is decided adds nothing. Before, the seed's rows, written beside the end and
+    committed after it, were not among the shares the end read: the job ended done with n3's
+    share pending, its keys never loaded at n3."""
+    holding, go = asyncio.Event(), asyncio.Event()
+
+    async def live_nodes(conn: AsyncConnection) -> set[str]:
+        holding.set()
+        await go.wait()
+        return set()
+
+    store = JobStore(meta.engine, live_nodes)
+    job_id = await listed(store, 10)
+    await own_shares_done(store, job_id, ["n1", "n2"])
+    dsn = database_url.replace("postgresql+asyncpg://", "postgresql://")
+    watcher = await asyncpg.connect(dsn)
+    try:
+        ending = asyncio.create_task(store.try_finish(job_id, ["n1", "n2"]))
+        await holding.wait()
+        seeding = asyncio.create_task(store.seed(job_id, 0, 1, ["n1", "n2", "n3"]))
+        await waiting_on_locks(watcher, 1)  # the seed, on the row try_finish holds
+        go.set()
+        ended = await ending
+        await seeding
+    finally:
+        await watcher.close()
+    job = await store.get(job_id)
+    assert job is not None
+    assert (ended, job.state, shares(job)) == ("done", "done", {"n1": (1, 1), "n2": (1, 1)})
