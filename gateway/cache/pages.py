@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from gateway.bounded import Bounded
 from gateway.cache import blockfile, relayout, resident, verity
 from gateway.cache.figures import PageStats
 from gateway.cache.hotfiles import HOT_FILE_MIN, HotFiles, Kept
@@ -63,6 +64,10 @@ _VERIFIED_MAX = 1 << 20
 # Seconds a block whose whole data this process checked may be sent from its file unread
 # (zero-copy) before the next send checks it again (docs/cache.md, "Zero-copy sends").
 ZERO_COPY_RECHECK = 60.0
+# A block the memory tier takes is sent from its file at its first disk hit at the edge from
+# this size on: below it the copy costs less than the calls of a send from a file
+# (docs/performance.md, "Disk hits at the edge sent from their files").
+SEND_FILE_MIN = 64 << 10
 _WARN_EVERY = 60.0  # seconds between two warnings about the cache's disk
 
 
@@ -197,6 +202,11 @@ class PageStore:
         # A block of the memory tier at least this large is sent from its file where it may be
         # (hot_region); smaller ones cost less copied than sent (hotfiles.py).
         self.hot_file_min = HOT_FILE_MIN
+        # A block the memory tier takes, on disk, at least this large is sent from its file at
+        # its first hit at the edge (peek_sendable), and read into the tier at its second
+        # while still in `_seen` (the last blocks so sent).
+        self.send_file_min = SEND_FILE_MIN
+        self._seen: Bounded[str, None] = Bounded(max(1024, memory_bytes // SEND_FILE_MIN))
         self._held: dict[Version, int] = {}  # versions read now -> readers
         # Versions invalidated here, their blocks in retired/ -> (size, when they may go).
         self._retired: dict[Version, tuple[int, float]] = {}
@@ -449,14 +459,24 @@ class PageStore:
     def peek_sendable(
         self, bkey: BlockKey, length: int, pinned: bool = False
     ) -> FileRegion | memoryview | None:
-        """peek_disk() for a server that sends files: the block checked as peek_disk checks
-        it (read into a buffer dropped at once), then given as a region of its file, sent
-        from the page cache, so that no copy of it is kept while a client reads it. A block
-        the memory tier takes, or any block where zero-copy is off, comes as peek_disk()
-        gives it. None as peek_disk()."""
+        """peek_disk() for a server that sends files: the whole block as a region of its file,
+        sent from the page cache under the zero-copy rules (region()'s: checked by this
+        process within `zero_copy_recheck` seconds or sealed, else read and checked on the
+        loop first, into a buffer dropped at once), so that no copy of it is made or kept
+        while a client reads it. A block the memory tier takes comes as peek_disk() gives it
+        (read, checked and put in the tier) when it is smaller than `send_file_min` or was
+        found on disk here a little before (`_seen`: hot again); the first disk hit of a
+        larger one, and each of a pass over more blocks than the tier holds (an epoch), is
+        sent from its file. Any block where zero-copy is off comes as peek_disk() gives it.
+        None as peek_disk()."""
         name = bkey.name
-        if self.memory.accepts(length) or self._recheck <= 0:
+        if self._recheck <= 0:
             return self.peek_disk(bkey, length, pinned)
+        if self.memory.accepts(length):
+            if length < self.send_file_min or name in self._seen:
+                self._seen.pop(name, None)
+                return self.peek_disk(bkey, length, pinned)
+            self._seen.put(name, None)
         if self._is_filling(name) or self._io is None:
             return None
         try:
@@ -464,12 +484,15 @@ class PageStore:
         except OSError:
             return None
         try:
-            # A sealed file's pages in the page cache were checked by the kernel (region()).
-            verify = self._verifies(name, False) and not (self.seals and verity.is_sealed(fd))
-            if verify:
-                whole = blockfile.read_resident_fd(fd, length, True) is not None
-            else:
+            checked = self._checked.get(name)
+            if (self.seals and verity.is_sealed(fd)) or (
+                checked is not None and time.monotonic() - checked <= self._recheck
+            ):
+                verify = False
                 whole = resident.sendable(fd, length, 0, length)
+            else:
+                verify = True
+                whole = blockfile.read_resident_fd(fd, length, True) is not None
         except (blockfile.Corrupt, OSError):
             # As peek_disk(): the full path reads it again and drops it if it is damaged.
             os.close(fd)
@@ -483,6 +506,7 @@ class PageStore:
             return None
         if verify:
             self._checked_now(name)
+            self.stats.rechecks += 1
         self._disk_hit(bkey, pinned)
         self.stats.hit_bytes += length
         self.stats.zero_copy += 1
