@@ -426,7 +426,6 @@ class PageStore:
         except OSError:
             return None
         try:
-            checked = self._checked.get(name)
             if self.seals and verity.is_sealed(fd):
                 # The kernel checks each page it reads from the disk: what the page cache
                 # holds of a sealed file was checked, and a damaged page is never in it.
@@ -434,7 +433,7 @@ class PageStore:
                     os.close(fd)
                     return None
                 self.stats.sealed += 1
-            elif checked is None or time.monotonic() - checked > self._recheck:
+            elif not self._checked_within(name, time.monotonic()):
                 await self.hop(blockfile.check, fd, length)
                 self._checked_now(name)
                 self.stats.rechecks += 1
@@ -484,9 +483,8 @@ class PageStore:
         except OSError:
             return None
         try:
-            checked = self._checked.get(name)
-            if (self.seals and verity.is_sealed(fd)) or (
-                checked is not None and time.monotonic() - checked <= self._recheck
+            if (self.seals and verity.is_sealed(fd)) or self._checked_within(
+                name, time.monotonic()
             ):
                 verify = False
                 whole = resident.sendable(fd, length, 0, length)
@@ -551,7 +549,7 @@ class PageStore:
             now = time.monotonic()
             checked = self._checked.get(name)
             sealed = self.seals and verity.is_sealed(fd)
-            if sealed or (checked is not None and now - checked <= self._recheck):
+            if sealed or self._checked_within(name, now):
                 ok = resident.sendable(fd, length, 0, length)
                 until = now if sealed or checked is None else checked
             else:
@@ -576,6 +574,12 @@ class PageStore:
             os.close(fd)
             return None
         return self._hot.keep(name, fd, sealed, until + self._recheck)
+
+    def _checked_within(self, name: str, now: float) -> bool:
+        """Whether this process checked the block's whole data (or wrote it) within
+        `zero_copy_recheck` seconds of `now`: a zero-copy send may then go unread."""
+        checked = self._checked.get(name)
+        return checked is not None and now - checked <= self._recheck
 
     def _checked_now(self, name: str) -> None:
         if len(self._checked) >= _VERIFIED_MAX:

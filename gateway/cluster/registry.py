@@ -202,8 +202,7 @@ class NodeRegistry:
     async def live_ids(self, conn: AsyncConnection) -> set[str]:
         """The ids of the nodes live now, read in the caller's transaction `conn` (a job's
         end is decided with what it reads there: gateway/jobs/db.py, try_finish)."""
-        live = sa.and_(nodes.c.state == UP, self._age() < self.heartbeat_timeout)
-        found = await conn.execute(sa.select(nodes.c.id).where(live))
+        found = await conn.execute(sa.select(nodes.c.id).where(self._live(self._age())))
         return {str(node_id) for (node_id,) in found}
 
     async def leave(self, node_id: str) -> None:
@@ -283,7 +282,7 @@ class NodeRegistry:
 
     async def _records(self, conn: AsyncConnection) -> list[NodeRecord]:
         age = self._age()
-        live = sa.and_(nodes.c.state == UP, age < self.heartbeat_timeout)
+        live = self._live(age)
         query = sa.select(nodes, age.label("age"), live.label("live")).order_by(nodes.c.id)
         rows = (await conn.execute(query)).mappings().all()
         return [
@@ -331,6 +330,10 @@ class NodeRegistry:
             return sa.cast(elapsed, sa.Float)
         days = sa.func.julianday("now") - sa.func.julianday(nodes.c.heartbeat_at)
         return sa.cast(days * _SECONDS_PER_DAY, sa.Float)
+
+    def _live(self, age: sa.ColumnElement[float]) -> sa.ColumnElement[bool]:
+        """Whether a node is live: UP, its heartbeat (`age` seconds ago) within the timeout."""
+        return sa.and_(nodes.c.state == UP, age < self.heartbeat_timeout)
 
     def _begin(self) -> AbstractAsyncContextManager[AsyncConnection]:
         return transaction(self._engine)
