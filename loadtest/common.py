@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from loadtest import fscost
 from loadtest.data import seed_large, seed_objects
 from loadtest.httpclient import Job, LoadClient, Tally
 from loadtest.procs import Cleanup, CpuMeter, CpuUse
@@ -56,6 +57,7 @@ class Run:
         if not self.options.keep_workdir:
             self.cleanup.push(f"remove {self.workdir}", lambda: shutil.rmtree(self.workdir))
         self.log(f"work folder {self.workdir}")
+        self.log(fscost.describe(fscost.create_cost(self.workdir)))
         return self
 
     def __exit__(

@@ -73,6 +73,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from loadtest import fscost
+
 _REPO = Path(__file__).resolve().parent.parent
 _BIN = Path(sys.executable).parent
 _ACCESS_KEY, _SECRET = "LTMISSPROFILE0000001", "loadtest-missprofile-secret-0123456789ab"
@@ -163,6 +165,9 @@ def _run(cleanup: Any, work: Path, args: argparse.Namespace, size: int) -> dict[
         urls[ends:],
     )
     _get_all(node.port, warm, args.readers)
+    inode_us = fscost.create_cost(work)
+    report["inode_probe_us"] = round(inode_us, 1)
+    print(fscost.describe(inode_us))
     idle0 = _cpu(node.pid)
     time.sleep(_IDLE_SECONDS)
     idle_rate = (_cpu(node.pid) - idle0) / _IDLE_SECONDS

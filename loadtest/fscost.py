@@ -1,0 +1,39 @@
+"""What a new file costs the kernel now, in the folder a benchmark's cache is about to fill.
+
+On ext4 without a journal (this VM's root file system: /proc/fs/jbd2 is empty), allocating an
+inode skips every inode of the group deleted in the last 60 s (360 s while its inode table
+block is still dirty), looking each one up in the buffer cache first (`recently_deleted()`
+under `find_inode_bit()`; perf: ~60 % of a create's CPU then). A create costs ~20 µs of CPU
+in a group nothing was deleted from lately and 300-800 µs after a few thousand deletions
+there, and a benchmark's own cleanup (the previous run's work folder, removed a minute ago,
+near the same parent) is such a deletion. A miss in a cache that is still growing makes one
+file (the janitor's spare, docs/cache.md), so a cold-miss figure read after a cleanup carries
+up to ~600 µs a miss of the kernel's scan on the janitor's thread: the benchmarks print this
+probe beside their figures, so that two readings are compared only at a like cost.
+
+The probe's files are left in place (removed with the work folder, after the run): removing
+them now would make the next creates in that group dearer, which is what it measures.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+PROBE_FILES = 200
+
+
+def create_cost(folder: Path, files: int = PROBE_FILES) -> float:
+    """CPU µs (user + system) a new empty file costs in a new subfolder of `folder`."""
+    probe = folder / "inode-probe"
+    probe.mkdir(parents=True, exist_ok=True)
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    started = time.process_time()
+    for i in range(files):
+        os.close(os.open(probe / f"{i:x}", flags, 0o600))
+    return (time.process_time() - started) / files * 1e6
+
+
+def describe(cost: float) -> str:
+    return f"a new file in the work folder costs {cost:.0f} µs of CPU now (inode probe)"
