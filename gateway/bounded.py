@@ -29,3 +29,31 @@ class Bounded(OrderedDict[K, V]):
         if len(self) >= self.limit and key not in self:
             self.popitem(last=False)
         self[key] = value
+
+
+class Window:
+    """The last keys put whose sizes sum to at most `limit` bytes (the oldest forgotten first):
+    a key found here was put again within `limit` bytes of other keys' puts, its reuse
+    distance. The memory tier admits a block hot again only then (pages.peek_sendable): a
+    pass over more bytes than the tier holds never finds its blocks here, so it does not
+    churn the tier, however few blocks it has."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.total = 0
+        self._sizes: OrderedDict[str, int] = OrderedDict()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._sizes
+
+    def __len__(self) -> int:
+        return len(self._sizes)
+
+    def put(self, key: str, size: int) -> None:
+        self.total += size - self._sizes.pop(key, 0)
+        self._sizes[key] = size
+        while self.total > self.limit:
+            self.total -= self._sizes.popitem(last=False)[1]
+
+    def pop(self, key: str) -> None:
+        self.total -= self._sizes.pop(key, 0)

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from gateway.bounded import Bounded
+from gateway.bounded import Window
 from gateway.cache import blockfile, relayout, resident, verity
 from gateway.cache.figures import PageStats
 from gateway.cache.hotfiles import HOT_FILE_MIN, HotFiles, Kept
@@ -204,9 +204,9 @@ class PageStore:
         self.hot_file_min = HOT_FILE_MIN
         # A block the memory tier takes, on disk, at least this large is sent from its file at
         # its first hit at the edge (peek_sendable), and read into the tier at its second
-        # while still in `_seen` (the last blocks so sent).
+        # while still in `_seen` (the blocks so sent since, by their bytes, fit in the tier).
         self.send_file_min = SEND_FILE_MIN
-        self._seen: Bounded[str, None] = Bounded(max(1024, memory_bytes // SEND_FILE_MIN))
+        self._seen = Window(memory_bytes)
         self._held: dict[Version, int] = {}  # versions read now -> readers
         # Versions invalidated here, their blocks in retired/ -> (size, when they may go).
         self._retired: dict[Version, tuple[int, float]] = {}
@@ -464,8 +464,9 @@ class PageStore:
         loop first, into a buffer dropped at once), so that no copy of it is made or kept
         while a client reads it. A block the memory tier takes comes as peek_disk() gives it
         (read, checked and put in the tier) when it is smaller than `send_file_min` or was
-        found on disk here a little before (`_seen`: hot again); the first disk hit of a
-        larger one, and each of a pass over more blocks than the tier holds (an epoch), is
+        found on disk here a little before (`_seen`: hot again, within the tier's size of
+        other blocks so sent); the first disk hit of a larger one, and each of a pass over
+        more bytes than the tier holds (an epoch, or a loop over a few large blocks), is
         sent from its file. Any block where zero-copy is off comes as peek_disk() gives it.
         None as peek_disk()."""
         name = bkey.name
@@ -473,9 +474,9 @@ class PageStore:
             return self.peek_disk(bkey, length, pinned)
         if self.memory.accepts(length):
             if length < self.send_file_min or name in self._seen:
-                self._seen.pop(name, None)
+                self._seen.pop(name)
                 return self.peek_disk(bkey, length, pinned)
-            self._seen.put(name, None)
+            self._seen.put(name, length)
         if self._is_filling(name) or self._io is None:
             return None
         try:

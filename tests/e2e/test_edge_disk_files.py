@@ -26,6 +26,11 @@ B = random.Random(12).randbytes(112 << 10)
 D = random.Random(13).randbytes(72 << 10)
 E = random.Random(14).randbytes(124 << 10)
 LARGE = random.Random(15).randbytes(300 << 10)  # past the memory tier's largest object
+# A loop over two blocks whose bytes together pass the tier (150 KiB), after a third that it
+# holds: each is sent from its file every time, none read into the tier (it keeps H).
+F = random.Random(16).randbytes(96 << 10)
+G = random.Random(17).randbytes(104 << 10)
+H = random.Random(18).randbytes(88 << 10)
 RECHECK = 4.0  # zero_copy_recheck of the node, seconds
 
 
@@ -33,7 +38,9 @@ RECHECK = 4.0  # zero_copy_recheck of the node, seconds
 def node(module_dir: Path) -> Iterator[GatewayNode]:
     files = module_dir / "files"
     files.mkdir()
-    for name, body in (("a", A), ("b", B), ("d", D), ("e", E), ("large", LARGE)):
+    bodies = (("a", A), ("b", B), ("d", D), ("e", E), ("large", LARGE), ("f", F), ("g", G),
+              ("h", H))  # fmt: skip
+    for name, body in bodies:
         (files / f"{name}.bin").write_bytes(body)
     data = module_dir / "data"
     run_cli(data, None, "mount", "add", "hot", files.as_uri(), "-o", "metadata_ttl=3600")
@@ -83,6 +90,26 @@ def test_a_block_on_disk_goes_out_from_its_file_then_into_the_memory_tier_when_h
     assert _get_many(node, "a.bin", 1) == [A]  # from the tier
     eventually(lambda: _figure(node, "memory_hits") >= memory + 1)
     assert _figure(node, "zero_copy") == sent + 1  # published with the memory hits
+
+
+def test_a_loop_over_more_bytes_than_the_memory_tier_holds_goes_out_from_the_files(
+    node: GatewayNode,
+) -> None:
+    # Two blocks hit in turn are each hot again after the other: read into the tier at each
+    # second hit, each would evict the other (and H), a copy and an eviction a hit. Their
+    # reuse distance (the other's bytes, and their own) passes the tier: both stay on disk.
+    _miss(node, "f.bin", F)
+    _miss(node, "g.bin", G)
+    _miss(node, "h.bin", H)  # the tier holds H alone now
+    sent, memory = _figure(node, "zero_copy"), _figure(node, "memory_hits")
+    for _ in range(3):
+        assert _get_many(node, "f.bin", 1) == [F]
+        assert _get_many(node, "g.bin", 1) == [G]
+    eventually(lambda: _figure(node, "zero_copy") >= sent + 6)
+    assert _get_many(node, "h.bin", 1) == [H]  # still in the tier: nothing displaced it
+    eventually(lambda: _figure(node, "memory_hits") >= memory + 1)
+    assert _figure(node, "zero_copy") == sent + 6  # published with the memory hit
+    assert _figure(node, "memory_hits") == memory + 1
 
 
 def test_a_block_checked_within_the_window_is_sent_unread_and_checked_again_after_it(
