@@ -320,6 +320,7 @@ class JobRunner:
         while not self.stopping:
             current = await self.store.get(job.id)
             if current is None or current.state not in ACTIVE:
+                self._seeded.pop(job.id, None)  # ended: its batches are seeded for good
                 return
             members = await self._members()
             live = {m.node.id for m in members if m.live} | {self.me.id}
@@ -338,6 +339,7 @@ class JobRunner:
                 if current.state == RUNNING:
                     ended = await self.store.try_finish(job.id, live)
                     if ended is not None:
+                        self._seeded.pop(job.id, None)
                         log.info("jobs: job %d ended %s", job.id, ended)
                 return
             known = {m.node.id: m.node for m in members}

@@ -65,3 +65,24 @@ async def test_preload_keeps_its_floor_while_clients_fetch() -> None:
     runner.own_fills = 2
     fills.end_one()  # one of the job's own ended
     await asyncio.wait_for(waiting, 5)
+
+
+class _Ended:
+    """A job store whose job has ended by the time a runner looks at it again."""
+
+    async def get(self, job_id: int) -> SimpleNamespace:
+        return SimpleNamespace(id=job_id, state="done")
+
+
+class _Loads:
+    async def mount(self, bucket: str) -> object:
+        return object()
+
+
+async def test_a_runner_forgets_what_it_seeded_of_a_job_once_the_job_has_ended() -> None:
+    """The batches a runner seeded, per job, were kept for the node's life: one entry for
+    each job it ever worked on. Once the job is seen ended, it is dropped."""
+    runner = SimpleNamespace(loads=_Loads(), store=_Ended(), stopping=False, _seeded={7: 12, 8: 3})
+    job = SimpleNamespace(id=7, spec=SimpleNamespace(bucket="b"))
+    await asyncio.wait_for(JobRunner._work(runner, job), 5)  # type: ignore[arg-type]
+    assert runner._seeded == {8: 3}
