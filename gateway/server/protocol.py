@@ -42,6 +42,7 @@ from gateway.edge import (
     render_refusal,
     report_refusal,
 )
+from gateway.server.accept import Loads
 from gateway.server.exchange import ZEROCOPY, App, Exchange
 from gateway.server.sends import Outbox
 
@@ -99,9 +100,33 @@ class Server:
         self.state: dict[str, Any] = {}  # the lifespan's state, copied into each scope
         self.stopping = False
         self._none_open = asyncio.Event()  # set when stopping and the last connection closed
+        # The node's workers' counts of open connections (accept.py), and this one's slot.
+        self.loads: Loads | None = None
+        self.slot = 0
+        self._starting = 0  # connections accepted, not yet begun (accept.Counted)
+
+    def load(self) -> int:
+        return len(self.connections) + self._starting
+
+    def accepted(self) -> None:
+        self._starting += 1
+        self._publish()
+
+    def begun(self) -> None:
+        self._starting -= 1
+        self._publish()
+
+    def _publish(self) -> None:
+        if self.loads is not None:
+            self.loads.set(self.slot, self.load())
+
+    def opened(self, conn: Connection) -> None:
+        self.connections.add(conn)
+        self._publish()
 
     def closed(self, conn: Connection) -> None:
         self.connections.discard(conn)
+        self._publish()
         if self.stopping and not self.connections:
             self._none_open.set()
 
@@ -193,7 +218,7 @@ class Connection(HeadGuard, asyncio.Protocol):
             )
             return
         server.open[port] += 1
-        server.connections.add(self)
+        server.opened(self)
         self._port = port
         self._sockname = (str(sockname[0]), port) if isinstance(sockname, tuple) else None
         peer = transport.get_extra_info("peername")

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gateway.server.accept import Acceptor, Loads
 from gateway.server.protocol import ASGI_VERSION, App, Server, ServerConfig
 
 log = logging.getLogger(__name__)
@@ -28,8 +29,16 @@ log = logging.getLogger(__name__)
 class Serving:
     """One process's server: the lifespan around its listening sockets."""
 
-    def __init__(self, app: App, config: ServerConfig, sockets: list[socket.socket]) -> None:
+    def __init__(
+        self,
+        app: App,
+        config: ServerConfig,
+        sockets: list[socket.socket],
+        loads: Loads | None = None,
+        slot: int = 0,
+    ) -> None:
         self.server = Server(app, config)
+        self.server.loads, self.server.slot = loads, slot
         self.sockets = sockets
         self.started = False
         self._stop = asyncio.Event()
@@ -46,27 +55,27 @@ class Serving:
         if not await lifespan.startup():
             return
         _freeze_start_up()
-        config = self.server.config
-        listeners = []
-        for sock in self.sockets:
-            listeners.append(
-                await loop.create_server(
-                    self.server.protocol,
-                    sock=sock,
-                    ssl=config.ssl,
-                    ssl_handshake_timeout=config.limits.head_timeout if config.ssl else None,
-                    backlog=2048,
-                )
+        config, server = self.server.config, self.server
+        if server.loads is not None:
+            server.loads.set(server.slot, 0)  # here now: compared from now on
+        listeners = [
+            Acceptor(
+                sock, server.protocol, server,
+                ssl=config.ssl, ssl_handshake_timeout=config.limits.head_timeout,
+                loads=server.loads, slot=server.slot,
             )
+            for sock in self.sockets
+        ]  # fmt: skip
+        for listener in listeners:
+            listener.start()
         self.started = True
         log.info("worker %d started", os.getpid())
         await self._stop.wait()
         for listener in listeners:
             listener.close()
+        if server.loads is not None:
+            server.loads.vacate(server.slot)  # stopping: new connections go to the others
         await self.server.drain()
-        for listener in listeners:
-            with contextlib.suppress(Exception):
-                await listener.wait_closed()
         await lifespan.shutdown()
 
 
@@ -120,9 +129,16 @@ def _freeze_start_up() -> None:
     gc.freeze()
 
 
-def serve_process(app: App, config: ServerConfig, sockets: list[socket.socket]) -> bool:
-    """Serve in this process until SIGINT or SIGTERM; False when the node did not start."""
-    serving = Serving(app, config, sockets)
+def serve_process(
+    app: App,
+    config: ServerConfig,
+    sockets: list[socket.socket],
+    loads: Loads | None = None,
+    slot: int = 0,
+) -> bool:
+    """Serve in this process until SIGINT or SIGTERM; False when the node did not start.
+    `loads`, `slot`: the node's workers' counts of connections, and this worker's (accept.py)."""
+    serving = Serving(app, config, sockets, loads, slot)
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(serving.serve())
     return serving.started
@@ -170,10 +186,13 @@ class _Supervisor:
         self._sockets = sockets
         self._workers = workers
         self._children: dict[int, int] = {}  # pid -> the read end of its "started" pipe
+        self._loads = Loads(workers)  # made before the forks: shared with every worker
+        self._slots: dict[int, int] = {}  # pid -> its slot in _loads
         self._ever_started = False
         self._stopping: int | None = None  # the signal that stops the node
 
     def _fork(self) -> None:
+        slot = min(set(range(self._workers)) - set(self._slots.values()))
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:  # the worker
@@ -183,7 +202,9 @@ class _Supervisor:
                 for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
                     signal.signal(signum, signal.SIG_DFL)
                 signal.set_wakeup_fd(-1)
-                code = _worker(self._make_app, self._config, self._sockets, write)
+                code = _worker(
+                    self._make_app, self._config, self._sockets, write, self._loads, slot
+                )
             except BaseException:
                 log.exception("worker %d failed", os.getpid())
             finally:
@@ -193,6 +214,7 @@ class _Supervisor:
         os.close(write)
         os.set_blocking(read, False)
         self._children[pid] = read
+        self._slots[pid] = slot
 
     def run(self, started: Callable[[], None]) -> int:
         wake_r, wake_w = os.pipe()
@@ -263,6 +285,7 @@ class _Supervisor:
             read = self._children.pop(pid, None)
             if read is None:
                 continue
+            self._loads.vacate(self._slots.pop(pid))  # a dead worker takes no connection
             with contextlib.suppress(BlockingIOError, OSError):
                 if os.read(read, 1):
                     self._ever_started = True
@@ -297,7 +320,12 @@ class _Supervisor:
 
 
 def _worker(
-    make_app: Callable[[], App], config: ServerConfig, sockets: list[socket.socket], tell: int
+    make_app: Callable[[], App],
+    config: ServerConfig,
+    sockets: list[socket.socket],
+    tell: int,
+    loads: Loads,
+    slot: int,
 ) -> int:
     app = make_app()
 
@@ -314,5 +342,5 @@ def _worker(
 
         await app(scope, receive, send_and_tell)
 
-    ok = serve_process(told_app, config, sockets)
+    ok = serve_process(told_app, config, sockets, loads, slot)
     return 0 if ok else NOT_STARTED

@@ -7,9 +7,11 @@ the workers: what one worker acknowledged must hold in all of them at once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -296,3 +298,62 @@ def _failed_starts(log: str) -> int:
     """Workers that could not start, as the own server ("the node did not start") and uvicorn
     ("Application startup failed") log them."""
     return log.count("the node did not start") + log.count("Application startup failed")
+
+
+def _established(pid: int, port: int) -> int:
+    """The connections to `port` that process `pid` holds open (/proc: its descriptors'
+    socket inodes among the established TCP connections of that local port)."""
+    held = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                held.add(target[8:-1])
+    found = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                local, state, inode = fields[1], fields[3], fields[9]
+                if state == "01" and int(local.rsplit(":", 1)[1], 16) == port and inode in held:
+                    found += 1
+    return found
+
+
+def test_a_burst_of_keep_alive_connections_is_spread_over_the_workers(node: GatewayNode) -> None:
+    """A loader opens its keep-alive connections at once and keeps them: each worker used to
+    accept every connection waiting when it woke, so one of two held 11 to 16 of 16 while
+    the other idled for the whole epoch. Each takes one at a time now, and leaves the next
+    to a sibling holding fewer (gateway/server/accept.py)."""
+    node.wait_workers()
+    pids = node.workers()
+    # A worker takes connections from the end of its start (after its figures are out): one
+    # still starting takes none, its siblings take them all. Asked until each one answered.
+    seen: set[int] = set()
+
+    def each_accepts() -> bool:
+        with socket.create_connection(("127.0.0.1", node.port)) as conn:
+            conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            assert conn.recv(65536).startswith(b"HTTP/1.1 ")
+            seen.update(pid for pid in pids if _established(pid, node.port))
+        return seen == set(pids)
+
+    eventually(each_accepts)
+    eventually(lambda: not any(_established(pid, node.port) for pid in pids))
+    conns = [socket.create_connection(("127.0.0.1", node.port)) for _ in range(24)]
+    try:
+        for conn in conns:
+            conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        for conn in conns:
+            assert conn.recv(65536).startswith(b"HTTP/1.1 ")  # answered, still open
+        counts: list[int] = []
+
+        def all_seen() -> bool:
+            counts[:] = [_established(pid, node.port) for pid in pids]
+            return sum(counts) == len(conns)
+
+        eventually(all_seen)
+        assert max(counts) - min(counts) <= 6, counts
+    finally:
+        for conn in conns:
+            conn.close()
