@@ -21,7 +21,6 @@ client now split 8/8 or 7/9 (tests/e2e/test_workers.py).
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import mmap
 import socket
@@ -36,7 +35,6 @@ SLACK = 1  # connections a worker may hold above its least loaded sibling and st
 DEFER = 0.005  # seconds a worker ahead leaves a waiting connection to its siblings
 BACKLOG = 2048  # connections the kernel queues for the workers to accept
 _ACCEPT_PAUSE = 1.0  # seconds without accepting after running out of descriptors or memory
-_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _SLOT = struct.Struct("q")
 _EMPTY = -1  # a slot with no worker
 
@@ -156,8 +154,8 @@ class Acceptor:
         except (BlockingIOError, InterruptedError, ConnectionAbortedError):
             return  # a sibling took it, or the client gave up
         except OSError as exc:
-            if exc.errno not in _RESOURCES:
-                raise
+            # Out of descriptors or memory (or anything else the socket says): asked again in
+            # a second, not at every turn of the loop while the connection waits.
             log.warning("could not accept a connection (%s): accepting again in 1 s", exc)
             self._pause(_ACCEPT_PAUSE, take_one=False)
             return

@@ -74,7 +74,10 @@ class Serving:
         for listener in listeners:
             listener.close()
         if server.loads is not None:
-            server.loads.vacate(server.slot)  # stopping: new connections go to the others
+            # Stopping: new connections go to the others, and this one's count, falling as its
+            # connections close, is not told (a sibling would leave connections to it).
+            server.loads.vacate(server.slot)
+            server.loads = None
         await self.server.drain()
         await lifespan.shutdown()
 
