@@ -3,9 +3,16 @@ workers, and whether one is ahead of the least loaded of the others."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import socket
+from collections.abc import Callable
 
-from gateway.server.accept import SLACK, Loads
+import pytest
+
+from gateway.server.accept import SLACK, Acceptor, Loads
+
+pytestmark = pytest.mark.anyio
 
 
 def test_a_worker_is_ahead_past_the_least_loaded_sibling_by_more_than_the_slack() -> None:
@@ -34,3 +41,64 @@ def test_the_counts_are_shared_with_a_forked_worker() -> None:
         os._exit(0)
     os.waitpid(pid, 0)
     assert loads.counts() == [-1, 42]
+
+
+class _Counts:
+    """A worker's Counted, as its server keeps it: accepted connections count at once."""
+
+    changed = asyncio.Event()  # set at each accept (of any worker: the test's one loop)
+
+    def __init__(self) -> None:
+        self.open = 0
+
+    def load(self) -> int:
+        return self.open
+
+    def accepted(self) -> None:
+        self.open += 1
+        _Counts.changed.set()
+
+    @staticmethod
+    async def until(holds: Callable[[], bool]) -> None:
+        while not holds():
+            _Counts.changed.clear()
+            await asyncio.wait_for(_Counts.changed.wait(), 10)
+
+    def begun(self) -> None:
+        pass
+
+
+class _Quiet(asyncio.Protocol):
+    pass
+
+
+async def test_a_worker_ahead_leaves_waiting_connections_to_a_sibling_and_starves_none() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    loads = Loads(2)
+    mine, theirs = _Counts(), _Counts()
+    mine.open = 5  # five ahead of a sibling with none
+    loads.set(0, mine.open)
+    loads.set(1, 0)
+    ahead = Acceptor(listener, _Quiet, mine, loads=loads, slot=0)
+    ahead.start()
+    clients = []
+    try:
+        # The sibling is counted but takes nothing (busy, or stuck): the worker ahead still
+        # takes each waiting connection after leaving it to the sibling for DEFER.
+        for n in range(1, 4):
+            clients.append(socket.create_connection(("127.0.0.1", port)))
+            await _Counts.until(lambda n=n: mine.open == 5 + n)
+        # The sibling takes connections now: those that come are left to it.
+        sibling = Acceptor(listener, _Quiet, theirs, loads=loads, slot=1)
+        sibling.start()
+        for _ in range(4):
+            clients.append(socket.create_connection(("127.0.0.1", port)))
+        await _Counts.until(lambda: mine.open + theirs.open == 5 + 3 + 4)
+        assert (mine.open, theirs.open) == (8, 4)
+        sibling.close()
+    finally:
+        ahead.close()
+        for client in clients:
+            client.close()
+        listener.close()
