@@ -309,7 +309,6 @@ class JobRunner:
         return False
 
     # -- loading ---------------------------------------------------------------------------
-    # -- loading ---------------------------------------------------------------------------
 
     async def _work(self, job: ActiveJob) -> None:
         """Take shares of this job's batches until none is left for this node."""
