@@ -185,6 +185,13 @@ def _run(cleanup: Any, work: Path, args: argparse.Namespace, size: int) -> dict[
     threads = _threads(node.pid)
     spent = [used - threads0.get(tid, 0.0) for tid, used in threads.items() if tid != node.pid]
     others = sorted((round(s / args.objects * 1e6, 1) for s in spent), reverse=True)
+    names = _names(node.pid)
+    by_name: dict[str, float] = {}
+    for tid, used in threads.items():
+        if tid != node.pid:
+            name = names.get(tid, "?")
+            by_name[name] = by_name.get(name, 0.0) + (used - threads0.get(tid, 0.0))
+    named = {n: round(s / args.objects * 1e6, 1) for n, s in by_name.items()}
     report["cpu"] = {
         "seconds": round(seconds, 3),
         "gets_per_s": round(args.objects / seconds, 1),
@@ -192,6 +199,7 @@ def _run(cleanup: Any, work: Path, args: argparse.Namespace, size: int) -> dict[
         "us_per_get_net_of_idle": round(net / args.objects * 1e6, 1),
         "event_loop_us_per_get": round(loop / args.objects * 1e6, 1),
         "other_threads_us_per_get": [x for x in others if x > 0],
+        "threads_us_per_get_by_name": named,  # the OS names the gateway's threads give
         "idle_cores": round(idle_rate, 4),
     }
     print(
@@ -205,7 +213,8 @@ def _run(cleanup: Any, work: Path, args: argparse.Namespace, size: int) -> dict[
             else f"{args.readers} connections"
         )
         + "; the other threads, each: "
-        f"{', '.join(f'{x:g}' for x in others if x > 0)} us"
+        f"{', '.join(f'{x:g}' for x in others if x > 0)} us; by name (all of a name): "
+        + ", ".join(f"{n} {x:g}" for n, x in sorted(named.items(), key=lambda i: -i[1]) if x > 0)
     )
     if profiled:
         node.switch(signal.SIGUSR1)
@@ -328,6 +337,16 @@ def _threads(pid: int) -> dict[int, float]:
     for task in os.listdir(f"/proc/{pid}/task"):
         with contextlib.suppress(OSError):  # ended meanwhile
             found[int(task)] = _cpu(pid, int(task))
+    return found
+
+
+def _names(pid: int) -> dict[int, str]:
+    """The OS name of each live thread of the process (gateway/threadnames.py names the
+    cache's), by thread id."""
+    found = {}
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            found[int(task)] = Path(f"/proc/{pid}/task/{task}/comm").read_text().strip()
     return found
 
 

@@ -49,6 +49,7 @@ from gateway.cache.layout import (
     is_mount_folder,
 )
 from gateway.cache.policy import Policy, create
+from gateway.threadnames import name_this_thread
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +142,7 @@ class _Rescan:
         self._thread.start()
 
     def _run(self) -> None:
+        name_this_thread("cache-rescan")
         found: dict[int, dict[bytes, int]] = {}
         try:
             for _, mount, name, size in scan_blocks(self._root, self._stop):
@@ -253,6 +255,7 @@ class Janitor:
             self._retire()
 
     def _loop(self) -> None:
+        name_this_thread("cache-janitor")
         while not self._stop.is_set():
             try:
                 self.run_once()

@@ -53,6 +53,7 @@ from gateway.cache.layout import (
 from gateway.cache.memory import MemoryTier
 from gateway.cache.spare import Spares
 from gateway.cache.subblocks import SubKey
+from gateway.threadnames import name_this_thread
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -238,7 +239,9 @@ class PageStore:
         for sub in (BLOCKS_DIR, INFLIGHT_DIR, JOURNAL_DIR, RETIRED_DIR, SPARE_DIR):
             os.makedirs(os.path.join(self.root, sub), exist_ok=True)
         await asyncio.to_thread(relayout.ensure, self.root)  # a folder an older version wrote
-        self._io = ThreadPoolExecutor(self._io_threads, thread_name_prefix="cache-io")
+        self._io = ThreadPoolExecutor(
+            self._io_threads, "cache-io", initializer=name_this_thread, initargs=("cache-io",)
+        )
         await self._probe_seals()
         removed = await self.hop(blockfile.sweep_inflight, self.root)
         removed += await self.hop(blockfile.sweep_retired, self.root)
