@@ -47,7 +47,8 @@ SUMMARY = (
 )
 COLUMNS = [
     "path", "epoch", "seconds", "objects/s", "MB/s", "p50 ms", "p99 ms",
-    "server CPU", "machine CPU %", *CPU_COLUMNS, "origin reqs", "errors", "x-cache",
+    "server CPU", "machine CPU %", *CPU_COLUMNS, "origin reqs", "origin conns", "errors",
+    "x-cache",
 ]  # fmt: skip
 
 
@@ -211,7 +212,7 @@ def run(options: Options, args: argparse.Namespace) -> None:
             order = list(range(len(keys)))
             random.Random(epoch).shuffle(order)  # the same order for every path
             jobs = [Job(targets[i]) for i in order]
-            conns = origin.requests()
+            reqs, conns = origin.requests(), origin.connections()
             through_gateway = name.startswith(("gateway", "client", "nginx proxy"))
             watch = origin.watch(pid if through_gateway else None)
             tally, cpu = measure(
@@ -221,8 +222,10 @@ def run(options: Options, args: argparse.Namespace) -> None:
             if name == "gateway+preload" and epoch == 1:
                 loader.join()
                 _load_row(report, load, origin.description, options.wan.rate)
+            if reqs is not None:
+                row["origin reqs"] = (origin.requests() or 0) - reqs
             if conns is not None:
-                row["origin reqs"] = (origin.requests() or 0) - conns
+                row["origin conns"] = (origin.connections() or 0) - conns
             r.log(
                 f"{name} epoch {epoch}: {row['seconds']:.1f} s, {row['objects/s']:.0f} obj/s, "
                 f"{row['MB/s']:.0f} MB/s, server CPU {cpu.server_cores}"
@@ -237,7 +240,8 @@ def run(options: Options, args: argparse.Namespace) -> None:
             "processes, of the origin's S3 server and of loadtest.wan_proxy, over the row"
         )
         report.notes.append(
-            "origin reqs: requests sent to the origin (their heads, counted by the WAN proxy)"
+            "origin reqs: requests sent to the origin (their heads, counted by the WAN proxy);"
+            " origin conns: TCP connections made to it (each costs a round trip of the WAN)"
         )
         finish(r, report)
 

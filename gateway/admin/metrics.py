@@ -64,6 +64,7 @@ _COUNTERS = (
     ("gateway_cache_zero_copy", "Block reads sent from their files unread (sendfile)", "zero_copy"),
     ("gateway_cache_rechecks", "Zero-copy sends whose block was checked first", "rechecks"),
     ("gateway_cache_sealed_sends", "Zero-copy sends of sealed (fs-verity) files", "sealed"),
+    ("gateway_cache_thread_claims", "Fills claimed on a thread, not at once", "thread_claims"),
 )
 _GAUGES = (
     ("gateway_cache_fills_in_flight", "Block fills in flight", "fills_in_flight"),

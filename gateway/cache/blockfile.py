@@ -192,10 +192,6 @@ def _read_range(fd: int, data_len: int, start: int, length: int, verify: bool) -
     return data[start - lo : start - lo + length]
 
 
-def exists(path: str) -> bool:
-    return os.path.exists(path)
-
-
 def remove(path: str) -> None:
     try:
         os.unlink(path)
@@ -235,33 +231,35 @@ def _private(directory: str, stem: str) -> tuple[int, str]:
     return fd, path
 
 
-def _spare_or_private(directory: str, stem: str, spares: Spares | None) -> tuple[int, str]:
-    """A spare file (empty, locked) if `spares` has one, else a new private one."""
-    return (spares.take() if spares is not None else None) or _private(directory, stem)
-
-
 # -- fills ------------------------------------------------------------------------------------
 
 CLAIMED = "claimed"  # the fd is ours, locked, at inflight/<name>: fetch and write the block
 FOLLOW = "follow"  # the fd reads another process's live fill: tail it
 PRESENT = "present"  # the block was committed meanwhile: read it (the fd is None)
+LATER = "later"  # claim(at_once=True) cannot tell without waiting: claim() on a thread (None)
 
 
 def claim(
-    root: str, mount_id: int, name: str, spares: Spares | None = None
+    root: str, mount_id: int, name: str, spares: Spares | None = None, at_once: bool = False
 ) -> tuple[str, int | None]:
     """Become the one filler of block `name` on this node, or find who is.
 
     Takes a spare file (spare.py: empty, locked) or else creates the in-flight file under a
     private name and locks it, then links it to its public name: the file is never visible
     unlocked, so a lock that can be taken means a dead filler.
+
+    `at_once`: the event loop's try (a miss then waits for no thread): calls on names in
+    folders every fill uses, as a hit's open of its block file; LATER where it needs more (no
+    spare listed already, another filler's file to look into).
     """
     public = inflight_path(root, name)
     final = block_path(root, mount_id, name)
     for _ in range(100):
         if os.path.exists(final):
             return PRESENT, None
-        spare = spares.take() if spares is not None else None
+        spare = spares.take(listed_only=at_once) if spares is not None else None
+        if spare is None and at_once:
+            return LATER, None
         fd, private = spare or _private(f"{root}/{INFLIGHT_DIR}", name)
         try:
             os.link(private, public)
@@ -287,6 +285,8 @@ def claim(
             return CLAIMED, fd
         if spare is None:
             remove(private)
+        if at_once:
+            return LATER, None
         found = _busy(root, mount_id, name)
         if found is not None:
             return found
@@ -562,7 +562,7 @@ def spool_lock(root: str, spares: Spares | None = None) -> tuple[int, str]:
     are named <path>.<index>. A spare file (locked when taken) is the lock when there is one:
     a write makes no inode, as a miss makes none."""
     directory = f"{root}/{INFLIGHT_DIR}"
-    fd, private = _spare_or_private(directory, "lock", spares)
+    fd, private = (spares.take() if spares is not None else None) or _private(directory, "lock")
     path = f"{directory}/{_SPOOL}{secrets.token_hex(8)}"
     try:
         os.rename(private, path)

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from gateway.cache import relayout, spare
-from gateway.cache.blockfile import sweep_inflight, sweep_retired
+from gateway.cache.blockfile import free_bytes, sweep_inflight, sweep_retired
 from gateway.cache.journal import (
     ACCESS,
     DROP,
@@ -520,7 +520,7 @@ class Janitor:
         fewer than spare.TARGET (`spares` now); returns the free bytes of the file system and
         the spares then."""
         assert self._journal is not None
-        free = _free_bytes(self.root)
+        free = free_bytes(self.root)
         victims = self._policy.victims(max(0, self.min_free - free))
         if not victims:
             self._log_evictions()
@@ -556,7 +556,7 @@ class Janitor:
         except OSError:  # only a later janitor reads them; a rescan makes up for their loss
             log.warning("cache: could not write the janitor's journal", exc_info=True)
         self._log_evictions()
-        return _free_bytes(self.root), spares
+        return free_bytes(self.root), spares
 
     def _log_evictions(self, force: bool = False) -> None:
         count, freed, since = self._unlogged
@@ -608,8 +608,3 @@ class Janitor:
             write_snapshot(self.root, self._policy.entries(), offsets)
             self._covered, self._dirty = offsets, False
         self._reader.prune(self._covered)
-
-
-def _free_bytes(path: str) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize

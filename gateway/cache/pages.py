@@ -609,7 +609,7 @@ class PageStore:
         """The path of the block's committed file, if it is there now (it may go at any time:
         a descriptor opened on it stays readable)."""
         path = block_path(self.root, bkey.mount_id, bkey.name)
-        return path if await self.hop(blockfile.exists, path) else None
+        return path if await self.hop(os.path.exists, path) else None
 
     async def cached_version(self, mount_id: int, key: str) -> bool:
         """Whether the page store recorded a cached version of the key whose block 0 is still

@@ -60,8 +60,9 @@ class Spares:
         self.taken = 0  # spares this process took (figures)
         self.listings = 0  # listings of the folder (figures)
 
-    def take(self) -> tuple[int, str] | None:
-        """A spare, locked and empty: (descriptor, path), or None when there is none."""
+    def take(self, listed_only: bool = False) -> tuple[int, str] | None:
+        """A spare, locked and empty: (descriptor, path), or None when there is none (or,
+        `listed_only`, none among the names listed before: the folder is not listed again)."""
         for relisted in (False, True):
             while True:
                 with self._lock:
@@ -72,7 +73,7 @@ class Spares:
                 if found is not None:
                     self.taken += 1
                     return found
-            if relisted or not self._relist():
+            if relisted or listed_only or not self._relist():
                 return None
         return None
 

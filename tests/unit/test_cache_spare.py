@@ -241,3 +241,44 @@ def test_a_write_through_spools_into_spares_and_a_dead_writer_s_are_swept(root: 
     blockfile.unlock_spool(lock_fd, lock)
     assert blockfile.read(dest, len(data), 0, len(data), True) == data
     assert os.stat(dest).st_ino in inodes
+
+
+def test_a_claim_at_once_takes_a_listed_spare_and_never_lists_or_makes_a_file(root: str) -> None:
+    # The event loop's claim (fills.py): a spare the process listed before, else LATER for a
+    # claim on a thread, which lists spare/ (or makes a file) where the loop must not wait.
+    assert spare.make(root, 2) == 2
+    spares = spare.Spares(root)
+    first, second = "a1" * 32, "b2" * 32
+    assert blockfile.claim(root, MOUNT, first, spares, at_once=True) == (blockfile.LATER, None)
+    assert spares.listings == 0 and len(_spares(root)) == 2  # nothing listed, nothing taken
+    assert not os.path.exists(inflight_path(root, first))
+    how, fd = blockfile.claim(root, MOUNT, first, spares)  # on a thread: lists, takes one
+    assert how == blockfile.CLAIMED and fd is not None and spares.listings == 1
+    how2, fd2 = blockfile.claim(root, MOUNT, second, spares, at_once=True)
+    assert how2 == blockfile.CLAIMED and fd2 is not None
+    assert spares.listings == 1 and _spares(root) == []  # the listed one, no listing
+    assert fcntl.flock(fd2, fcntl.LOCK_EX | fcntl.LOCK_NB) is None  # ours, locked
+    entries = os.listdir(os.path.join(root, "inflight"))
+    assert sorted(entries) == sorted([first, second])  # no private name left behind
+    _commit(root, fd2, second, b"z" * 100)
+    # Committed: at once it says so; none listed left: LATER, not a new file.
+    assert blockfile.claim(root, MOUNT, second, spares, at_once=True) == (blockfile.PRESENT, None)
+    third = "c3" * 32
+    assert blockfile.claim(root, MOUNT, third, spares, at_once=True) == (blockfile.LATER, None)
+    assert sorted(os.listdir(os.path.join(root, "inflight"))) == [first]
+    blockfile.discard(fd, root, first)
+
+
+def test_a_claim_at_once_that_finds_a_live_fill_leaves_it_to_a_thread(root: str) -> None:
+    name = "d4" * 32
+    how, fd = blockfile.claim(root, MOUNT, name)  # another filler's, live
+    assert how == blockfile.CLAIMED and fd is not None
+    assert spare.make(root, 1) == 1
+    spares = spare.Spares(root)
+    assert spares._relist()  # listed before, as a claim on a thread lists it
+    assert blockfile.claim(root, MOUNT, name, spares, at_once=True) == (blockfile.LATER, None)
+    assert spare.count(root) == 1 and spares.take() is not None  # still a spare, given back
+    how2, theirs = blockfile.claim(root, MOUNT, name, spares)  # the thread's: follows it
+    assert how2 == blockfile.FOLLOW and theirs is not None
+    os.close(theirs)
+    blockfile.discard(fd, root, name)
