@@ -155,6 +155,24 @@ def store_bytes(kind: str, n: int) -> None:
     child.inc(n)
 
 
+STORE_FIRST_BYTE = Histogram(
+    "gateway_store_first_byte_seconds",
+    "Time from a store read's start to its first byte (an open's: to its answer's head)",
+    ["store"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+    registry=REGISTRY,
+)
+_first_byte_children: dict[str, Histogram] = {}
+
+
+def store_waited(kind: str, seconds: float) -> None:
+    """One store read's time to its first byte (gateway/timing.py has the request's share)."""
+    child = _first_byte_children.get(kind)
+    if child is None:
+        child = _first_byte_children[kind] = STORE_FIRST_BYTE.labels(kind)
+    child.observe(seconds)
+
+
 # Answers of under-stores that were not what was asked for (gateway/stores/base.check_answer):
 # bytes an origin that ignores Range sent beyond the range asked, and answers of another
 # version than the If-Match asked for (an origin that ignores If-Match); neither is kept.

@@ -12,7 +12,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 
-from gateway import counters, errors
+from gateway import counters, errors, timing
 from gateway.logs import AccessLog
 from gateway.s3 import handlers_cors, limits
 from gateway.s3.fast import FastHits
@@ -112,6 +112,15 @@ class S3App:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
+        waits, token = timing.begin()
+        try:
+            await self._answer(scope, receive, send, started, waits)
+        finally:
+            timing.end(token)
+
+    async def _answer(
+        self, scope: Scope, receive: Receive, send: Send, started: float, waits: timing.Timing
+    ) -> None:
         try:
             req = parse_request(scope, self.base_domain)
         except UnicodeDecodeError:
@@ -177,20 +186,21 @@ class S3App:
             name, reply.status, cache, sent, elapsed, req.bucket if reply.cache else None
         )
         if self.access_log is not None:
-            self.access_log.write(
-                {
-                    "request_id": req.request_id,
-                    "op": name,
-                    "method": req.method,
-                    "bucket": req.bucket,
-                    "key": req.key,
-                    "status": reply.status,
-                    "bytes": sent,
-                    "ms": round(elapsed * 1000, 3),
-                    "cache": reply.cache,
-                    "access_key": req.access_key,
-                }
-            )
+            line = {
+                "request_id": req.request_id,
+                "op": name,
+                "method": req.method,
+                "bucket": req.bucket,
+                "key": req.key,
+                "status": reply.status,
+                "bytes": sent,
+                "ms": round(elapsed * 1000, 3),
+                "cache": reply.cache,
+                "access_key": req.access_key,
+            }
+            if waits.store_reads:  # its store reads' time to their first byte, summed
+                line["store_ms"] = round(waits.store_seconds * 1000, 3)
+            self.access_log.write(line)
 
     async def _document(self, req: S3Request) -> Reply:
         """A document for clients (the fleet's placement...): to signed GETs only."""

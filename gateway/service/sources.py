@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import replace
 from typing import Any, Generic, Protocol, TypeVar
 
-from gateway import counters
+from gateway import counters, timing
 from gateway.cache import Arrival, Fetch, FileRegion, Fills
 from gateway.cluster.peers import Fleet, PeerUnavailable
 from gateway.service.namespace import MountHandle
@@ -69,7 +70,8 @@ class StoreSource:
             stream = store.read(info.key, start, end, info.etag)
         else:  # a version named by its id: that version, whatever the key's current one is
             stream = store.read_version(info.key, info.version_id, start, end, info.etag)
-        async with aclosing(_counted(self.handle, info.key, stream)) as chunks:
+        counted = _counted(self.handle, info.key, stream, time.perf_counter())
+        async with aclosing(counted) as chunks:
             async for chunk in chunks:
                 yield chunk
 
@@ -77,19 +79,26 @@ class StoreSource:
     async def open(handle: MountHandle, key: str) -> tuple[ObjectInfo, AsyncGenerator[bytes, None]]:
         """The key's current version and its first block's bytes (all of it when the mount
         does not cache), from one store request where the store can."""
+        started = time.perf_counter()
         with store_errors(key):
             info, stream = await handle.store.open(
                 key, handle.block_size if handle.cache_enabled else None
             )
+        counters.store_waited(handle.kind, timing.store_answered(started))
         return info, _counted(handle, key, stream)
 
 
 async def _counted(
-    handle: MountHandle, key: str, stream: AsyncGenerator[bytes, None]
+    handle: MountHandle, key: str, stream: AsyncGenerator[bytes, None], asked: float = 0.0
 ) -> AsyncGenerator[bytes, None]:
+    """The store's bytes, counted; `asked`: when the read was begun (its request goes out at
+    the first chunk asked for), for the time to its first byte."""
     async with aclosing(stream) as chunks:
         with store_errors(key):
             async for chunk in chunks:
+                if asked:
+                    counters.store_waited(handle.kind, timing.store_answered(asked))
+                    asked = 0.0
                 counters.store_bytes(handle.kind, len(chunk))
                 yield chunk
 

@@ -5,6 +5,7 @@ restart and SIGKILL of a node, quotas, pins and scan resistance."""
 from __future__ import annotations
 
 import hashlib
+import json
 import sqlite3
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -222,6 +223,35 @@ def test_concurrent_cold_readers_of_a_small_object_make_one_request(
         results = list(pool.map(lambda _: _get(node, "pages", "cold/one"), range(8)))
     assert all(r == body for r in results)
     assert origin.count() == 1  # one GET told the version and brought the bytes
+
+
+def _access_lines(node: GatewayNode, key: str) -> list[dict[str, Any]]:
+    lines = (json.loads(line) for line in node.log().splitlines() if line.startswith("{"))
+    return [x for x in lines if x.get("msg") == "request" and x.get("key") == key]
+
+
+def test_the_access_log_tells_the_store_s_share_of_a_miss_for_the_reader_that_asked_it(
+    node: GatewayNode, origin: CountingProxy, origin_s3: Any
+) -> None:
+    # nginx's $upstream_header_time: a line's `store_ms` is the time its own store reads took
+    # to their first byte (gateway/timing.py); readers that joined the fill asked nothing.
+    body = _blob(200_000, 78)
+    origin_s3.put_object(Bucket=BUCKET, Key="timed/one", Body=body)
+    origin.reset()
+    opened = node.metric("gateway_store_first_byte_seconds_count", 'store="s3"')
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(lambda _: _get(node, "pages", "timed/one"), range(6)))
+    assert all(r == body for r in results)
+    assert _get(node, "pages", "timed/one") == body  # a hit
+    assert origin.count() == 1
+    lines = eventually(
+        lambda: (found := _access_lines(node, "timed/one")) and len(found) == 7 and found
+    )
+    asked = [x for x in lines if "store_ms" in x]
+    assert len(asked) == 1, lines
+    assert 0 < asked[0]["store_ms"] <= asked[0]["ms"]
+    assert asked[0]["cache"] == "miss"
+    assert node.metric("gateway_store_first_byte_seconds_count", 'store="s3"') == opened + 1
 
 
 def test_metrics_count_store_bytes_and_cache_use(node: GatewayNode) -> None:

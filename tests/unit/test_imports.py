@@ -14,10 +14,12 @@ from pathlib import Path
 GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
 
 # Small top-level modules every part may share: the S3 error table, settings, logs, numbers,
-# the counters, threads' OS names. LEAF: those of them that may sit under stores and the page
-# store, which speak no S3 (a store raises its own typed errors; the service maps them to S3's
-# once).
-LEAF = {"gateway.decimals", "gateway.logs", "gateway.bounded", "gateway.threadnames"}
+# the counters, threads' OS names, a request's store time. LEAF: those of them that may sit
+# under stores and the page store, which speak no S3 (a store raises its own typed errors; the
+# service maps them to S3's once).
+LEAF = {
+    "gateway.decimals", "gateway.logs", "gateway.bounded", "gateway.threadnames", "gateway.timing"
+}  # fmt: skip
 # The node's change counters shared by its workers (a file in the cache folder).
 SIGNALS = {"gateway.generations"}
 BASE = LEAF | SIGNALS | {"gateway", "gateway.errors", "gateway.config", "gateway.counters"}
@@ -69,6 +71,7 @@ ALLOWED: dict[str, set[str]] = {
     "gateway.logs": set(),
     "gateway.bounded": set(),
     "gateway.threadnames": set(),
+    "gateway.timing": set(),
     "gateway.counters": set(),
 }
 
