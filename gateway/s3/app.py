@@ -112,15 +112,7 @@ class S3App:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
-        waits, token = timing.begin()
-        try:
-            await self._answer(scope, receive, send, started, waits)
-        finally:
-            timing.end(token)
-
-    async def _answer(
-        self, scope: Scope, receive: Receive, send: Send, started: float, waits: timing.Timing
-    ) -> None:
+        waits = timing.begin()
         try:
             req = parse_request(scope, self.base_domain)
         except UnicodeDecodeError:
