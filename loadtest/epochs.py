@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from loadtest.common import CPU_COLUMNS, Options, Run, finish, measure, row_of
@@ -47,8 +48,8 @@ SUMMARY = (
 )
 COLUMNS = [
     "path", "epoch", "seconds", "objects/s", "MB/s", "p50 ms", "p99 ms",
-    "server CPU", "machine CPU %", *CPU_COLUMNS, "origin reqs", "origin conns", "errors",
-    "x-cache",
+    "server CPU", "machine CPU %", *CPU_COLUMNS, "origin reqs", "origin conns", "store p50 ms",
+    "own p50 ms", "errors", "x-cache",
 ]  # fmt: skip
 
 
@@ -91,6 +92,41 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--only-client", action="store_true",
         help="the client library's rows, with the gateway's (which warm its cache) and local",
     )  # fmt: skip
+
+
+def _split(log: Path, offset: int, gets: int) -> tuple[float | str, float | str, int]:
+    """The median GET's store time and the gateway's own (its access-log line's `ms` less its
+    `store_ms`: the time its store reads took to their first byte) over the row's `gets` GETs,
+    logged from byte `offset` on (the log is written in batches: read until all are there, or
+    5 s), and where they end: where a miss's time goes, the store's or the gateway's."""
+    store: list[float] = []
+    own: list[float] = []
+    deadline = time.monotonic() + 5.0
+    while True:
+        with log.open("rb") as f:
+            f.seek(offset)
+            for line in f:
+                if not line.endswith(b"\n"):
+                    break  # being written: read with the rest
+                offset += len(line)
+                if b'"GetObject"' not in line:
+                    continue
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                waited = float(entry.get("store_ms", 0.0))
+                if waited:
+                    store.append(waited)
+                own.append(float(entry["ms"]) - waited)
+        if len(own) >= gets or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return (
+        round(statistics.median(store), 2) if store else "-",
+        round(statistics.median(own), 2) if own else "-",
+        offset,
+    )
 
 
 def _epoch_row(path: str, epoch: int, row: Row) -> Row:
@@ -198,6 +234,7 @@ def run(options: Options, args: argparse.Namespace) -> None:
                 paths.append((name, CLIENT + json.dumps(opts), where, gateway.pid))
         client = r.client()
         load: dict[str, Any] = {}
+        logged: dict[Path, int] = {}  # how far each gateway's log was read
         turns = [(path, epoch) for path in paths for epoch in range(1, args.epochs + 1)]
         if args.interleave:
             pair = [p for p in paths if p[0] in ("client http", "client http ttl -1")]
@@ -215,6 +252,7 @@ def run(options: Options, args: argparse.Namespace) -> None:
             reqs, conns = origin.requests(), origin.connections()
             through_gateway = name.startswith(("gateway", "client", "nginx proxy"))
             watch = origin.watch(pid if through_gateway else None)
+            log = r.workdir / f"{name}.log" if name.startswith("gateway") else None
             tally, cpu = measure(
                 client, base_url, jobs, args.readers, options.phase_timeout, pid, watch
             )
@@ -226,6 +264,9 @@ def run(options: Options, args: argparse.Namespace) -> None:
                 row["origin reqs"] = (origin.requests() or 0) - reqs
             if conns is not None:
                 row["origin conns"] = (origin.connections() or 0) - conns
+            if log is not None:
+                store, own, logged[log] = _split(log, logged.get(log, 0), len(jobs))
+                row["store p50 ms"], row["own p50 ms"] = store, own
             r.log(
                 f"{name} epoch {epoch}: {row['seconds']:.1f} s, {row['objects/s']:.0f} obj/s, "
                 f"{row['MB/s']:.0f} MB/s, server CPU {cpu.server_cores}"
@@ -242,6 +283,11 @@ def run(options: Options, args: argparse.Namespace) -> None:
         report.notes.append(
             "origin reqs: requests sent to the origin (their heads, counted by the WAN proxy);"
             " origin conns: TCP connections made to it (each costs a round trip of the WAN)"
+        )
+        report.notes.append(
+            "store p50 ms: a gateway row's median GET's store time to the first byte (its access"
+            " log's store_ms, the GETs that read a store); own p50 ms: the median of ms less"
+            " store_ms, every GET: the gateway's own part"
         )
         finish(r, report)
 
