@@ -115,7 +115,7 @@ def _split(log: Path, offset: int, gets: int) -> tuple[float | str, float | str,
                     entry = json.loads(line)
                 except ValueError:
                     continue
-                waited = float(entry.get("store_ms", 0.0))
+                waited = float(entry.get("store_ms") or 0.0)
                 if waited:
                     store.append(waited)
                 own.append(float(entry["ms"]) - waited)

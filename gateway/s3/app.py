@@ -178,21 +178,22 @@ class S3App:
             name, reply.status, cache, sent, elapsed, req.bucket if reply.cache else None
         )
         if self.access_log is not None:
-            line = {
-                "request_id": req.request_id,
-                "op": name,
-                "method": req.method,
-                "bucket": req.bucket,
-                "key": req.key,
-                "status": reply.status,
-                "bytes": sent,
-                "ms": round(elapsed * 1000, 3),
-                "cache": reply.cache,
-                "access_key": req.access_key,
-            }
-            if waits.store_reads:  # its store reads' time to their first byte, summed
-                line["store_ms"] = round(waits.store_seconds * 1000, 3)
-            self.access_log.write(line)
+            self.access_log.write(
+                {
+                    "request_id": req.request_id,
+                    "op": name,
+                    "method": req.method,
+                    "bucket": req.bucket,
+                    "key": req.key,
+                    "status": reply.status,
+                    "bytes": sent,
+                    "ms": round(elapsed * 1000, 3),
+                    "cache": reply.cache,
+                    "access_key": req.access_key,
+                    # Its store reads' time to their first byte, summed (0: it read none).
+                    "store_ms": round(waits.store_seconds * 1000, 3),
+                }
+            )
 
     async def _document(self, req: S3Request) -> Reply:
         """A document for clients (the fleet's placement...): to signed GETs only."""

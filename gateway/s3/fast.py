@@ -231,6 +231,7 @@ class FastHits:
                     "ms": round(elapsed * 1000, 3),
                     "cache": "hit",
                     "access_key": access_key,
+                    "store_ms": 0,
                 }
             )
         return b"".join(head), body
@@ -277,7 +278,7 @@ def _log_parts(
     before = fields(
         {"op": op, "method": verb, "bucket": bucket, "key": key, "status": 200, "bytes": sent}
     )
-    after = fields({"cache": "hit", "access_key": access_key})
+    after = fields({"cache": "hit", "access_key": access_key, "store_ms": 0})
     return (before, after) if before is not None and after is not None else None
 
 

@@ -403,7 +403,7 @@ def test_every_answer_is_in_the_access_log_after_a_graceful_stop(tmp_path: Path)
     # The edge's lines (rendered from parts kept per object) and the full path's alike.
     assert {tuple(line) for line in logged.values()} == {
         ("ts", "level", "logger", "msg", "request_id", "op", "method", "bucket", "key",
-         "status", "bytes", "ms", "cache", "access_key"),
+         "status", "bytes", "ms", "cache", "access_key", "store_ms"),
     }  # fmt: skip
     assert {line["cache"] for line in logged.values()} >= {"hit"}
     for request_id, op in ids.items():

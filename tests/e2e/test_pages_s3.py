@@ -247,7 +247,7 @@ def test_the_access_log_tells_the_store_s_share_of_a_miss_for_the_reader_that_as
     lines = eventually(
         lambda: (found := _access_lines(node, "timed/one")) and len(found) == 7 and found
     )
-    asked = [x for x in lines if "store_ms" in x]
+    asked = [x for x in lines if x["store_ms"] > 0]
     assert len(asked) == 1, lines
     assert 0 < asked[0]["store_ms"] <= asked[0]["ms"]
     assert asked[0]["cache"] == "miss"
