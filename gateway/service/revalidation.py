@@ -234,9 +234,7 @@ class Revalidator:
         at = (handle.id, prefix)
         self._wanted[at] = max(self._wanted.get(at, ""), key)
         if at not in self._walks:
-            task = asyncio.get_running_loop().create_task(self._walking(handle, prefix))
-            self._walks[at] = task
-            task.add_done_callback(lambda _: self._walks.pop(at, None))
+            self._walks[at] = asyncio.get_running_loop().create_task(self._walking(handle, prefix))
 
     async def _walking(self, handle: MountHandle, prefix: str) -> None:
         at = (handle.id, prefix)
@@ -250,6 +248,11 @@ class Revalidator:
             log.debug("revalidation: pages of %s not walked: %r", prefix, exc)
         finally:
             self._wanted.pop(at, None)
+            # Wound up in the same step as the last look at what is wanted, so that a key
+            # wanted after it starts a walk of its own (a done callback, run later, left a
+            # window in which _walk() found this one running and its wish was lost).
+            if self._walks.get(at) is asyncio.current_task():
+                del self._walks[at]
 
     async def _listing(self, handle: MountHandle, prefix: str, after: str, chained: bool) -> None:
         """One listing of the prefix after `after`, recorded; joins one in flight from the

@@ -9,8 +9,11 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from gateway.counters import REGISTRY
 from gateway.meta import Mount
@@ -165,3 +168,41 @@ def test_a_renewal_ahead_lists_again_each_page_older_than_the_ttl_less_fresh_for
     # Listed 0.4 TTL ago: within the TTL less fresh_for; then 1.0 TTL: every page again;
     # then 0.2 TTL after that: none.
     assert asyncio.run(run()) == [0, pages, 0]
+
+
+class _Nudging:
+    """The folder store, which runs `then` on the loop right after its first listing returns:
+    in the loop's queue ahead of everything the listing's caller does when it ends."""
+
+    def __init__(self, store: Any, then: Callable[[], None]) -> None:
+        self._store, self._then = store, then
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def list_page(self, *args: Any, **kwargs: Any) -> Any:
+        page = await self._store.list_page(*args, **kwargs)
+        then, self._then = self._then, lambda: None
+        asyncio.get_running_loop().call_soon(then)
+        return page
+
+
+def test_a_key_wanted_as_a_walk_ends_is_walked_to(tmp_path: Path) -> None:
+    # A walk of a prefix's pages that has just listed as far as it was asked, and a reader that
+    # wants a key further (a listing from its own key ending then, say) before the walk's task
+    # is wound up: that key's pages are walked too (a walk still registered as running took the
+    # wish and ended without it: the next TTL listed those pages from keys, twice a page).
+    _, revalidator, handle = _dataset(tmp_path)
+    far = KEYS[60]
+
+    async def main() -> tuple[str, bool]:
+        nudging = _Nudging(handle.store, lambda: revalidator._walk(nudged, "data/", far))
+        nudged = replace(handle, store=nudging)
+        revalidator._walk(nudged, "data/", KEYS[3])  # one page: the walk ends after it
+        await revalidator.walked()
+        found = revalidator.listed.edge(handle.id, "data/", far)
+        await revalidator.close()
+        return found
+
+    _, known = asyncio.run(main())
+    assert known
