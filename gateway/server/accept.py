@@ -78,6 +78,9 @@ class Counted(Protocol):
     def begun(self) -> None:
         """One accepted has begun (counted open by then) or failed."""
 
+    def ahead(self) -> bool:
+        """Whether the next connection is better left to a sibling (Loads.ahead)."""
+
 
 class Acceptor:
     """One listening socket of one worker (see the module's docstring)."""
@@ -90,16 +93,12 @@ class Acceptor:
         *,
         ssl: ssl_module.SSLContext | None = None,
         ssl_handshake_timeout: float | None = None,
-        loads: Loads | None = None,
-        slot: int = 0,
     ) -> None:
         self._sock = sock
         self._protocol = protocol
         self._counted = counted
         self._ssl = ssl
         self._handshake_timeout = ssl_handshake_timeout if ssl is not None else None
-        self._loads = loads
-        self._slot = slot
         self._loop = asyncio.get_running_loop()
         self._reading = False
         self._closed = False
@@ -142,8 +141,7 @@ class Acceptor:
             self._read()
 
     def _ready(self) -> None:
-        loads = self._loads
-        if loads is not None and loads.ahead(self._slot, self._counted.load()):
+        if self._counted.ahead():
             self._pause(DEFER, take_one=True)
             return
         self._accept()

@@ -116,6 +116,9 @@ class Server:
         self._starting -= 1
         self._publish()
 
+    def ahead(self) -> bool:
+        return self.loads is not None and self.loads.ahead(self.slot, self.load())
+
     def _publish(self) -> None:
         if self.loads is not None:
             self.loads.set(self.slot, self.load())

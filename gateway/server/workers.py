@@ -62,7 +62,6 @@ class Serving:
             Acceptor(
                 sock, server.protocol, server,
                 ssl=config.ssl, ssl_handshake_timeout=config.limits.head_timeout,
-                loads=server.loads, slot=server.slot,
             )
             for sock in self.sockets
         ]  # fmt: skip

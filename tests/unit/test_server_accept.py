@@ -48,8 +48,12 @@ class _Counts:
 
     changed = asyncio.Event()  # set at each accept (of any worker: the test's one loop)
 
-    def __init__(self) -> None:
+    def __init__(self, loads: Loads, slot: int) -> None:
         self.open = 0
+        self.loads, self.slot = loads, slot
+
+    def ahead(self) -> bool:
+        return self.loads.ahead(self.slot, self.open)
 
     def load(self) -> int:
         return self.open
@@ -76,11 +80,11 @@ async def test_a_worker_ahead_leaves_waiting_connections_to_a_sibling_and_starve
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     loads = Loads(2)
-    mine, theirs = _Counts(), _Counts()
+    mine, theirs = _Counts(loads, 0), _Counts(loads, 1)
     mine.open = 5  # five ahead of a sibling with none
     loads.set(0, mine.open)
     loads.set(1, 0)
-    ahead = Acceptor(listener, _Quiet, mine, loads=loads, slot=0)
+    ahead = Acceptor(listener, _Quiet, mine)
     ahead.start()
     clients = []
     try:
@@ -90,7 +94,7 @@ async def test_a_worker_ahead_leaves_waiting_connections_to_a_sibling_and_starve
             clients.append(socket.create_connection(("127.0.0.1", port)))
             await _Counts.until(lambda n=n: mine.open == 5 + n)
         # The sibling takes connections now: those that come are left to it.
-        sibling = Acceptor(listener, _Quiet, theirs, loads=loads, slot=1)
+        sibling = Acceptor(listener, _Quiet, theirs)
         sibling.start()
         for _ in range(4):
             clients.append(socket.create_connection(("127.0.0.1", port)))
