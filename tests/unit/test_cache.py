@@ -162,8 +162,13 @@ async def test_a_failed_fill_wakes_every_reader_and_the_next_read_retries(pages:
     data = _data(MiB)
     source = Source(data)
     source.fail_after = 512 << 10
+    # Held until all four readers are in the one fill: a reader whose look at the disk returned
+    # after the fill had failed would rightly start a fill of its own (CI saw 2 opens).
+    source.gate, source.hold_after = asyncio.Event(), 256 << 10
     bkey = BlockKey(1, "k", "e", 4 * MiB, 0)
     readers = [asyncio.create_task(_read(pages, bkey, len(data), source)) for _ in range(4)]
+    await eventually_async(lambda: pages.stats.misses == len(readers))
+    source.gate.set()
     results = await asyncio.gather(*readers, return_exceptions=True)
     assert all(isinstance(r, OSError) for r in results), results
     assert source.opened == 1
