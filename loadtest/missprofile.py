@@ -434,7 +434,10 @@ class _Node:
         data = work / name
         self.control = work / f"{name}-control"
         self.control.mkdir(parents=True)
-        env = {**os.environ, "AWS_EC2_METADATA_DISABLED": "true", "PYTHONPATH": str(_REPO)}
+        # The caller's PYTHONPATH after the repo's: a sitecustomize that times the node's
+        # phases reaches it.
+        path = os.pathsep.join(filter(None, [str(_REPO), os.environ.get("PYTHONPATH", "")]))
+        env = {**os.environ, "AWS_EC2_METADATA_DISABLED": "true", "PYTHONPATH": path}
         env.pop("AWS_CA_BUNDLE", None)
         mount = [
             str(_BIN / "gateway"), "mount", "add", _BUCKET, f"s3://{_ORIGIN_BUCKET}/{_PREFIX}",
