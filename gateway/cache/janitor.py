@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 
 _LOG_INTERVAL = 60.0  # seconds between two log lines about evictions (or failed passes)
 _NOTHING: dict[bytes, int] = {}
-_SPARES_MIN = 32  # spare block files kept however few fills take them
+_SPARES_MIN = 128  # spare block files kept however few fills take them
 
 Found = tuple[float, int, bytes, int]  # mtime, mount, name, size of one block file
 
@@ -232,6 +232,7 @@ class Janitor:
         self._failed_passes = 0
         self._failure_logged = 0.0
         self._spares = 0  # spares left after the last pass
+        self._filled = 0  # fill records read since the last pass
         self.recycled = 0  # evicted files made spares
 
     def set_quotas(self, quotas: Mapping[int, int]) -> None:
@@ -287,9 +288,12 @@ class Janitor:
             self._next_snapshot = now
         self._check_rescan(now)
         spares = spare.count(self.root)
-        # What fills took since the last pass sets how many to keep (a node that misses
-        # little keeps few; one that misses fast, up to spare.TARGET).
-        wanted = min(spare.TARGET, max(_SPARES_MIN, 4 * (self._spares - spares)))
+        # The fills since the last pass set how many to keep (a node that misses little keeps
+        # few; one that misses fast, up to spare.TARGET): the journals' fill records, or the
+        # spares taken where more. The spares taken alone saw no more than the pool held, so
+        # a burst of misses outran it for passes, each miss past it making a file on a thread.
+        taken, self._filled = max(self._spares - spares, self._filled), 0
+        wanted = min(spare.TARGET, max(_SPARES_MIN, 4 * taken))
         free, spares = self._evict(spares)
         if spares < wanted:
             spares += spare.make(self.root, min(spare.MAKE_MAX, wanted - spares))
@@ -448,6 +452,7 @@ class Janitor:
                         policy.remove(mount, name)
                     elif op == FILL:
                         policy.add(mount, name, size, bool(flags & FLAG_PINNED))
+                        self._filled += 1
                 else:
                     continue  # a journal's head or seal: nothing a snapshot must keep
                 self._dirty = True

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.cache import spare
 from gateway.cache.janitor import Janitor, read_stats
 from gateway.cache.journal import FILL, RECORD, JournalWriter, load_snapshot
 from gateway.cache.keyrecords import KeyRecords
@@ -22,6 +23,7 @@ from gateway.cache.layout import (
     BLOCKS_DIR,
     JOURNAL_DIR,
     SNAPSHOT,
+    SPARE_DIR,
     block_path,
     trailer,
 )
@@ -504,3 +506,16 @@ def test_a_janitor_interrupted_while_loading_leaves_nothing_open(
     stats = read_stats(root)
     assert stats is not None and stats.entries == 5
     again.stop()
+
+
+def test_the_spares_kept_follow_the_fills_not_only_the_spares_taken(root: str) -> None:
+    # A burst of misses empties the pool and goes on making files of its own; the spares
+    # taken (the pool's drop) cannot tell how many more the fills wanted, their records can.
+    janitor = Janitor(root, 1 << 40, 0)
+    janitor.run_once()
+    at_rest = len(os.listdir(os.path.join(root, SPARE_DIR)))
+    assert at_rest >= 100  # a floor that covers the first moments of a burst
+    fill_blocks(root, 1, range(200))  # 200 fills, none of which took a spare
+    janitor.run_once()
+    assert len(os.listdir(os.path.join(root, SPARE_DIR))) >= min(spare.TARGET, 4 * 200)
+    janitor.stop()
