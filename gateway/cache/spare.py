@@ -41,6 +41,7 @@ RELIST_AFTER = 1.0  # seconds: an unchanged folder is listed again after this at
 MAKE_MAX = 1024  # new ones it makes in one pass at most
 _RDWR = os.O_RDWR | os.O_CLOEXEC
 _RECYCLING = ".r."
+_STAGING = ".new"  # where new spares are made, under spare/ (a dot: no taker lists it)
 
 
 class Spares:
@@ -189,30 +190,47 @@ def recycle(root: str, path: str) -> bool:
 
 
 def make(root: str, wanted: int) -> int:
-    """Make up to `wanted` new spares; how many were made."""
+    """Make up to `wanted` new spares; how many were made. Each is created in spare/.new/ and
+    then moved into spare/: a create holds its folder's lock while the file system allocates
+    the inode (~20 us, or hundreds after many deletions near it on ext4 without a journal),
+    and a fill's claim, on the event loop, removes its spare's name from spare/ under that
+    lock: it waited for the creates (a claim's wall time ~530 us, docs/performance.md)."""
     made = 0
-    prefix = f"{root}/{SPARE_DIR}/{secrets.token_hex(4)}"
-    for i in range(wanted):
-        try:
-            fd = os.open(f"{prefix}{i:x}", _RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            log.info("cache: could not make spare block files: %s", exc)
-            break
-        os.close(fd)
-        made += 1
+    staging = f"{root}/{SPARE_DIR}/{_STAGING}"
+    prefix = secrets.token_hex(4)
+    try:
+        os.makedirs(staging, exist_ok=True)
+        for i in range(wanted):
+            name = f"{prefix}{i:x}"
+            try:
+                fd = os.open(f"{staging}/{name}", _RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                continue
+            os.close(fd)
+            try:
+                os.rename(f"{staging}/{name}", f"{root}/{SPARE_DIR}/{name}")
+            except OSError:
+                _remove(f"{staging}/{name}")
+                raise
+            made += 1
+    except OSError as exc:
+        log.info("cache: could not make spare block files: %s", exc)
     return made
 
 
 def sweep(root: str) -> int:
-    """Remove what a janitor that died while recycling left (.r.<name>); how many."""
+    """Remove what a janitor that died while recycling (.r.<name>) or making spares (in .new/)
+    left; how many."""
     removed = 0
     with contextlib.suppress(FileNotFoundError), os.scandir(f"{root}/{SPARE_DIR}") as entries:
         for entry in entries:
             if entry.name.startswith(_RECYCLING):
                 _remove(entry.path)
                 removed += 1
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(f"{root}/{SPARE_DIR}/{_STAGING}"):
+            _remove(f"{root}/{SPARE_DIR}/{_STAGING}/{name}")
+            removed += 1
     return removed
 
 

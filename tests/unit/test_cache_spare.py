@@ -30,7 +30,9 @@ def root(tmp_path: Path) -> str:
 
 
 def _spares(root: str) -> list[str]:
-    return sorted(os.listdir(os.path.join(root, SPARE_DIR)))
+    """The spares in spare/ (as a taker lists them: not the names of a dot, spares being
+    made or recycled)."""
+    return sorted(n for n in os.listdir(os.path.join(root, SPARE_DIR)) if not n.startswith("."))
 
 
 def _commit(root: str, fd: int, name: str, data: bytes) -> None:
@@ -59,10 +61,10 @@ def test_an_evicted_file_someone_reads_keeps_its_bytes_and_is_removed(root: str)
     reader = os.open(path, os.O_RDONLY)  # a reader, a zero-copy send, a short-circuit client
     assert spare.quiet_lease_breaks()
     try:
-        before = os.listdir(os.path.join(root, SPARE_DIR))
+        before = _spares(root)
         assert not spare.recycle(root, path)
         assert not os.path.exists(path)
-        assert os.listdir(os.path.join(root, SPARE_DIR)) == before
+        assert _spares(root) == before
         assert os.pread(reader, DATA, 0) == b"x" * DATA  # the old bytes, whole
     finally:
         os.close(reader)
@@ -117,6 +119,24 @@ def test_a_spare_with_bytes_is_never_handed_out(root: str) -> None:
     with open(os.path.join(root, SPARE_DIR, name), "wb") as f:
         f.write(b"left over")
     assert spare.Spares(root).take() is None
+
+
+def test_spares_are_made_aside_and_moved_in_and_a_dead_maker_s_are_swept(root: str) -> None:
+    # Made in spare/.new/ (a create holds its folder's lock while the inode is allocated, and
+    # claims remove names from spare/ on the event loop), then moved into spare/.
+    staging = os.path.join(root, SPARE_DIR, ".new")
+    assert spare.make(root, 5) == 5
+    assert len(_spares(root)) == 5 and os.listdir(staging) == []
+    assert spare.count(root) == 5  # the folder of those being made is not a spare
+    taker = spare.Spares(root)
+    taken = [taker.take() for _ in range(6)]
+    assert sum(t is not None for t in taken) == 5
+    for t in taken:
+        if t is not None:
+            os.close(t[0])
+    # A janitor that died between a create and its move left one behind: swept.
+    Path(staging, "dead0").touch()
+    assert spare.sweep(root) == 1 and os.listdir(staging) == []
 
 
 def test_a_mount_s_first_block_makes_all_its_directories_and_no_later_miss_makes_one(
