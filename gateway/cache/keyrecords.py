@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from gateway.cache.keyfilter import KeyFilter
 from gateway.cache.layout import KEYS_DIR, NAME
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,21 @@ class KeyRecords:
         # table and storing into it would be lost, or change a table being read).
         self._mem = threading.Lock()
         self._lock = threading.Lock()
+        self.asked = 0  # finds that read keys.db (figures, tests)
+        # The filter of recorded key names (keyfilter.py): a miss whose key it rules out reads
+        # no SQLite page. Without one (it could not be made), every find reads keys.db.
+        self._filter: KeyFilter | None = None
+        self._stop = threading.Event()
+        self._covering: threading.Thread | None = None
+        with contextlib.suppress(OSError):
+            self._filter = KeyFilter(root)
+            self._covering = threading.Thread(target=self._cover, name="cache-keys", daemon=True)
+            self._covering.start()
+
+    @property
+    def filtered(self) -> bool:
+        """Whether finds of keys the filter rules out skip keys.db now (keyfilter.py)."""
+        return self._filter is not None and self._filter.covered
 
     def put(self, mount_id: int, key: str, block0: str) -> None:
         """Record block0 as the cached version of the key (its name, pages.key_name)."""
@@ -111,13 +127,14 @@ class KeyRecords:
             said = self._pending.get((mount_id, key)) or self._flushing.get((mount_id, key))
         if said is not None:
             return said if isinstance(said, str) else None
+        digest = bytes.fromhex(key)
+        if self._filter is not None and not self._filter.may_hold(digest):
+            return None
+        self.asked += 1
         try:
             row = (
                 self._read()
-                .execute(
-                    "SELECT block0 FROM held WHERE mount = ? AND key = ?",
-                    (mount_id, bytes.fromhex(key)),
-                )
+                .execute("SELECT block0 FROM held WHERE mount = ? AND key = ?", (mount_id, digest))
                 .fetchone()
             )
         except sqlite3.Error as exc:
@@ -146,6 +163,8 @@ class KeyRecords:
             drops = [(m, bytes.fromhex(k), bytes.fromhex(v[1])) for (m, k), v in pending.items()
                      if not isinstance(v, str)]  # fmt: skip
             try:
+                if self._filter is not None and puts:  # before the rows: a sibling sees them
+                    self._filter.add([key for _, key, _ in puts])
                 with _transaction(self._writer) as db:
                     db.executemany("INSERT OR REPLACE INTO held VALUES (?, ?, ?)", puts)
                     db.executemany(
@@ -212,9 +231,36 @@ class KeyRecords:
         self.flush()
         return taken
 
+    def _cover(self) -> None:
+        """Add every key keys.db holds to the filter, then trust it (keyfilter.py): records
+        written from its start on add their own. A batch at a time, as `sweep` reads, on the
+        writer's connection (a connection more would be one more opener of a new file)."""
+        assert self._filter is not None
+        after: tuple[int, bytes] = (-1, b"")
+        try:
+            while not self._stop.is_set():
+                with self._lock:
+                    rows = self._writer.execute(
+                        "SELECT mount, key FROM held WHERE (mount, key) > (?, ?)"
+                        " ORDER BY mount, key LIMIT ?",
+                        (*after, _SWEEP_BATCH),
+                    ).fetchall()
+                if not rows:
+                    self._filter.covered = True
+                    return
+                after = (rows[-1][0], rows[-1][1])
+                self._filter.add([bytes(key) for _, key in rows])
+        except (sqlite3.Error, OSError, ValueError) as exc:  # finds read keys.db, as before
+            log.info("cache: the filter of key records is off: %s", exc)
+
     def close(self) -> None:
+        self._stop.set()
+        if self._covering is not None:
+            self._covering.join()  # it stops between two batches
         with contextlib.suppress(sqlite3.Error):
             self.flush()
+        if self._filter is not None:
+            self._filter.close()
         with self._lock:
             self._writer.close()
             for db in self._opened:

@@ -12,6 +12,7 @@ from typing import Any
 
 from gateway.cache.keyrecords import KeyRecords
 from gateway.cache.pages import key_name
+from tests.support.net import eventually
 
 
 def test_records_are_written_in_a_batch_and_found_by_another_process_s_records(
@@ -103,3 +104,54 @@ def test_the_workers_of_a_starting_node_all_open_a_new_file(tmp_path: Path) -> N
         check = KeyRecords(root)
         assert all(check.find(1, key_name(1, f"worker{i}")) for i in range(4))
         check.close()
+
+
+def test_a_key_never_recorded_is_ruled_out_without_reading_keys_db(tmp_path: Path) -> None:
+    # A cold miss asks for its key's record; in a node whose workers commit fills, keys.db
+    # changes between two asks and SQLite reads its pages again (~50 us of the event loop's
+    # CPU): the filter answers for the keys it never saw.
+    records = KeyRecords(str(tmp_path))
+    try:
+        eventually(lambda: records.filtered)
+        held = [key_name(1, f"held{i}") for i in range(100)]
+        for name in held:
+            records.put(1, name, "66" * 32)
+        records.flush()
+        assert all(records.find(1, key_name(1, f"cold{i}")) is None for i in range(1000))
+        assert records.asked == 0
+        assert all(records.find(1, name) == "66" * 32 for name in held)
+        assert records.asked == len(held)
+    finally:
+        records.close()
+
+
+def test_a_record_of_another_process_is_found_by_one_that_filters(tmp_path: Path) -> None:
+    """Before and after this process opened keys.db: the first are in the filter by its scan
+    at open, the others by their writer, which sets their bits before it writes them."""
+    root = str(tmp_path)
+    ctx = multiprocessing.get_context("spawn")
+    before = ctx.Process(target=_record_many, args=(root, "before", 5000))
+    before.start()
+    before.join(60)
+    assert before.exitcode == 0
+    mine = KeyRecords(root)
+    try:
+        eventually(lambda: mine.filtered)
+        after = ctx.Process(target=_record_many, args=(root, "after", 50))
+        after.start()
+        after.join(60)
+        assert after.exitcode == 0
+        for label, count in (("before", 5000), ("after", 50)):
+            for i in range(0, count, 7):
+                assert mine.find(1, key_name(1, f"{label}{i}")) == "77" * 32, (label, i)
+        assert mine.find(1, key_name(1, "never")) is None
+    finally:
+        mine.close()
+
+
+def _record_many(root: str, label: str, count: int) -> None:
+    records = KeyRecords(root)
+    for i in range(count):
+        records.put(1, key_name(1, f"{label}{i}"), "77" * 32)
+    records.flush()
+    records.close()
