@@ -15,9 +15,15 @@ are not is not in keys.db, and SQLite is asked only for the rest.
 - A process trusts the filter only once it has added every key that keys.db held when it
   opened it (`cover`, a thread's scan at open): the records made before it, by a process gone
   since, are in the filter then; those made after, by their writers.
+- The file is written whole when it is made, and bits are set with pwrite: a store
+  into a mapped page the file system cannot back (a hole, on a full disk) is a SIGBUS, which
+  ends the process (test_cache_faults' full disk found it); a write it refuses is an error,
+  and a filter that cannot be made leaves every find to keys.db.
 - Bits are never cleared: a key whose record was dropped keeps them, and is asked of SQLite
-  as before (a false positive). At 2^27 bits and seven bits a key, ~1 % of unrecorded keys
-  go to SQLite at 13 million records, ~5 % at 20 million; the answer stays right at any count.
+  as before (a false positive); the answer stays right at any count.
+- Its size: a byte per KiB of the cache's capacity (or of its file system, if smaller), a
+  power of two from 64 KiB to 16 MiB (2^27 bits, where ~1 % of unrecorded keys go to SQLite
+  at 13 million records). The first process makes it; the others map it at its size.
 """
 
 from __future__ import annotations
@@ -28,21 +34,26 @@ import mmap
 import os
 
 FILE = "keys.filter"
-BITS = 1 << 27  # 16 MiB: a sparse file, its pages made as bits are set
-_MASK = BITS - 1
+_MOST = 16 << 20  # bytes of the file: 2^27 bits
+_LEAST = 64 << 10
+_PER = 1024  # a byte of filter per this many bytes of cache (8 bits a 1 KiB object)
 _PROBES = 7  # bits a key, from the first 28 bytes of its name (a SHA-256: evenly spread)
 
 
 class KeyFilter:
     """The filter of the cache folder at `root`, mapped (see the module's docstring)."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, capacity: int) -> None:
         self.path = os.path.join(root, FILE)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            if os.fstat(self._fd).st_size < BITS // 8:
-                os.ftruncate(self._fd, BITS // 8)  # two processes at once: the same size
-            self._map = mmap.mmap(self._fd, BITS // 8, mmap.MAP_SHARED)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)  # one maker; no bits set while it makes
+            try:
+                size = _make(self._fd, _size_for(root, capacity))
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            self._mask = size * 8 - 1
+            self._map = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
         except BaseException:
             os.close(self._fd)
             raise
@@ -56,7 +67,7 @@ class KeyFilter:
         bits = self._map
         try:
             for i in range(0, 4 * _PROBES, 4):
-                at = int.from_bytes(digest[i : i + 4], "big") & _MASK
+                at = int.from_bytes(digest[i : i + 4], "big") & self._mask
                 if not bits[at >> 3] & (1 << (at & 7)):
                     return False
         except ValueError:  # closed meanwhile (the node stops)
@@ -64,14 +75,19 @@ class KeyFilter:
         return True
 
     def add(self, digests: list[bytes]) -> None:
-        """Set the bits of these key names. Blocking: a thread's."""
+        """Set the bits of these key names. Written with pwrite, not through the map: a write
+        the file system refuses is an error here, where a store into a map is a SIGBUS that
+        ends the process. Blocking: a thread's."""
         bits = self._map
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
             for digest in digests:
                 for i in range(0, 4 * _PROBES, 4):
-                    at = int.from_bytes(digest[i : i + 4], "big") & _MASK
-                    bits[at >> 3] |= 1 << (at & 7)
+                    at = int.from_bytes(digest[i : i + 4], "big") & self._mask
+                    byte, bit = at >> 3, 1 << (at & 7)
+                    old = bits[byte]
+                    if not old & bit:
+                        os.pwrite(self._fd, bytes((old | bit,)), byte)
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
@@ -81,3 +97,27 @@ class KeyFilter:
             self._map.close()
         with contextlib.suppress(OSError):
             os.close(self._fd)
+
+
+def _size_for(root: str, capacity: int) -> int:
+    """The file's size for a cache of `capacity` bytes on the file system at `root` (the less
+    of the two): a power of two between _LEAST and _MOST."""
+    st = os.statvfs(root)
+    wanted = min(capacity, st.f_blocks * st.f_frsize) // _PER
+    size = _LEAST
+    while size * 2 <= min(wanted, _MOST):
+        size *= 2
+    return size
+
+
+def _make(fd: int, size: int) -> int:
+    """Write the file's zeros up to `size`, from where a maker that died stopped (a file
+    shorter than its maker's size was never used: no bit is set in it); the size in use: a
+    file made whole before is kept at its size, whatever this process would make."""
+    done = os.fstat(fd).st_size
+    if done >= _LEAST and done & (done - 1) == 0:
+        return done  # made whole (a maker writes a power of two, in pieces of 1 MiB at most)
+    zeros = bytes(1 << 20)
+    while done < size:
+        done += os.pwrite(fd, zeros[: size - done], done)
+    return size

@@ -81,7 +81,7 @@ class KeyRecords:
     """The node's records of cached keys (one object per process). `find` on any thread (a
     connection of its own each); `flush`, `adopt` and `sweep` serialized by a lock."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, capacity: int = 10 << 30) -> None:
         self.path = os.path.join(root, FILE)
         self._writer = _connect(self.path, threads=True)
         self._readers = threading.local()  # a connection per thread that reads
@@ -102,7 +102,7 @@ class KeyRecords:
         self._stop = threading.Event()
         self._covering: threading.Thread | None = None
         with contextlib.suppress(OSError):
-            self._filter = KeyFilter(root)
+            self._filter = KeyFilter(root, capacity)
             self._covering = threading.Thread(target=self._cover, name="cache-keys", daemon=True)
             self._covering.start()
 
@@ -164,7 +164,10 @@ class KeyRecords:
                      if not isinstance(v, str)]  # fmt: skip
             try:
                 if self._filter is not None and puts:  # before the rows: a sibling sees them
-                    self._filter.add([key for _, key, _ in puts])
+                    try:
+                        self._filter.add([key for _, key, _ in puts])
+                    except OSError as exc:  # a sibling misses these: it fetches them again
+                        log.info("cache: could not set the filter's bits: %s", exc)
                 with _transaction(self._writer) as db:
                     db.executemany("INSERT OR REPLACE INTO held VALUES (?, ?, ?)", puts)
                     db.executemany(

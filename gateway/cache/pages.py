@@ -788,7 +788,7 @@ class PageStore:
 
     async def _open_keys(self) -> None:
         try:
-            self._keys = await asyncio.to_thread(KeyRecords, self.root)
+            self._keys = await asyncio.to_thread(KeyRecords, self.root, self.capacity)
         except sqlite3.Error as exc:  # hints only: the node serves without them meanwhile
             self.disk_trouble("could not open the key records", OSError(str(exc)))
 

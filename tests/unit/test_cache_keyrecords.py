@@ -10,6 +10,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from gateway.cache import keyfilter
+from gateway.cache.keyfilter import KeyFilter
 from gateway.cache.keyrecords import KeyRecords
 from gateway.cache.pages import key_name
 from tests.support.net import eventually
@@ -155,3 +157,20 @@ def _record_many(root: str, label: str, count: int) -> None:
         records.put(1, key_name(1, f"{label}{i}"), "77" * 32)
     records.flush()
     records.close()
+
+
+def test_the_filter_is_sized_by_the_cache_and_kept_at_the_size_its_maker_chose(
+    tmp_path: Path,
+) -> None:
+    small = KeyFilter(str(tmp_path), 1 << 20)  # a 1 MiB cache: the least, 64 KiB
+    path = tmp_path / keyfilter.FILE
+    assert path.stat().st_size == 64 << 10
+    assert path.stat().st_blocks * 512 >= 64 << 10  # written: a bit set allocates nothing
+    other = KeyFilter(str(tmp_path), 1 << 40)  # a sibling told of a larger one: the same map
+    digest = bytes.fromhex(key_name(1, "sized"))
+    other.add([digest])
+    small.covered = other.covered = True
+    assert small.may_hold(digest) and other.may_hold(digest)
+    assert path.stat().st_size == 64 << 10
+    small.close()
+    other.close()
