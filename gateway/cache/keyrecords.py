@@ -32,7 +32,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from gateway.cache.keyfilter import KeyFilter
 from gateway.cache.layout import KEYS_DIR, NAME
@@ -188,25 +188,31 @@ class KeyRecords:
         """Remove the records whose block 0 `alive(mount, name)` says is gone; how many went.
         A batch at a time, so that workers' flushes go on between them. Blocking."""
         removed = 0
+        for rows in self._batches(stop or threading.Event()):
+            dead = [(m, k, b) for m, k, b in rows if not alive(m, bytes(b).hex())]
+            if dead:
+                with self._lock, _transaction(self._writer) as db:
+                    db.executemany(
+                        "DELETE FROM held WHERE mount = ? AND key = ? AND block0 = ?", dead
+                    )
+                removed += len(dead)
+        return removed
+
+    def _batches(self, stop: threading.Event) -> Iterator[list[tuple[int, bytes, bytes]]]:
+        """The rows of keys.db in (mount, key) order, a batch at a time (the lock held for
+        each read only), until `stop` is set."""
         after: tuple[int, bytes] = (-1, b"")
-        while not (stop is not None and stop.is_set()):
+        while not stop.is_set():
             with self._lock:
                 rows = self._writer.execute(
                     "SELECT mount, key, block0 FROM held WHERE (mount, key) > (?, ?)"
                     " ORDER BY mount, key LIMIT ?",
                     (*after, _SWEEP_BATCH),
                 ).fetchall()
-                if not rows:
-                    break
-                after = (rows[-1][0], rows[-1][1])
-                dead = [(m, k, b) for m, k, b in rows if not alive(m, bytes(b).hex())]
-                if dead:
-                    with _transaction(self._writer) as db:
-                        db.executemany(
-                            "DELETE FROM held WHERE mount = ? AND key = ? AND block0 = ?", dead
-                        )
-                    removed += len(dead)
-        return removed
+            if not rows:
+                return
+            after = (rows[-1][0], rows[-1][1])
+            yield rows
 
     def adopt(self, root: str, stop: threading.Event | None = None) -> int:
         """Take in the symlink records of keys/<mount>/<ab>/<cd>/<name> that a cache written
@@ -236,23 +242,14 @@ class KeyRecords:
 
     def _cover(self) -> None:
         """Add every key keys.db holds to the filter, then trust it (keyfilter.py): records
-        written from its start on add their own. A batch at a time, as `sweep` reads, on the
-        writer's connection (a connection more would be one more opener of a new file)."""
+        written from its start on add their own. On the writer's connection (a connection
+        more would be one more opener of a new file)."""
         assert self._filter is not None
-        after: tuple[int, bytes] = (-1, b"")
         try:
-            while not self._stop.is_set():
-                with self._lock:
-                    rows = self._writer.execute(
-                        "SELECT mount, key FROM held WHERE (mount, key) > (?, ?)"
-                        " ORDER BY mount, key LIMIT ?",
-                        (*after, _SWEEP_BATCH),
-                    ).fetchall()
-                if not rows:
-                    self._filter.covered = True
-                    return
-                after = (rows[-1][0], rows[-1][1])
-                self._filter.add([bytes(key) for _, key in rows])
+            for rows in self._batches(self._stop):
+                self._filter.add([bytes(key) for _, key, _ in rows])
+            if not self._stop.is_set():
+                self._filter.covered = True
         except (sqlite3.Error, OSError, ValueError) as exc:  # finds read keys.db, as before
             log.info("cache: the filter of key records is off: %s", exc)
 
