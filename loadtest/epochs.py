@@ -256,7 +256,8 @@ def run(options: Options, args: argparse.Namespace) -> None:
             claims = _thread_claims(node)
             through_gateway = name.startswith(("gateway", "client", "nginx proxy"))
             watch = origin.watch(pid if through_gateway else None)
-            log = r.workdir / f"{name}.log" if name.startswith("gateway") else None
+            # A node's log is named as the node (start_gateway), not as the row.
+            log = r.workdir / f"{node.data_dir.name}.log" if node is not None else None
             tally, cpu = measure(
                 client, base_url, jobs, args.readers, options.phase_timeout, pid, watch
             )
