@@ -134,10 +134,11 @@ class _Rescan:
     the blocks the journals or evictions changed since it began: for those the scan is older
     news than the index."""
 
-    def __init__(self, root: str, stop: threading.Event) -> None:
+    def __init__(self, root: str, stop: threading.Event, capacity: int) -> None:
         self.found: dict[int, dict[bytes, int]] | None = None
         self.touched: set[tuple[int, bytes]] = set()
         self._root, self._stop = root, stop
+        self._capacity = capacity  # sizes the key filter, as the page store's does
         self._thread = threading.Thread(target=self._run, name="cache-rescan", daemon=True)
         self._thread.start()
 
@@ -154,7 +155,7 @@ class _Rescan:
             return
         self.found = found
         try:
-            records = KeyRecords(self._root)
+            records = KeyRecords(self._root, self._capacity)
         except sqlite3.Error as exc:
             log.warning("cache: could not open the key records to sweep them: %s", exc)
             return
@@ -486,7 +487,7 @@ class Janitor:
         rescan = self._rescan
         if rescan is None:
             if now >= self._next_rescan:
-                self._rescan = _Rescan(self.root, self._stop)
+                self._rescan = _Rescan(self.root, self._stop, self.capacity)
             return
         if not rescan.done():
             return

@@ -43,7 +43,7 @@ _PROBES = 7  # bits a key, from the first 28 bytes of its name (a SHA-256: evenl
 class KeyFilter:
     """The filter of the cache folder at `root`, mapped (see the module's docstring)."""
 
-    def __init__(self, root: str, capacity: int) -> None:
+    def __init__(self, root: str, capacity: int | None) -> None:
         self.path = os.path.join(root, FILE)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
@@ -99,11 +99,12 @@ class KeyFilter:
             os.close(self._fd)
 
 
-def _size_for(root: str, capacity: int) -> int:
+def _size_for(root: str, capacity: int | None) -> int:
     """The file's size for a cache of `capacity` bytes on the file system at `root` (the less
-    of the two): a power of two between _LEAST and _MOST."""
+    of the two; None: the file system's): a power of two between _LEAST and _MOST."""
     st = os.statvfs(root)
-    wanted = min(capacity, st.f_blocks * st.f_frsize) // _PER
+    disk = st.f_blocks * st.f_frsize
+    wanted = (disk if capacity is None else min(capacity, disk)) // _PER
     size = _LEAST
     while size * 2 <= min(wanted, _MOST):
         size *= 2

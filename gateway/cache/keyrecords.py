@@ -79,9 +79,11 @@ def _connect(path: str, *, threads: bool) -> sqlite3.Connection:
 
 class KeyRecords:
     """The node's records of cached keys (one object per process). `find` on any thread (a
-    connection of its own each); `flush`, `adopt` and `sweep` serialized by a lock."""
+    connection of its own each); `flush`, `adopt` and `sweep` serialized by a lock.
+    `capacity`: the cache's bytes, which size the filter a first opener makes (None: its file
+    system's size alone)."""
 
-    def __init__(self, root: str, capacity: int = 10 << 30) -> None:
+    def __init__(self, root: str, capacity: int | None = None) -> None:
         self.path = os.path.join(root, FILE)
         self._writer = _connect(self.path, threads=True)
         self._readers = threading.local()  # a connection per thread that reads

@@ -131,24 +131,32 @@ def test_a_record_of_another_process_is_found_by_one_that_filters(tmp_path: Path
     """Before and after this process opened keys.db: the first are in the filter by its scan
     at open, the others by their writer, which sets their bits before it writes them."""
     root = str(tmp_path)
-    ctx = multiprocessing.get_context("spawn")
-    before = ctx.Process(target=_record_many, args=(root, "before", 5000))
-    before.start()
-    before.join(60)
-    assert before.exitcode == 0
+    assert _in_a_process(root, "before", 5000) == 0
     mine = KeyRecords(root)
     try:
         eventually(lambda: mine.filtered)
-        after = ctx.Process(target=_record_many, args=(root, "after", 50))
-        after.start()
-        after.join(60)
-        assert after.exitcode == 0
+        assert _in_a_process(root, "after", 50) == 0
         for label, count in (("before", 5000), ("after", 50)):
             for i in range(0, count, 7):
                 assert mine.find(1, key_name(1, f"{label}{i}")) == "77" * 32, (label, i)
         assert mine.find(1, key_name(1, "never")) is None
     finally:
         mine.close()
+
+
+def _in_a_process(root: str, label: str, count: int) -> int | None:
+    """_record_many in a process of its own; its exit code (it is ended if it hangs)."""
+    proc = multiprocessing.get_context("spawn").Process(
+        target=_record_many, args=(root, label, count)
+    )
+    proc.start()
+    try:
+        proc.join(60)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    return proc.exitcode
 
 
 def _record_many(root: str, label: str, count: int) -> None:
