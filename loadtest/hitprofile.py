@@ -132,6 +132,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rate", type=int, default=250, help="py-spy samples a second")
     p.add_argument("--top", type=int, default=0, help="print the N commonest leaf frames")
     p.add_argument(
+        "--raw", type=Path, default=None,
+        help="keep py-spy's raw stacks (one file per server and size) in this folder",
+    )  # fmt: skip
+    p.add_argument(
         "--gateway-args", default="", help="more `gateway serve` options, e.g. --no-fast-hits"
     )
     args = p.parse_args(argv)
@@ -213,6 +217,9 @@ def _profile(
         counts = wrk(url, [targets_file], args.connections, args.seconds)
         cpu = cpu_seconds(proc.pid) - cpu0
         spy.wait(60)
+        if args.raw is not None:
+            args.raw.mkdir(parents=True, exist_ok=True)
+            shutil.copy(raw, args.raw / raw.name)
         layers: Counter[str] = Counter()
         leaves: Counter[tuple[str, str]] = Counter()
         for line in raw.read_text().splitlines():

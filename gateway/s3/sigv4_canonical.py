@@ -26,8 +26,10 @@ _CANONICAL_PATH = re.compile(rf"{_PATH_RUN}(?:{_ESCAPE.format(extra='')}{_PATH_R
 _CANONICAL_COMPONENT = re.compile(rf"{_RUN}(?:{_ESCAPE.format(extra='F')}{_RUN})*").fullmatch
 _AMZ_DATE = re.compile(r"[0-9]{8}T[0-9]{6}Z").fullmatch
 
-# Requests within one second share their X-Amz-Date: parse it once. A tuple swap is atomic.
-_last_date: tuple[str, float] = ("", 0.0)
+# Requests within one second share their X-Amz-Date, and presigned URLs made together share a
+# few (an epoch's, made before it and read in a shuffled order): each parsed once.
+_dates: dict[str, float] = {}
+_DATES_KEPT = 256
 
 
 def uri_encode(value: str, safe: str = "") -> str:
@@ -155,9 +157,8 @@ def is_amz_date(value: str) -> bool:
 
 def parse_amz_date(amz_date: str) -> float | None:
     """Seconds since the epoch of a `YYYYMMDDTHHMMSSZ` timestamp, None if it is no date."""
-    global _last_date
-    last, seconds = _last_date
-    if amz_date == last:
+    seconds = _dates.get(amz_date)
+    if seconds is not None:
         return seconds
     if not _AMZ_DATE(amz_date):
         return None
@@ -175,7 +176,9 @@ def parse_amz_date(amz_date: str) -> float | None:
     if fields[5] > 60:
         return None
     seconds = float(calendar.timegm(fields))
-    _last_date = (amz_date, seconds)
+    if len(_dates) >= _DATES_KEPT:
+        _dates.clear()  # a hint: dropped whole, as the dict's own operations are atomic
+    _dates[amz_date] = seconds
     return seconds
 
 

@@ -20,6 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway import errors
+from gateway.s3 import sigv4
 from gateway.s3.sigv4 import AuthResult, SigV4Verifier
 from gateway.s3.sigv4_canonical import canonical_query, canonical_uri, presigned_query
 from gateway.s3.sigv4_chunked import (
@@ -516,6 +517,34 @@ def test_presigned_get_verifies_for_awkward_keys(path_client: Any, key: str) -> 
     result = verify(presign(path_client, "get_object", Bucket="b", Key=key))
     assert result is not None
     assert result.presigned and result.payload_hash == "UNSIGNED-PAYLOAD"
+
+
+def test_a_presigned_url_of_botocores_form_verifies_without_parsing_its_query(
+    path_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """boto3's presigned GETs and HEADs, and the same URL with its parameters in canonical
+    order, are checked in one step (no query parsing), with the result the whole way gives."""
+    wires = [presign(path_client, "get_object", Bucket="b", Key=key) for key in AWKWARD_KEYS]
+    wires.append(presign(path_client, "head_object", Bucket="b", Key="k"))
+    first = wires[0]
+    order = (
+        "X-Amz-SignedHeaders=host&X-Amz-Expires=3600",
+        "X-Amz-Expires=3600&X-Amz-SignedHeaders=host",
+    )
+    assert order[0] in first.query
+    wires.append(first._replace(query=first.query.replace(*order)))
+    # The whole way: an x-amz-* header beside the URL (tolerated unsigned) takes it.
+    whole = [verify(with_headers(w, **{"x-amz-content-sha256": "UNSIGNED-PAYLOAD"})) for w in wires]
+    monkeypatch.setattr(sigv4, "presigned_query", _not_called)
+    assert [verify(w) for w in wires] == whole
+    tampered = first._replace(query=first.query[:-1] + ("0" if first.query[-1] != "0" else "1"))
+    monkeypatch.undo()
+    with pytest.raises(errors.SignatureDoesNotMatch):
+        verify(tampered)
+
+
+def _not_called(*_: object) -> None:
+    raise AssertionError("the query was parsed")
 
 
 def test_presigned_virtual_host_with_response_overrides_verifies() -> None:
