@@ -257,6 +257,14 @@ REVALIDATION_LISTED = Counter(
 )
 
 
+NEIGHBOURS_LEARNT = Counter(
+    "gateway_versions_neighbours_learnt",
+    "Versions of immutable mounts' keys taken from their rows in bulk, beside a key asked for"
+    " that this node did not know (after a restart, or learnt by another node)",
+    registry=REGISTRY,
+)
+
+
 def revalidation_listing(kind: str, keys: int) -> None:
     REVALIDATION_LISTINGS.labels(kind).inc()
     REVALIDATION_LISTED.labels(kind).inc(keys)

@@ -376,6 +376,25 @@ class MetaStore(MultipartUploads, Tenants):
             v.c.key.in_(sa.bindparam("keys", expanding=True)),
         )
 
+    async def version_keys_after(self, mount_id: int, key: str, limit: int) -> list[str]:
+        """Up to `limit` keys of the mount that have a row, the first after `key` in key order:
+        neighbours whose rows a node looks up together (Versions' neighbours)."""
+        async with self._connect() as conn:
+            rows = await conn.execute(
+                self._keys_after, {"mount_id": mount_id, "key": key, "limit": limit}
+            )
+            return [row[0] for row in rows]
+
+    @functools.cached_property
+    def _keys_after(self) -> sa.Select[Any]:
+        v = object_versions
+        return (
+            sa.select(v.c.key)
+            .where(v.c.mount_id == sa.bindparam("mount_id"), v.c.key > sa.bindparam("key"))
+            .order_by(v.c.key)
+            .limit(sa.bindparam("limit"))
+        )
+
     # -- plumbing
 
     def _connect(self) -> AbstractAsyncContextManager[AsyncConnection]:

@@ -106,6 +106,10 @@ class MetadataCache:
         item = self._items.get((mount_id, key))
         return None if item is None else max(0.0, now - item[1])
 
+    def holds(self, mount_id: int, key: str) -> bool:
+        """Whether this worker remembers a version of the key (trusted or not); no I/O."""
+        return (mount_id, key) in self._items
+
     def peek(self, mount_id: int, key: str) -> ObjectInfo | None:
         """The last version known, however old: a hint (the read checks it with the store)."""
         item = self._items.get((mount_id, key))

@@ -122,6 +122,29 @@ class VersionRows:
                 if not wanted.done():
                     wanted.set_result(None)
 
+    async def keys_after(self, mount_id: int, key: str, limit: int) -> list[str]:
+        """Up to `limit` keys with a row, after `key` in key order ([]: the database is
+        unavailable)."""
+        try:
+            return await self._meta.version_keys_after(mount_id, key, limit)
+        except MetaUnavailable as exc:
+            log.warning("could not list the versions after %r: %s", key, exc)
+            return []
+
+    async def lookup_many(self, mount_id: int, keys: Sequence[str]) -> dict[str, Entry]:
+        """The rows of many keys in one query, as lookup() gives each: a key with a change
+        queued or being written is left out (its row is not yet what was learnt)."""
+        try:
+            found = await self._meta.find_versions([(mount_id, key) for key in keys])
+        except MetaUnavailable as exc:
+            log.warning("could not look up the versions of %d objects: %s", len(keys), exc)
+            return {}
+        return {
+            key: Entry(*row)
+            for (_, key), row in found.items()
+            if (mount_id, key) not in self._queued and (mount_id, key) not in self._writing
+        }
+
     def record(
         self,
         mount_id: int,

@@ -43,6 +43,10 @@ from gateway.stores.etags import same
 
 log = logging.getLogger(__name__)
 
+# Keys after one an immutable mount's read found only in its row, whose rows are read with it
+# (Versions._neighbours): a restarted node's epoch asks the database once per this many keys.
+NEIGHBOURS = 1000
+
 
 class Versions:
     """Which version of a key is current, and whether the node knows it (see the module)."""
@@ -69,6 +73,7 @@ class Versions:
         self._opening: dict[tuple[int, str], asyncio.Future[None]] = {}
         self._asking: dict[tuple[int, str], asyncio.Future[ObjectInfo]] = {}
         self._asking_ids: dict[tuple[int, str, str], asyncio.Future[ObjectInfo]] = {}
+        self._neighbouring: dict[int, asyncio.Task[None]] = {}  # by mount: one at a time
 
     # -- what is current ------------------------------------------------------------------------
 
@@ -460,7 +465,39 @@ class Versions:
         if trusted is None:
             return False
         info, age = trusted
+        if handle.ttl < 0 and handle.id not in self._neighbouring:
+            task = asyncio.create_task(self._neighbours(handle, key))
+            self._neighbouring[handle.id] = task
+            task.add_done_callback(lambda done: self._neighboured(handle.id, done))
         return self.metadata.put(handle.id, key, info, time.monotonic() - age, ticket)
+
+    def _neighboured(self, mount_id: int, task: asyncio.Task[None]) -> None:
+        self._neighbouring.pop(mount_id, None)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.warning("could not read the versions of a key's neighbours: %r", exc)
+
+    async def _neighbours(self, handle: MountHandle, key: str) -> None:
+        """The rows of up to NEIGHBOURS keys after `key` that this worker does not know, taken
+        in (and shared with the node's workers) as single lookups take them (_remembered),
+        each under the ticket taken before its row was asked for: an immutable mount's key
+        found only in its row says the node has not learnt its neighbours either (it has
+        restarted, or other nodes learnt them), and an epoch over them would otherwise read
+        the database once per key."""
+        keys = await self.rows.keys_after(handle.id, key, NEIGHBOURS)
+        unknown = [k for k in keys if not self.metadata.holds(handle.id, k)]
+        tickets = [self.metadata.ticket(handle.id, k) for k in unknown]
+        found = await self.rows.lookup_many(handle.id, unknown) if unknown else {}
+        now, wall = time.monotonic(), _utcnow()
+        learnt = [
+            (k, entry.info, now - max(0.0, (wall - entry.at).total_seconds()), ticket)
+            for k, ticket in zip(unknown, tickets, strict=True)
+            if (entry := found.get(k)) is not None
+            and entry.complete
+            and not self.metadata.holds(handle.id, k)
+        ]
+        if learnt:
+            self.metadata.put_many(handle.id, learnt)
+            counters.NEIGHBOURS_LEARNT.inc(len(learnt))
 
     async def _learnt_row(
         self,

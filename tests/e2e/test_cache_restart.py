@@ -71,6 +71,38 @@ def test_a_restart_refetches_no_cached_bytes(
         again.stop()
 
 
+def test_a_restarted_node_takes_the_versions_of_a_keys_neighbours_with_it(
+    tmp_path: Path, origin: CountingProxy, dataset: dict[str, bytes]
+) -> None:
+    """After a restart, the first read of an immutable mount's key, found only in its row,
+    brings the rows of the keys after it (one read): those are then hits answered at the
+    edge, with no lookup of their own (each took the full path and a query before)."""
+    node = start_gateway(tmp_path / "n")
+    mount(node, origin, "faults", "metadata_ttl=-1")
+    for key in SMALL:
+        assert get(node, "faults", key) == dataset[key]
+    eventually(lambda: _recorded(tmp_path / "n") == len(SMALL))
+    eventually(lambda: _held(tmp_path / "n") == len(SMALL))
+    node.stop()
+
+    again = start_gateway(tmp_path / "n", port=node.port)
+    try:
+        origin.reset()
+        s3 = again.client()
+        assert s3.get_object(Bucket="faults", Key=SMALL[0])["Body"].read() == dataset[SMALL[0]]
+        rest = len(SMALL) - 1
+        eventually(lambda: metric(again, "gateway_versions_neighbours_learnt") >= rest)
+        fast = metric(again, "gateway_edge_fast_answers")
+        for key in SMALL[1:]:
+            got = s3.get_object(Bucket="faults", Key=key)
+            assert got["Body"].read() == dataset[key]
+            assert got["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit", key
+        eventually(lambda: metric(again, "gateway_edge_fast_answers") - fast >= rest)
+        assert origin.count("GET") == 0
+    finally:
+        again.stop()
+
+
 def _recorded(data_dir: Path) -> int:
     with sqlite3.connect(data_dir / "gateway.db") as db:
         row = db.execute(

@@ -183,3 +183,23 @@ async def test_changes_made_within_the_delay_share_a_transaction(
 def _known(entry: Entry | None) -> tuple[ObjectInfo, bool] | None:
     """What a row says of the version (not when it was written)."""
     return None if entry is None else (entry.info, entry.complete)
+
+
+async def test_the_rows_after_a_key_are_listed_in_order_and_looked_up_together(
+    store: MetaStore,
+) -> None:
+    mount = await store.add_mount("data", "s3://origin", {})
+    other = await store.add_mount("other", "s3://origin", {})
+    await store.record_versions(
+        [(mount.id, f"k{i:02d}", object_info(f"k{i:02d}", size=i), True) for i in range(10)]
+        + [(other.id, "k045", object_info("k045", size=1), True)]
+    )
+    rows = VersionRows(store)
+    assert await rows.keys_after(mount.id, "k03", 4) == ["k04", "k05", "k06", "k07"]
+    assert await rows.keys_after(mount.id, "k09", 4) == []
+    # A change queued for a key: its row is not yet what was learnt, so it is left out.
+    rows.record(mount.id, "k05", object_info("k05", size=99))
+    found = await rows.lookup_many(mount.id, ["k04", "k05", "k06", "absent"])
+    assert set(found) == {"k04", "k06"}
+    assert found["k04"].info == object_info("k04", size=4) and found["k04"].complete
+    await rows.close()
