@@ -8,7 +8,9 @@ epoch in a new shuffled order by K concurrent readers, through each path:
 - nginx proxy_cache: a C cache in front of the same origin through the same WAN (epoch 1 its
   cold misses: what a miss can cost on this machine; then its hits);
 - with --preload, gateway+preload: a fresh gateway where `gateway load` starts at t=0, as
-  epoch 1 starts: the epoch against the same epoch direct, the load against the WAN's rate.
+  epoch 1 starts: the epoch against the same epoch direct, the load against the WAN's rate;
+- with --restart, gateway restarted: the gateway stopped and started again on its cache after
+  the other rows (its epoch 1: the hits of a node that must learn its versions again).
 """
 
 from __future__ import annotations
@@ -88,6 +90,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--interleave", action="store_true",
         help="the client's two HTTP rows (the TTL's and TTL -1's) last, epoch by epoch in turn, "
         "so that each pair of epochs meets the same load (their ratio per epoch is reported)",
+    )  # fmt: skip
+    p.add_argument(
+        "--restart", action="store_true",
+        help="also: the gateway restarted on its cache, last (its epoch 1 against its warm ones)",
     )  # fmt: skip
     p.add_argument(
         "--only-client", action="store_true",
@@ -233,6 +239,10 @@ def run(options: Options, args: argparse.Namespace) -> None:
                 if name.startswith("client http") and not args.client_http:
                     continue
                 paths.append((name, CLIENT + json.dumps(opts), where, gateway.pid))
+        if args.restart and not args.only_preload:
+            # Last: no row after it measures the node by its first process id.
+            signed = next(p[2] for p in paths if p[0] == "gateway")
+            paths.append(("gateway restarted", gateway.url, signed, gateway.pid))
         nodes = {g.pid: g for g in (gateway, preloaded) if g is not None}
         client = r.client()
         load: dict[str, Any] = {}
@@ -248,6 +258,16 @@ def run(options: Options, args: argparse.Namespace) -> None:
             if name == "gateway+preload" and epoch == 1:
                 assert preloaded is not None
                 loader = _start_load(preloaded.data_dir, args.preload_concurrency, load)
+            if name == "gateway restarted":
+                if epoch == 1:
+                    gateway.stop()
+                    port = int(gateway.url.rsplit(":", 1)[1])
+                    gateway = start_gateway(
+                        r.cleanup, r.workdir, origin.url, options.metadata_ttl,
+                        list(options.gateway_args), port=port,
+                    )  # fmt: skip
+                    nodes[gateway.pid] = gateway
+                pid = gateway.pid
             order = list(range(len(keys)))
             random.Random(epoch).shuffle(order)  # the same order for every path
             jobs = [Job(targets[i]) for i in order]
@@ -391,6 +411,10 @@ def _ratios(rows: list[Row]) -> dict[str, float]:
             ratios[f"client http / client http ttl -1, epoch {epoch} (objects/s)"] = _median(
                 rows, "client http", range(epoch, epoch + 1)
             ) / _median(rows, "client http ttl -1", range(epoch, epoch + 1))
+    if any(row["path"] == "gateway restarted" for row in rows):
+        ratios["gateway restarted epoch 1 / gateway warm (objects/s)"] = (
+            _median(rows, "gateway restarted", range(1, 2)) / warm
+        )
     if any(row["path"] == "gateway+preload" for row in rows):
         ratios["gateway+preload epoch 1 / direct epoch 1 (seconds)"] = _seconds(
             rows, "gateway+preload", 1

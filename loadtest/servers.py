@@ -75,12 +75,16 @@ def start_gateway(
     metadata_ttl: str,
     extra_args: list[str],
     name: str = "gateway",
+    port: int | None = None,
 ) -> Gateway:
+    """A node over `workdir / name`, the data set mounted; with `port`, the node of that
+    folder started again on its port (a restart: its mount and cache as they were)."""
     data_dir = workdir / name
     data_dir.mkdir(parents=True, exist_ok=True)
     env = base_env()
-    add_mount(data_dir, BUCKET, origin_url, metadata_ttl)
-    port = free_port()
+    if port is None:
+        add_mount(data_dir, BUCKET, origin_url, metadata_ttl)
+        port = free_port()
     cmd = [
         str(BIN / "gateway"), "serve", "--host", "127.0.0.1", "--port", str(port),
         "--data-dir", str(data_dir), "--admin-access-key", ACCESS_KEY,
