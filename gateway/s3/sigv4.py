@@ -245,15 +245,7 @@ class SigV4Verifier:
         head = f"{ALGORITHM}\n{amz_date}\n{scope.scope}\n"
         if not key.signs(head, canonical_request.encode(), provided):
             return None
-        result = AuthResult(
-            access_key=scope.access_key,
-            payload_hash=UNSIGNED_PAYLOAD,
-            presigned=True,
-            signature=provided,
-            amz_date=amz_date,
-            scope=scope.scope,
-            signing_key=key.key,
-        )
+        result = _authorized(scope, key, amz_date, provided, UNSIGNED_PAYLOAD, presigned=True)
         return result, secret, issued + expires
 
     def verify_policy(
@@ -277,15 +269,7 @@ class SigV4Verifier:
             raise SignatureDoesNotMatch(
                 AWSAccessKeyId=scope.access_key, StringToSign=policy, SignatureProvided=signature
             )
-        return AuthResult(
-            access_key=scope.access_key,
-            payload_hash=UNSIGNED_PAYLOAD,
-            presigned=False,
-            signature=signature,
-            amz_date=amz_date,
-            scope=scope.scope,
-            signing_key=key.key,
-        )
+        return _authorized(scope, key, amz_date, signature, UNSIGNED_PAYLOAD, presigned=False)
 
     def _header_claim(
         self, query_string: str, headers: Mapping[str, str], authorization: str
@@ -430,14 +414,8 @@ class SigV4Verifier:
                 for variant in canonical_variants(method, uri, raw_path, tail)
             )
         ):
-            return AuthResult(
-                access_key=scope.access_key,
-                payload_hash=claim.payload_hash,
-                presigned=claim.presigned,
-                signature=provided,
-                amz_date=claim.amz_date,
-                scope=scope.scope,
-                signing_key=key.key,
+            return _authorized(
+                scope, key, claim.amz_date, provided, claim.payload_hash, claim.presigned
             )
         # S3 hands these back so clients can see which side canonicalized differently; neither
         # contains the secret.
@@ -447,6 +425,26 @@ class SigV4Verifier:
             SignatureProvided=provided,
             CanonicalRequest=canonical_request,
         )
+
+
+def _authorized(
+    scope: _Scope,
+    key: SigningKey,
+    amz_date: str,
+    signature: str,
+    payload_hash: str,
+    presigned: bool,
+) -> AuthResult:
+    """What a signature that checked out, by the signing key of `scope`, authorizes."""
+    return AuthResult(
+        access_key=scope.access_key,
+        payload_hash=payload_hash,
+        presigned=presigned,
+        signature=signature,
+        amz_date=amz_date,
+        scope=scope.scope,
+        signing_key=key.key,
+    )
 
 
 def _parse_authorization(authorization: str) -> dict[str, str]:
