@@ -494,6 +494,7 @@ class Versions:
             if (entry := found.get(k)) is not None
             and entry.complete
             and not self.metadata.holds(handle.id, k)
+            and self.metadata.ticket(handle.id, k) == ticket  # else stale: not kept, even as a hint
         ]
         if learnt:
             self.metadata.put_many(handle.id, learnt)
