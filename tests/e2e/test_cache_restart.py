@@ -42,18 +42,20 @@ def test_a_restart_refetches_no_cached_bytes(
     tmp_path: Path, origin: CountingProxy, dataset: dict[str, bytes], ttl: str, stop: str
 ) -> None:
     node = start_gateway(tmp_path / "n")
-    mount(node, origin, "faults", *(["metadata_ttl=-1"] if ttl == "immutable" else []))
-    for key, body in dataset.items():
-        assert get(node, "faults", key) == body
-    eventually(lambda: metric(node, "gateway_cache_fills") >= len(SMALL) + 3)
-    if ttl == "immutable":
-        eventually(lambda: _recorded(tmp_path / "n") == len(dataset))
-    # Each commit writes its key's record (keyrecords.py), unless a sibling held the file
-    # then: that one is written within half a second, and a kill -9 before it loses it.
-    eventually(lambda: _held(tmp_path / "n") == len(dataset))
-    if stop == "sigkill":
-        node.crash()
-    node.stop()
+    try:
+        mount(node, origin, "faults", *(["metadata_ttl=-1"] if ttl == "immutable" else []))
+        for key, body in dataset.items():
+            assert get(node, "faults", key) == body
+        eventually(lambda: metric(node, "gateway_cache_fills") >= len(SMALL) + 3)
+        if ttl == "immutable":
+            eventually(lambda: _recorded(tmp_path / "n") == len(dataset))
+        # Each commit writes its key's record (keyrecords.py), unless a sibling held the file
+        # then: that one is written within half a second, and a kill -9 before it loses it.
+        eventually(lambda: _held(tmp_path / "n") == len(dataset))
+        if stop == "sigkill":
+            node.crash()
+    finally:
+        node.stop()
 
     again = start_gateway(tmp_path / "n", port=node.port)
     try:
@@ -78,12 +80,14 @@ def test_a_restarted_node_takes_the_versions_of_a_keys_neighbours_with_it(
     brings the rows of the keys after it (one read): those are then hits answered at the
     edge, with no lookup of their own (each took the full path and a query before)."""
     node = start_gateway(tmp_path / "n")
-    mount(node, origin, "faults", "metadata_ttl=-1")
-    for key in SMALL:
-        assert get(node, "faults", key) == dataset[key]
-    eventually(lambda: _recorded(tmp_path / "n") == len(SMALL))
-    eventually(lambda: _held(tmp_path / "n") == len(SMALL))
-    node.stop()
+    try:
+        mount(node, origin, "faults", "metadata_ttl=-1")
+        for key in SMALL:
+            assert get(node, "faults", key) == dataset[key]
+        eventually(lambda: _recorded(tmp_path / "n") == len(SMALL))
+        eventually(lambda: _held(tmp_path / "n") == len(SMALL))
+    finally:
+        node.stop()
 
     again = start_gateway(tmp_path / "n", port=node.port)
     try:
