@@ -126,6 +126,13 @@ class Versions:
     async def _revalidate(
         self, handle: MountHandle, key: str, now: float, ticket: int
     ) -> ObjectInfo:
+        # Known since the asker found nothing fresh: a sibling worker shared it (a restarted
+        # node's neighbours' rows), or an ask ahead of this one learnt it. Taken, not asked
+        # again: a version known for good (an immutable mount's) would else be asked of the
+        # store as though past its TTL.
+        known = self.fresh(handle, key)
+        if known is not None:
+            return known
         previous = self.metadata.peek(handle.id, key)
         if previous is None and await self._remembered(handle, key, ticket):
             found = self.metadata.peek(handle.id, key)

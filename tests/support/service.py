@@ -17,11 +17,12 @@ W = TypeVar("W")
 
 
 @asynccontextmanager
-async def worker(meta: MetaStore, cache: Path) -> AsyncIterator[Shared]:
-    """A worker's shared state over `meta` (its mounts read) with its cache in `cache`."""
+async def worker(meta: MetaStore, cache: Path, workers: int = 1) -> AsyncIterator[Shared]:
+    """A worker's shared state over `meta` (its mounts read) with its cache in `cache`, as one
+    of a node's `workers` (more than one: it shares what it learns, as a node's workers do)."""
     pages = PageStore(cache, capacity_bytes=64 << 20, janitor=False)
     await pages.open()
-    shared = Shared.build(meta, pages, 60.0, 1 << 20)
+    shared = Shared.build(meta, pages, 60.0, 1 << 20, workers=workers)
     try:
         await shared.namespace.refresh()
         yield shared
