@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 # Keys after one an immutable mount's read found only in its row, whose rows are read with it
 # (Versions._neighbours): a restarted node's epoch asks the database once per this many keys.
 NEIGHBOURS = 1000
+NEIGHBOURS_SHARED = 100  # of those, shared with the node's workers in one write
 
 
 class Versions:
@@ -495,17 +496,27 @@ class Versions:
         tickets = [self.metadata.ticket(handle.id, k) for k in unknown]
         found = await self.rows.lookup_many(handle.id, unknown) if unknown else {}
         now, wall = time.monotonic(), _utcnow()
-        learnt = [
+        rows = [
             (k, entry.info, now - max(0.0, (wall - entry.at).total_seconds()), ticket)
             for k, ticket in zip(unknown, tickets, strict=True)
-            if (entry := found.get(k)) is not None
-            and entry.complete
-            and not self.metadata.holds(handle.id, k)
-            and self.metadata.ticket(handle.id, k) == ticket  # else stale: not kept, even as a hint
+            if (entry := found.get(k)) is not None and entry.complete
         ]
-        if learnt:
-            self.metadata.put_many(handle.id, learnt)
-            counters.NEIGHBOURS_LEARNT.inc(len(learnt))
+        # Shared a slice at a time, the loop serving requests between: a thousand rows in one
+        # transaction of the shared record held this worker's loop, and a sibling's write
+        # waiting for the file, for tens of milliseconds.
+        for at in range(0, len(rows), NEIGHBOURS_SHARED):
+            if at:
+                await asyncio.sleep(0)
+            learnt = [
+                row
+                for row in rows[at : at + NEIGHBOURS_SHARED]
+                if not self.metadata.holds(handle.id, row[0])
+                # Else changed since its row was asked for: stale, not kept even as a hint.
+                and self.metadata.ticket(handle.id, row[0]) == row[3]
+            ]
+            if learnt:
+                self.metadata.put_many(handle.id, learnt)
+                counters.NEIGHBOURS_LEARNT.inc(len(learnt))
 
     async def _learnt_row(
         self,

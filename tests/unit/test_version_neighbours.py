@@ -54,13 +54,24 @@ async def test_a_restarted_worker_takes_the_versions_of_a_keys_neighbours_from_t
             return found
 
         monkeypatch.setattr(versions.rows, "lookup_many", racing)
+        # Shared five at a time, and a change heard of between two slices' writes.
+        later = KEYS[20]
+        monkeypatch.setattr("gateway.service.versions.NEIGHBOURS_SHARED", 5)
+        put_many = metadata.put_many
+
+        def sharing(mount_id: int, learnt: list[tuple[str, ObjectInfo, float, int]]) -> None:
+            put_many(mount_id, learnt)
+            if learnt[0][0] == KEYS[1]:
+                metadata.forget(handle.id, later)
+
+        monkeypatch.setattr(metadata, "put_many", sharing)
         first = await versions.current(handle, KEYS[0])
         assert (first.etag, first.size) == known[KEYS[0]]
         await asyncio.gather(*versions._neighbouring.values())
         now = time.monotonic()
         for key in KEYS[1:]:
-            if key == changed:
-                assert not metadata.holds(handle.id, key)
+            if key in (changed, later):
+                assert not metadata.holds(handle.id, key), key
                 assert versions.fresh(handle, key, now) is None
             else:
                 found = versions.fresh(handle, key, now)
