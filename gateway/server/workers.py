@@ -119,6 +119,11 @@ class _Lifespan:
                 await self._task
 
 
+# New container objects (net of those freed) between two passes of the cyclic collector over
+# the youngest generation; CPython's default is 700.
+YOUNG_PASS = 20_000
+
+
 def _freeze_start_up() -> None:
     """Keep what the imports and the node's start-up made (~110,000 objects: modules,
     functions, types, the stores' clients) out of the cyclic collector's full passes: they
@@ -126,9 +131,19 @@ def _freeze_start_up() -> None:
     objects, a pause every few seconds of an epoch over distinct objects; ~15-40 ms for what
     serving makes, after). Start-up's garbage is collected first, so none of it is kept. A
     frozen object that becomes garbage in a cycle (a store client of a mount removed) is not
-    collected: a few per mount change."""
+    collected: a few per mount change.
+
+    The young generation is collected every YOUNG_PASS new objects rather than 700: a cold
+    miss leaves ~100 (its version, block keys, memos), so the default passed every few
+    misses and moved what they left to the older generations, whose passes walk all of it
+    again (a full pass every ~750 misses, 40-65 ms each). A request's own objects are freed
+    by their counts, not by the collector, so a rarer pass has less to look at, not more;
+    what it costs is cyclic garbage kept a little longer (docs/performance.md, "The cyclic
+    collector": ~30 % of the loop's CPU a cold miss)."""
     gc.collect()
     gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(YOUNG_PASS, older, oldest)
 
 
 def serve_process(
