@@ -28,18 +28,7 @@ KEYS = [f"train/{i:04d}.bin" for i in range(30)]
 async def test_a_restarted_worker_takes_the_versions_of_a_keys_neighbours_from_their_rows(
     meta: MetaStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    origin = tmp_path / "origin"
-    (origin / "train").mkdir(parents=True)
-    for key in KEYS:
-        (origin / key).write_bytes(key.encode())
-    await meta.add_mount("data", f"file://{origin}", {"metadata_ttl": "-1"})
-    async with worker(meta, tmp_path / "before") as shared:
-        handle = shared.namespace.mount("data")
-        assert handle is not None and handle.ttl < 0
-        known = {}
-        for key in KEYS:
-            info = await shared.versions.current(handle, key)
-            known[key] = (info.etag, info.size)
+    known = {key: (info.etag, info.size) for key, info in (await _rows(meta, tmp_path)).items()}
     # Its rows are written (at the latest when the worker closes); a new worker knows nothing.
     async with worker(meta, tmp_path / "after") as shared:
         versions, metadata = shared.versions, shared.metadata
@@ -78,6 +67,20 @@ async def test_a_restarted_worker_takes_the_versions_of_a_keys_neighbours_from_t
                 assert found is not None and (found.etag, found.size) == known[key], key
 
 
+async def _rows(meta: MetaStore, tmp_path: Path) -> dict[str, ObjectInfo]:
+    """An immutable mount "data" of KEYS over a folder, every version learnt by a worker that
+    has closed since (its rows written): what a restarted node finds."""
+    origin = tmp_path / "origin"
+    (origin / "train").mkdir(parents=True)
+    for key in KEYS:
+        (origin / key).write_bytes(key.encode())
+    await meta.add_mount("data", f"file://{origin}", {"metadata_ttl": "-1"})
+    async with worker(meta, tmp_path / "before") as shared:
+        handle = shared.namespace.mount("data")
+        assert handle is not None and handle.ttl < 0
+        return {key: await shared.versions.current(handle, key) for key in KEYS}
+
+
 class CountsStats:
     """A real store that keeps the keys its stat() was asked for (a HEAD each, of S3)."""
 
@@ -102,15 +105,7 @@ async def test_a_version_a_sibling_shares_while_a_read_queues_its_lookup_is_take
     neighbours): the read takes it. It asked the store (a HEAD of an immutable mount's key,
     whose version is known for good) when the version arrived between its look and its
     lookup; found by tests/e2e/test_cache_restart.py failing one run in ~30 under load."""
-    origin = tmp_path / "origin"
-    (origin / "train").mkdir(parents=True)
-    for key in KEYS:
-        (origin / key).write_bytes(key.encode())
-    await meta.add_mount("data", f"file://{origin}", {"metadata_ttl": "-1"})
-    async with worker(meta, tmp_path / "before") as shared:
-        handle = shared.namespace.mount("data")
-        assert handle is not None
-        known = {key: await shared.versions.current(handle, key) for key in KEYS}
+    known = await _rows(meta, tmp_path)
     async with worker(meta, tmp_path / "after", workers=2) as shared:
         store = wrap_store(shared, "data", CountsStats)
         handle = shared.namespace.mount("data")
