@@ -131,56 +131,58 @@ def test_a_kill_during_cold_reads_and_puts_leaves_nothing_in_inflight_after_a_re
     big = blob(40 * MiB, 50)
     origin_s3.put_object(Bucket=BUCKET, Key="leftovers/cold.bin", Body=big)
     node = start_gateway(tmp_path / "n")
-    inflight = tmp_path / "n" / "cache" / "inflight"
-    mount(node, origin, "faults")
-    s3 = node.client()
-    get_url = s3.generate_presigned_url(
-        "get_object", Params={"Bucket": "faults", "Key": "leftovers/cold.bin"}
-    )
-    put_url = s3.generate_presigned_url(
-        "put_object", Params={"Bucket": "faults", "Key": "leftovers/put.bin"}
-    )
-    release = threading.Event()
-    # The cold read's fills past its first block (read ahead) are held at the origin after
-    # their first piece: in flight until the kill, however fast the store answers.
-    held = origin.hold_bodies("leftovers/cold.bin", from_byte=1)
+    try:
+        inflight = tmp_path / "n" / "cache" / "inflight"
+        mount(node, origin, "faults")
+        s3 = node.client()
+        get_url = s3.generate_presigned_url(
+            "get_object", Params={"Bucket": "faults", "Key": "leftovers/cold.bin"}
+        )
+        put_url = s3.generate_presigned_url(
+            "put_object", Params={"Bucket": "faults", "Key": "leftovers/put.bin"}
+        )
+        release = threading.Event()
+        # The cold read's fills past its first block (read ahead) are held at the origin after
+        # their first piece: in flight until the kill, however fast the store answers.
+        held = origin.hold_bodies("leftovers/cold.bin", from_byte=1)
 
-    def body() -> Iterator[bytes]:
-        yield blob(16 * MiB, 51)
-        release.wait(60)
-        yield blob(8 * MiB, 52)
+        def body() -> Iterator[bytes]:
+            yield blob(16 * MiB, 51)
+            release.wait(60)
+            yield blob(8 * MiB, 52)
 
-    def put() -> None:
-        with contextlib.suppress(httpx.HTTPError):  # the node is killed under it
-            httpx.put(
-                put_url, content=body(), headers={"Content-Length": str(24 * MiB)}, timeout=60
-            )
+        def put() -> None:
+            with contextlib.suppress(httpx.HTTPError):  # the node is killed under it
+                httpx.put(
+                    put_url, content=body(), headers={"Content-Length": str(24 * MiB)}, timeout=60
+                )
 
-    writer = threading.Thread(target=put)
-    writer.start()
-    with httpx.Client(timeout=60) as client:
-        streams = [client.stream("GET", get_url) for _ in range(3)]
-        try:
-            for stream in streams:
-                next(stream.__enter__().iter_bytes(64 << 10))
+        writer = threading.Thread(target=put)
+        writer.start()
+        with httpx.Client(timeout=60) as client:
+            streams = [client.stream("GET", get_url) for _ in range(3)]
+            try:
+                for stream in streams:
+                    next(stream.__enter__().iter_bytes(64 << 10))
 
-            def both_kinds_in_flight() -> bool:
-                names = [p.name for p in inflight.iterdir()]
-                spooled = any(n.startswith(".w.") for n in names)
-                filling = any(not n.startswith(".") for n in names)
-                assert spooled and filling, f"in flight: {names}; origin saw {origin.requests}"
-                return True
+                def both_kinds_in_flight() -> bool:
+                    names = [p.name for p in inflight.iterdir()]
+                    spooled = any(n.startswith(".w.") for n in names)
+                    filling = any(not n.startswith(".") for n in names)
+                    assert spooled and filling, f"in flight: {names}; origin saw {origin.requests}"
+                    return True
 
-            eventually(both_kinds_in_flight)
-            node.crash()
-        finally:
-            release.set()
-            held.set()
-            for stream in streams:
-                with contextlib.suppress(httpx.HTTPError):
-                    stream.__exit__(None, None, None)
-    writer.join()
-    node.stop()
+                eventually(both_kinds_in_flight)
+                node.crash()
+            finally:
+                release.set()
+                held.set()
+                for stream in streams:
+                    with contextlib.suppress(httpx.HTTPError):
+                        stream.__exit__(None, None, None)
+        writer.join()
+    finally:
+        node.stop()
     assert list(inflight.iterdir())  # what the kill left
 
     again = start_gateway(tmp_path / "n", port=node.port)
