@@ -52,7 +52,7 @@ SUMMARY = (
 COLUMNS = [
     "path", "epoch", "seconds", "objects/s", "MB/s", "p50 ms", "p99 ms",
     "server CPU", "machine CPU %", *CPU_COLUMNS, "origin reqs", "origin conns", "thread claims",
-    "store p50 ms", "own p50 ms", "errors", "x-cache",
+    "rechecks", "store p50 ms", "own p50 ms", "errors", "x-cache",
 ]  # fmt: skip
 
 
@@ -273,7 +273,7 @@ def run(options: Options, args: argparse.Namespace) -> None:
             jobs = [Job(targets[i]) for i in order]
             reqs, conns = origin.requests(), origin.connections()
             node = nodes.get(pid) if pid is not None and name.startswith("gateway") else None
-            claims = _thread_claims(node)
+            claims = _node_counts(node)
             through_gateway = name.startswith(("gateway", "client", "nginx proxy"))
             watch = origin.watch(pid if through_gateway else None)
             # A node's log is named as the node (start_gateway), not as the row.
@@ -290,7 +290,9 @@ def run(options: Options, args: argparse.Namespace) -> None:
             if conns is not None:
                 row["origin conns"] = (origin.connections() or 0) - conns
             if claims is not None:
-                row["thread claims"] = (_thread_claims(node, settle=True) or 0) - claims
+                after = _node_counts(node, settle=True) or claims
+                row["thread claims"] = after[0] - claims[0]
+                row["rechecks"] = after[1] - claims[1]
             if log is not None:
                 store, own, logged[log] = _split(log, logged.get(log, 0), len(jobs))
                 row["store p50 ms"], row["own p50 ms"] = store, own
@@ -316,6 +318,10 @@ def run(options: Options, args: argparse.Namespace) -> None:
             " the event loop (no spare listed: the janitor's pool ran dry; its /metrics)"
         )
         report.notes.append(
+            "rechecks: a gateway row's zero-copy sends whose block was read and checked first"
+            " (not checked by the node within zero_copy_recheck seconds; its /metrics)"
+        )
+        report.notes.append(
             "store p50 ms: a gateway row's median GET's store time to the first byte (its access"
             " log's store_ms, the GETs that read a store); own p50 ms: the median of ms less"
             " store_ms, every GET: the gateway's own part"
@@ -323,14 +329,16 @@ def run(options: Options, args: argparse.Namespace) -> None:
         finish(r, report)
 
 
-def _thread_claims(node: Gateway | None, settle: bool = False) -> int | None:
-    """The node's fills claimed on a thread so far (None: not a gateway); `settle`: after its
-    workers' next publication of their figures (once a second)."""
+def _node_counts(node: Gateway | None, settle: bool = False) -> tuple[int, int] | None:
+    """The node's fills claimed on a thread so far and its zero-copy sends whose block was
+    read and checked first (None: not a gateway); `settle`: after its workers' next
+    publication of their figures (once a second)."""
     if node is None:
         return None
     if settle:
         time.sleep(1.2)
-    return int(node.metric("gateway_cache_thread_claims_total"))
+    found = node.metrics("gateway_cache_thread_claims_total", "gateway_cache_rechecks_total")
+    return int(found[0]), int(found[1])
 
 
 def _start_load(data_dir: object, concurrency: int, out: dict[str, Any]) -> threading.Thread:

@@ -48,10 +48,17 @@ class Gateway:
 
     def metric(self, name: str) -> float:
         """Sum of one Prometheus series (all label sets) from /metrics."""
+        return self.metrics(name)[0]
+
+    def metrics(self, *names: str) -> list[float]:
+        """Sums of Prometheus series (each over all its label sets), from one /metrics."""
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as resp:
             text = resp.read().decode()
-        pattern = rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.eE+-]+)$"
-        return sum(float(v) for v in re.findall(pattern, text, re.M))
+        sums = []
+        for name in names:
+            pattern = rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.eE+-]+)$"
+            sums.append(sum(float(v) for v in re.findall(pattern, text, re.M)))
+        return sums
 
 
 def add_mount(data_dir: Path, bucket: str, origin_url: str, metadata_ttl: str) -> None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from gateway.bounded import Window
-from gateway.cache import blockfile, relayout, resident, verity
+from gateway.cache import blockfile, checks, relayout, resident, verity
 from gateway.cache.figures import PageStats
 from gateway.cache.hotfiles import HOT_FILE_MIN, HotFiles, Kept
 from gateway.cache.janitor import Janitor, JanitorStats, read_stats
@@ -62,7 +62,7 @@ _NAME_DOMAIN = b"gateway.cache.block.v1\x00"
 _KEY_DOMAIN = b"gateway.cache.key.v1\x00"
 JOURNAL_FLUSH = 0.5
 _VERIFIED_MAX = 1 << 20
-# Seconds a block whose whole data this process checked may be sent from its file unread
+# Seconds a block whose whole data the node checked may be sent from its file unread
 # (zero-copy) before the next send checks it again (docs/cache.md, "Zero-copy sends").
 ZERO_COPY_RECHECK = 60.0
 # A block the memory tier takes is sent from its file at its first disk hit at the edge from
@@ -175,6 +175,7 @@ class PageStore:
         janitor_interval: float = 0.5,
         sweep_interval: float = 60.0,
         drop_delay: float = 30.0,
+        checked: checks.Checks | None = None,
     ) -> None:
         if min(capacity_bytes, min_free_bytes, memory_bytes) < 0:
             raise ValueError("cache sizes must not be negative")
@@ -197,8 +198,10 @@ class PageStore:
         # leave such an entry alone.
         self._is_filling: Filling = _nothing_filling
         self._verified: dict[str, None] = {}
-        # Blocks whose whole data this process checked (or wrote), and when: zero-copy sends.
+        # Blocks whose whole data this process checked (or wrote), and when: zero-copy sends;
+        # and the node's table of the same, its workers' checks (checks.py).
         self._checked: dict[str, float] = {}
+        self._node_checked = checks.table() if checked is None else checked
         self._hot = HotFiles()  # hot blocks' files kept open (hot_region)
         # A block of the memory tier at least this large is sent from its file where it may be
         # (hot_region); smaller ones cost less copied than sent (hotfiles.py).
@@ -409,9 +412,9 @@ class PageStore:
         """Bytes [start, end) of the block as a region of its file, to be sent without being
         read into this process (zero-copy), or None: the block is in memory, being filled,
         gone, or not all in the page cache (a send must not wait for the disk on the event
-        loop). A block whose whole data this process has not checked within
-        `zero_copy_recheck` seconds (one another worker of the node filled, too) is read and
-        checked first, on a thread (docs/cache.md, "Zero-copy sends"); a damaged one is
+        loop). A block whose whole data no worker of the node checked (or filled) within
+        `zero_copy_recheck` seconds (checks.py; one kept from before a restart, too) is read
+        and checked first, on a thread (docs/cache.md, "Zero-copy sends"); a damaged one is
         dropped, as a read drops it, and None tells the caller to read it the ordinary way
         (fetched again)."""
         name = bkey.name
@@ -462,8 +465,8 @@ class PageStore:
         self, bkey: BlockKey, length: int, pinned: bool = False
     ) -> FileRegion | memoryview | None:
         """peek_disk() for a server that sends files: the whole block as a region of its file,
-        sent from the page cache under the zero-copy rules (region()'s: checked by this
-        process within `zero_copy_recheck` seconds or sealed, else read and checked on the
+        sent from the page cache under the zero-copy rules (region()'s: checked by the
+        node within `zero_copy_recheck` seconds or sealed, else read and checked on the
         loop first, into a buffer dropped at once), so that no copy of it is made or kept
         while a client reads it. A block the memory tier takes comes as peek_disk() gives it
         (read, checked and put in the tier) when it is smaller than `send_file_min` or was
@@ -517,7 +520,7 @@ class PageStore:
     def hot_region(self, bkey: BlockKey, length: int) -> FileRegion | None:
         """For a server that sends files: the whole block that peek() found in the memory tier
         (`length` bytes) as a region of its file, kept open (hotfiles.py), when it may go out
-        from the page cache as zero-copy sends go (region()'s rules: checked by this process
+        from the page cache as zero-copy sends go (region()'s rules: checked by the node
         within `zero_copy_recheck` seconds or sealed, all in the page cache now); else None
         and the caller sends the memory tier's bytes. A check that falls due opens the file
         again by its name and reads it on the loop, only if all of it is in the page cache
@@ -551,9 +554,9 @@ class PageStore:
             return None
         try:
             now = time.monotonic()
-            checked = self._checked.get(name)
+            checked = self._checked_at(name, now)
             sealed = self.seals and verity.is_sealed(fd)
-            if sealed or self._checked_within(name, now):
+            if sealed or (checked is not None and now - checked <= self._recheck):
                 ok = resident.sendable(fd, length, 0, length)
                 until = now if sealed or checked is None else checked
             else:
@@ -580,20 +583,33 @@ class PageStore:
         return self._hot.keep(name, fd, sealed, until + self._recheck)
 
     def _checked_within(self, name: str, now: float) -> bool:
-        """Whether this process checked the block's whole data (or wrote it) within
+        """Whether a process of this node checked the block's whole data (or wrote it) within
         `zero_copy_recheck` seconds of `now`: a zero-copy send may then go unread."""
-        checked = self._checked.get(name)
+        checked = self._checked_at(name, now)
         return checked is not None and now - checked <= self._recheck
+
+    def _checked_at(self, name: str, now: float) -> float | None:
+        """When the block's whole data was last checked (or written), as far as this process
+        knows: by itself, or by any of the node's workers (the node's table, checks.py)."""
+        mine = self._checked.get(name)
+        if mine is not None and now - mine <= self._recheck:
+            return mine
+        age = self._node_checked.age(name)
+        if age is None:
+            return mine
+        return max(now - age, mine) if mine is not None else now - age
 
     def _checked_now(self, name: str) -> None:
         if len(self._checked) >= _VERIFIED_MAX:
             self._checked.clear()
         self._checked[name] = time.monotonic()
+        self._node_checked.checked_now(name)
 
     def _unverify(self, name: str) -> None:
         self._verified.pop(name, None)
         self._hot.drop(name)
         self._checked.pop(name, None)
+        self._node_checked.forget(name)
 
     def verified(self, entry: Entry) -> bool:
         """Whether this process committed the entry's file or read it from disk, and found

@@ -138,6 +138,10 @@ def serve(**kwargs: Any) -> None:
 
         config = ServerConfig(limits, ssl=_tls(settings), graceful_timeout=10.0)
         if settings.workers > 1:
+            from gateway.cache import share_checks
+
+            # The workers' zero-copy sends share what any of them checked (cache/checks.py).
+            share_checks()
             # The announcing thread starts once the workers are forked: they are forked from
             # a process with no other thread (gateway/server/).
             code = run_workers(

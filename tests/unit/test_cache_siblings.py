@@ -4,7 +4,9 @@ disk on the event loop (PageStore.peek_disk, peek_sendable: the HTTP edge's hits
 from its file (region: the full path's ranges and large objects), only the blocks it had
 filled or read itself, so a warm epoch at two workers went the full path for
 about half of its objects (loadtest epochs). A sibling's block is checked before its bytes
-are given, as every first read from disk is: a damaged one is never given."""
+are given, as every first read from disk is: a damaged one is never given. Each store here
+keeps its own table of checks (as processes that share none: a node restarted, or before
+the workers shared theirs); test_cache_node_checks.py is a node's workers sharing one."""
 
 from __future__ import annotations
 
