@@ -9,11 +9,12 @@ first disk hits, with N workers (N-1)/N of them. Here the node's workers share o
 an anonymous shared mapping made before they are forked (as the connection counts of
 gateway/server/accept.py): a check by one counts for all, as it would within one process.
 
-- A slot a block (2^16 of them, chosen by the first 16 bits of its name, a SHA-256 in hex)
-  holds one 64-bit word: 32 more bits of the name, the check's second (CLOCK_MONOTONIC,
+- A slot a block (2^20 of them, 8 MiB, chosen by the first 20 bits of its name, a SHA-256 in
+  hex) holds one 64-bit word: 32 more bits of the name, the check's second (CLOCK_MONOTONIC,
   shared by the node's processes, from the table's making) and a check byte of both. A block
   checked later in the same slot takes it: the first is then checked again at its next send,
-  as if never checked here (a miss of the table only costs a read).
+  as if never checked here (a miss of the table only costs a read; with 2^16 slots a warm
+  pass over 6,000 blocks still read ~1.5 % of them again, ~n/2^21 of n blocks now).
 - A word is written in one aligned 8-byte store; the check byte makes a word that a reader
   could see half-written (or any other garbage) say nothing, never a wrong check.
 - The second is floored when written, so the age a reader finds is never less than the true
@@ -32,8 +33,8 @@ import mmap
 import time
 from collections.abc import Callable
 
-SLOTS = 1 << 16
-_SLOT_BITS = 16
+SLOTS = 1 << 20
+_SLOT_BITS = 20
 _TAG_BITS = 32
 _SECONDS = (1 << 24) - 1  # ~194 days of a node's life; older checks count as none
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.anyio
 
 MiB = 1 << 20
 BIG = os.urandom(MiB)  # sent from its file by a server that sends files
-NAME = "ab12" + "cd34ef56" + "0" * 52  # a block's name: 64 hex digits
+NAME = "ab12c" + "d34ef567" + "0" * 51  # a block's name: 64 hex digits (slot, tag, rest)
 
 
 class Clock:
@@ -42,7 +42,8 @@ def test_a_check_is_told_with_its_age_never_less_than_its_true_one() -> None:
     clock.now += 10
     assert table.age(NAME) == pytest.approx(10.75)
     # Another block of the same slot takes it: the first is then not known to be checked.
-    other = NAME[:4] + "99999999" + NAME[12:]
+    other = NAME[:5] + "99999999" + NAME[13:]
+    assert checks._place(other)[0] == checks._place(NAME)[0]
     table.checked_now(other)
     assert table.age(NAME) is None and table.age(other) == pytest.approx(0.75)
     table.forget(NAME)  # not the slot's block: nothing changes
@@ -54,7 +55,7 @@ def test_a_check_is_told_with_its_age_never_less_than_its_true_one() -> None:
 def test_a_word_damaged_or_half_written_says_nothing() -> None:
     table = checks.Checks(Clock())
     table.checked_now(NAME)
-    slot = int(NAME[:4], 16)
+    slot = checks._place(NAME)[0]
     good = table._words[slot]
     for bad in (good ^ (1 << 8), good ^ (1 << 20), good ^ 1, good & ~0xFFFFFFFF, 0):
         table._words[slot] = bad  # a second or check byte that do not match its tag
