@@ -16,6 +16,7 @@ from gateway.cache import BlockKey, checks
 from gateway.cache.layout import block_path
 from gateway.service import FileRegion
 from tests.support.cache import Cache
+from tests.support.stores import FakeClock
 from tests.unit.test_cache_siblings import _fill, _flip
 
 pytestmark = pytest.mark.anyio
@@ -25,17 +26,9 @@ BIG = os.urandom(MiB)  # sent from its file by a server that sends files
 NAME = "ab12c" + "d34ef567" + "0" * 51  # a block's name: 64 hex digits (slot, tag, rest)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_check_is_told_with_its_age_never_less_than_its_true_one() -> None:
-    clock = Clock()
-    table = checks.Checks(clock)
+    clock = FakeClock()
+    table = checks.Checks(clock.monotonic)
     assert table.age(NAME) is None
     clock.now += 0.75
     table.checked_now(NAME)  # at 0.75 s of the table's life: its second floored, 0
@@ -53,7 +46,7 @@ def test_a_check_is_told_with_its_age_never_less_than_its_true_one() -> None:
 
 
 def test_a_word_damaged_or_half_written_says_nothing() -> None:
-    table = checks.Checks(Clock())
+    table = checks.Checks(FakeClock().monotonic)
     table.checked_now(NAME)
     slot = checks._place(NAME)[0]
     good = table._words[slot]
