@@ -58,6 +58,9 @@ class Run:
             self.cleanup.push(f"remove {self.workdir}", lambda: shutil.rmtree(self.workdir))
         self.log(f"work folder {self.workdir}")
         self.log(fscost.describe(fscost.create_cost(self.workdir)))
+        pageout = fscost.idle_pageout()
+        if pageout is not None:
+            self.log(pageout)
         return self
 
     def __exit__(

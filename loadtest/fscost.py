@@ -37,3 +37,37 @@ def create_cost(folder: Path, files: int = PROBE_FILES) -> float:
 
 def describe(cost: float) -> str:
     return f"a new file in the work folder costs {cost:.0f} µs of CPU now (inode probe)"
+
+
+_DAMON = Path("/sys/kernel/mm/damon/admin/kdamonds")
+
+
+def idle_pageout() -> str | None:
+    """What the kernel's DAMON pages out by itself now, as a line to print beside a benchmark's
+    figures, or None where it pages out nothing. This VM runs a DAMON `pageout` scheme over
+    physical memory (kdamond.0): a region read at most once an aggregation interval for 12 of
+    them (5 s each: 60 s) is paged out, up to 128 MiB a second, the page cache included. A
+    cache block not read for a minute is then on disk again, not in the page cache: the edge
+    does not answer it from its parser (it waits for no disk), and a warm epoch that follows a
+    cold one of more than a minute reads its first blocks through the full path and a thread."""
+    lines = []
+    for scheme in sorted(_DAMON.glob("*/contexts/*/schemes/*")):
+        try:
+            context = scheme.parent.parent
+            if (context.parent.parent / "state").read_text().strip() != "on":
+                continue
+            if (scheme / "action").read_text().strip() != "pageout":
+                continue
+            aggr_us = int((context / "monitoring_attrs/intervals/aggr_us").read_text())
+            age = int((scheme / "access_pattern/age/min").read_text())
+            quota = int((scheme / "quotas/bytes").read_text())
+            reset_ms = int((scheme / "quotas/reset_interval_ms").read_text())
+            ops = (context / "operations").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        rate = f", up to {quota >> 20} MiB every {reset_ms} ms" if quota and reset_ms else ""
+        lines.append(
+            f"the kernel pages out memory ({ops}) idle for {age * aggr_us / 1e6:.0f} s{rate} "
+            "(DAMON): a cache block unread that long is read from disk again"
+        )
+    return "; ".join(lines) or None

@@ -168,6 +168,10 @@ def _run(cleanup: Any, work: Path, args: argparse.Namespace, size: int) -> dict[
     inode_us = fscost.create_cost(work)
     report["inode_probe_us"] = round(inode_us, 1)
     print(fscost.describe(inode_us))
+    pageout = fscost.idle_pageout()
+    report["idle_pageout"] = pageout
+    if pageout is not None:
+        print(pageout)
     idle0 = _cpu(node.pid)
     time.sleep(_IDLE_SECONDS)
     idle_rate = (_cpu(node.pid) - idle0) / _IDLE_SECONDS
