@@ -52,7 +52,7 @@ SUMMARY = (
 COLUMNS = [
     "path", "epoch", "seconds", "objects/s", "MB/s", "p50 ms", "p99 ms",
     "server CPU", "machine CPU %", *CPU_COLUMNS, "origin reqs", "origin conns", "thread claims",
-    "rechecks", "store p50 ms", "own p50 ms", "errors", "x-cache",
+    "rechecks", "edge %", "store p50 ms", "own p50 ms", "errors", "x-cache",
 ]  # fmt: skip
 
 
@@ -293,6 +293,7 @@ def run(options: Options, args: argparse.Namespace) -> None:
                 after = _node_counts(node, settle=True) or claims
                 row["thread claims"] = after[0] - claims[0]
                 row["rechecks"] = after[1] - claims[1]
+                row["edge %"] = round(100 * (after[2] - claims[2]) / max(len(jobs), 1), 1)
             if log is not None:
                 store, own, logged[log] = _split(log, logged.get(log, 0), len(jobs))
                 row["store p50 ms"], row["own p50 ms"] = store, own
@@ -322,6 +323,11 @@ def run(options: Options, args: argparse.Namespace) -> None:
             " (not checked by the node within zero_copy_recheck seconds; its /metrics)"
         )
         report.notes.append(
+            "edge %: a gateway row's objects answered from the HTTP parser's callback (s3/fast.py,"
+            " no ASGI cycle); the rest went the full path (a miss, or a block not in the page"
+            " cache or memory)"
+        )
+        report.notes.append(
             "store p50 ms: a gateway row's median GET's store time to the first byte (its access"
             " log's store_ms, the GETs that read a store); own p50 ms: the median of ms less"
             " store_ms, every GET: the gateway's own part"
@@ -329,16 +335,20 @@ def run(options: Options, args: argparse.Namespace) -> None:
         finish(r, report)
 
 
-def _node_counts(node: Gateway | None, settle: bool = False) -> tuple[int, int] | None:
-    """The node's fills claimed on a thread so far and its zero-copy sends whose block was
-    read and checked first (None: not a gateway); `settle`: after its workers' next
-    publication of their figures (once a second)."""
+def _node_counts(node: Gateway | None, settle: bool = False) -> tuple[int, int, int] | None:
+    """The node's fills claimed on a thread so far, its zero-copy sends whose block was read
+    and checked first and its requests answered at the edge (None: not a gateway); `settle`:
+    after its workers' next publication of their figures (once a second)."""
     if node is None:
         return None
     if settle:
         time.sleep(1.2)
-    found = node.metrics("gateway_cache_thread_claims_total", "gateway_cache_rechecks_total")
-    return int(found[0]), int(found[1])
+    found = node.metrics(
+        "gateway_cache_thread_claims_total",
+        "gateway_cache_rechecks_total",
+        "gateway_edge_fast_answers_total",
+    )
+    return int(found[0]), int(found[1]), int(found[2])
 
 
 def _start_load(data_dir: object, concurrency: int, out: dict[str, Any]) -> threading.Thread:
