@@ -1,9 +1,10 @@
 """End to end, a node at its default two workers: a block that one worker filled is sent from
 its file by the other without being read and checked again, within `zero_copy_recheck`
 seconds of its fill (gateway/cache/checks.py: the workers share their checks). Found with
-`loadtest epochs`' rechecks column: 2,854 of a warm epoch's 20,000 reads (all of them a
-first send by the worker that had not filled the block) read the block on the event loop
-before sending it; the edge's profile of distinct objects put ~15 % of a hit there."""
+`loadtest.hitprofile --workers 2` over 6,000 distinct objects: 13-15 % of the hits read their
+block on the event loop before sending it, each a first send by the worker that had not
+filled it (0.1 % now). (`loadtest epochs` runs one worker, as many as nginx: the rechecks its
+warm epoch counts are blocks filled more than the window before.)"""
 
 from __future__ import annotations
 
