@@ -39,14 +39,12 @@ from __future__ import annotations
 import argparse
 import linecache
 import os
-import re
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -55,6 +53,7 @@ import boto3
 from botocore.config import Config
 
 from loadtest.procs import Cleanup, cpu_seconds, free_port, wait_http
+from loadtest.servers import metric_sums
 from loadtest.wrk import write_targets, wrk
 
 _WARMERS = 16  # connections warming the node's cache before wrk
@@ -228,11 +227,11 @@ def _profile(
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         cpu0 = cpu_seconds(proc.pid)
-        rechecks = _metric(url, "gateway_cache_rechecks_total")
+        rechecks = metric_sums(url, "gateway_cache_rechecks_total")[0]
         counts = wrk(url, [targets_file], args.connections, args.seconds)
         cpu = cpu_seconds(proc.pid) - cpu0
         time.sleep(1.2)  # the workers' figures are published once a second
-        rechecks = _metric(url, "gateway_cache_rechecks_total") - rechecks
+        rechecks = metric_sums(url, "gateway_cache_rechecks_total")[0] - rechecks
         spy.wait(60)
         if args.raw is not None:
             args.raw.mkdir(parents=True, exist_ok=True)
@@ -265,14 +264,6 @@ def _profile(
             row[layer] = round(per_request_us * layers[layer] / total, 1)
         rows.append(row)
     return rows
-
-
-def _metric(url: str, name: str) -> float:
-    """The sum of a series' samples on the node's /metrics."""
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as answer:
-        text = answer.read().decode()
-    pattern = rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.eE+-]+)$"
-    return sum(float(v) for v in re.findall(pattern, text, re.M))
 
 
 def _print(rows: list[dict[str, object]]) -> None:

@@ -52,13 +52,19 @@ class Gateway:
 
     def metrics(self, *names: str) -> list[float]:
         """Sums of Prometheus series (each over all its label sets), from one /metrics."""
-        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as resp:
-            text = resp.read().decode()
-        sums = []
-        for name in names:
-            pattern = rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.eE+-]+)$"
-            sums.append(sum(float(v) for v in re.findall(pattern, text, re.M)))
-        return sums
+        return metric_sums(self.url, *names)
+
+
+def metric_sums(url: str, *names: str) -> list[float]:
+    """Sums of Prometheus series (each over all its label sets) from one read of the node's
+    /metrics at `url`."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    sums = []
+    for name in names:
+        pattern = rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.eE+-]+)$"
+        sums.append(sum(float(v) for v in re.findall(pattern, text, re.M)))
+    return sums
 
 
 def add_mount(data_dir: Path, bucket: str, origin_url: str, metadata_ttl: str) -> None:

@@ -36,10 +36,12 @@ def node(module_dir: Path) -> Iterator[GatewayNode]:
         # blocks: sealed ones are never read before a send (test_sealed_blocks.py).
         args=("--server", "gateway", "--no-seal-blocks"),
     )
-    node.cli("mount", "add", "zwork", files.as_uri(), "-o", "metadata_ttl=-1")
-    eventually(lambda: "zwork" in node.buckets())
-    yield node
-    node.stop()
+    try:
+        node.cli("mount", "add", "zwork", files.as_uri(), "-o", "metadata_ttl=-1")
+        eventually(lambda: "zwork" in node.buckets())
+        yield node
+    finally:
+        node.stop()  # however the mount or the test ends
 
 
 def _gets(node: GatewayNode) -> float:
