@@ -198,9 +198,8 @@ class PageStore:
         # leave such an entry alone.
         self._is_filling: Filling = _nothing_filling
         self._verified: dict[str, None] = {}
-        # Blocks whose whole data this process checked (or wrote), and when: zero-copy sends;
-        # and the node's table of the same, its workers' checks (checks.py).
-        self._checked: dict[str, float] = {}
+        # When a block's whole data was last checked (or written) by a worker of this node:
+        # zero-copy sends (checks.py).
         self._node_checked = checks.table() if checked is None else checked
         self._hot = HotFiles()  # hot blocks' files kept open (hot_region)
         # A block of the memory tier at least this large is sent from its file where it may be
@@ -589,26 +588,17 @@ class PageStore:
         return checked is not None and now - checked <= self._recheck
 
     def _checked_at(self, name: str, now: float) -> float | None:
-        """When the block's whole data was last checked (or written), as far as this process
-        knows: by itself, or by any of the node's workers (the node's table, checks.py)."""
-        mine = self._checked.get(name)
-        if mine is not None and now - mine <= self._recheck:
-            return mine
+        """When (at the latest) the block's whole data was last checked or written by any of
+        the node's workers, this one included (the node's table, checks.py), or None."""
         age = self._node_checked.age(name)
-        if age is None:
-            return mine
-        return max(now - age, mine) if mine is not None else now - age
+        return None if age is None else now - age
 
     def _checked_now(self, name: str) -> None:
-        if len(self._checked) >= _VERIFIED_MAX:
-            self._checked.clear()
-        self._checked[name] = time.monotonic()
         self._node_checked.checked_now(name)
 
     def _unverify(self, name: str) -> None:
         self._verified.pop(name, None)
         self._hot.drop(name)
-        self._checked.pop(name, None)
         self._node_checked.forget(name)
 
     def verified(self, entry: Entry) -> bool:
@@ -725,7 +715,6 @@ class PageStore:
         """A block served from its file: known as checked here, its use told to the janitor."""
         if len(self._verified) >= _VERIFIED_MAX:
             self._verified.clear()
-            self._checked.clear()
         self._verified[bkey.name] = None
         if self._journal is not None:
             self._journal.access(bkey.digest, bkey.mount_id, pinned)
