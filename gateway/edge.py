@@ -278,11 +278,13 @@ class HeadGuard:
 
 class FileBody(Protocol):
     """Bytes of an open file to send as they are (the page store's FileRegion is one): whoever
-    takes it sends them and closes it."""
+    takes it sends them and closes it. `reading`: a read of them into the page cache under
+    way, which the send waits for (and answers an error instead of, if it fails), or None."""
 
     fd: int
     offset: int
     count: int
+    reading: asyncio.Future[None] | None
 
     def close(self) -> None: ...
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from loadtest.common import CPU_COLUMNS, Options, Run, finish, measure, row_of
 from loadtest.data import gateway_targets, origin_targets, seed_objects
+from loadtest.fscost import drop_from_page_cache
 from loadtest.httpclient import CLIENT, Job
 from loadtest.report import Report, Row
 from loadtest.servers import (
@@ -96,6 +97,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="also: the gateway restarted on its cache, last (its epoch 1 against its warm ones)",
     )  # fmt: skip
     p.add_argument(
+        "--evict", action="store_true",
+        help="before each epoch after the first, drop what the row's server keeps (the gateway's"
+        " block files, nginx's files and proxy cache) from the page cache: a data set larger"
+        " than memory, read from the disk in every epoch (local: the files)",
+    )  # fmt: skip
+    p.add_argument(
         "--only-client", action="store_true",
         help="the client library's rows, with the gateway's (which warm its cache) and local",
     )  # fmt: skip
@@ -154,6 +161,7 @@ def run(options: Options, args: argparse.Namespace) -> None:
         "gateway_args": list(options.gateway_args),
         "client_nofile": args.client_nofile,
         "pause": args.pause,
+        "evict": args.evict,
     }
     report.load_generator = (
         f"loadtest.httpclient: {options.processes} processes x asyncio/uvloop raw HTTP/1.1, "
@@ -268,6 +276,11 @@ def run(options: Options, args: argparse.Namespace) -> None:
                     )  # fmt: skip
                     nodes[gateway.pid] = gateway
                 pid = gateway.pid
+            if args.evict and epoch > 1:
+                node_of = nodes.get(pid) if pid is not None else None
+                for folder in _kept_by(name, node_of, files, r.workdir):
+                    dropped, size = drop_from_page_cache(folder)
+                    r.log(f"{name}: {dropped} files, {size >> 20} MiB, off the page cache")
             order = list(range(len(keys)))
             random.Random(epoch).shuffle(order)  # the same order for every path
             jobs = [Job(targets[i]) for i in order]
@@ -333,6 +346,17 @@ def run(options: Options, args: argparse.Namespace) -> None:
             " store_ms, every GET: the gateway's own part"
         )
         finish(r, report)
+
+
+def _kept_by(name: str, node: Gateway | None, files: Path, workdir: Path) -> list[Path]:
+    """The folders whose files a row's server reads its objects from (--evict)."""
+    if name.startswith(("gateway", "client")) and node is not None:
+        return [node.data_dir / "cache" / "blocks"]
+    if name == "nginx proxy_cache":
+        return [workdir / "nginx" / "cache"]
+    if name in ("nginx static", "local"):
+        return [files]
+    return []
 
 
 def _node_counts(node: Gateway | None, settle: bool = False) -> tuple[int, int, int] | None:

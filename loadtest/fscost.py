@@ -71,3 +71,25 @@ def idle_pageout() -> str | None:
             "(DAMON): a cache block unread that long is read from disk again"
         )
     return "; ".join(lines) or None
+
+
+def drop_from_page_cache(folder: Path) -> tuple[int, int]:
+    """Write back and drop from the page cache every file under `folder` (a cache's blocks):
+    the next read of each goes to the disk, as a hit of a data set larger than the machine's
+    memory does (or one the kernel paged out: idle_pageout()). (files, bytes) dropped."""
+    files = size = 0
+    for path in folder.rglob("*"):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # a folder, or gone (evicted meanwhile)
+            continue
+        try:
+            if not os.path.isfile(f"/proc/self/fd/{fd}"):
+                continue
+            os.fdatasync(fd)  # a dirty page is not dropped
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            files += 1
+            size += os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+    return files, size

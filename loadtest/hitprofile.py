@@ -52,6 +52,7 @@ from pathlib import Path
 import boto3
 from botocore.config import Config
 
+from loadtest.fscost import drop_from_page_cache
 from loadtest.procs import Cleanup, cpu_seconds, free_port, wait_http
 from loadtest.servers import metric_sums
 from loadtest.wrk import write_targets, wrk
@@ -144,6 +145,11 @@ def main(argv: list[str] | None = None) -> None:
         help="keep py-spy's raw stacks (one file per server and size) in this folder",
     )  # fmt: skip
     p.add_argument(
+        "--evict", action="store_true",
+        help="drop the cache's block files from the page cache before wrk (disk hits: a data"
+        " set larger than memory); each object's first hit of the run reads the disk",
+    )  # fmt: skip
+    p.add_argument(
         "--gateway-args", default="", help="more `gateway serve` options, e.g. --no-fast-hits"
     )
     args = p.parse_args(argv)
@@ -218,6 +224,9 @@ def _profile(
             targets = list(pool.map(warm, [f"{size}/o{i}" for i in range(args.objects)]))
         targets_file = work / f"targets-{server}-{size}"
         write_targets(targets_file, targets)
+        if args.evict:
+            files, dropped = drop_from_page_cache(data / "cache" / "blocks")
+            print(f"{server} {size}: {files} block files, {dropped >> 20} MiB, off the page cache")
         raw = work / f"spy-{server}-{size}.txt"
         spy = subprocess.Popen(
             [shutil.which("py-spy") or str(_BIN / "py-spy"), "record", "--pid", str(proc.pid),

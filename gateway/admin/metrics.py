@@ -63,6 +63,11 @@ _COUNTERS = (
     ("gateway_cache_unkept_blocks", "Blocks served from the store, not kept: disk full", "unkept"),
     ("gateway_cache_zero_copy", "Block reads sent from their files unread (sendfile)", "zero_copy"),
     ("gateway_cache_rechecks", "Zero-copy sends whose block was checked first", "rechecks"),
+    (
+        "gateway_cache_disk_sends",
+        "Zero-copy sends whose block was read in from the disk on a thread first",
+        "disk_sends",
+    ),
     ("gateway_cache_sealed_sends", "Zero-copy sends of sealed (fs-verity) files", "sealed"),
     ("gateway_cache_thread_claims", "Fills claimed on a thread, not at once", "thread_claims"),
 )

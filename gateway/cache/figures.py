@@ -77,6 +77,9 @@ class PageStats:
     zero_copy: int = 0  # block reads handed over as file regions, to be sent unread
     rechecks: int = 0  # of those, the ones whose block was read and checked first
     sealed: int = 0  # of those, the ones of a sealed file (fs-verity): never rechecked
+    # Of those, the ones read in from the disk (and checked) on a thread before their send:
+    # not in the page cache when asked for (peek_sendable)
+    disk_sends: int = 0
     thread_claims: int = 0  # fills claimed on a thread: no spare listed, or another filler
     mounts: dict[int, MountCounts] = field(default_factory=dict)  # the four counts by mount
 

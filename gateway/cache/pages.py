@@ -117,14 +117,20 @@ Version = tuple[int, str, str, int]  # mount id, key, ETag, block size: one obje
 
 class FileRegion:
     """Bytes of a block file to be sent as they are (sendfile), by whoever takes it: it owns
-    the open descriptor, which `close()` closes (also when it is dropped unsent)."""
+    the open descriptor, which `close()` closes (also when it is dropped unsent). `reading`:
+    the file's read into the page cache (and its check) under way on a cache-io thread: its
+    bytes may be sent once it is done, not before (a send would wait for the disk), and not
+    at all if it failed; the descriptor is closed only once the read is done."""
 
-    __slots__ = ("count", "fd", "offset")
+    __slots__ = ("count", "fd", "offset", "reading")
 
-    def __init__(self, fd: int, offset: int, count: int) -> None:
+    def __init__(
+        self, fd: int, offset: int, count: int, reading: asyncio.Future[None] | None = None
+    ) -> None:
         self.fd = fd
         self.offset = offset
         self.count = count
+        self.reading = reading
 
     def __len__(self) -> int:
         return self.count
@@ -135,7 +141,12 @@ class FileRegion:
 
     def close(self) -> None:
         fd, self.fd = self.fd, -1
-        if fd >= 0:
+        if fd < 0:
+            return
+        reading = self.reading
+        if reading is not None and not reading.done():
+            reading.add_done_callback(lambda _: os.close(fd))  # a thread reads it still
+        else:
             os.close(fd)
 
     def __del__(self) -> None:
@@ -472,16 +483,22 @@ class PageStore:
         found on disk here a little before (`_seen`: hot again, within the tier's size of
         other blocks so sent); the first disk hit of a larger one, and each of a pass over
         more bytes than the tier holds (an epoch, or a loop over a few large blocks), is
-        sent from its file. Any block where zero-copy is off comes as peek_disk() gives it.
-        None as peek_disk()."""
+        sent from its file. A block not all in the page cache comes as a region of its file
+        being read in on a cache-io thread (`reading`, _read_in()), whatever its size. Any
+        block where zero-copy is off comes as peek_disk() gives it. None as peek_disk()."""
         name = bkey.name
         if self._recheck <= 0:
             return self.peek_disk(bkey, length, pinned)
         if self.memory.accepts(length):
             if length < self.send_file_min or name in self._seen:
                 self._seen.pop(name)
-                return self.peek_disk(bkey, length, pinned)
-            self._seen.put(name, length)
+                found = self.peek_disk(bkey, length, pinned)
+                if found is not None:
+                    return found
+                # Not all in the page cache (or gone, or damaged): from its file below, read
+                # in first (a damaged one found by peek_disk is found there again).
+            else:
+                self._seen.put(name, length)
         if self._is_filling(name) or self._io is None:
             return None
         try:
@@ -505,16 +522,51 @@ class PageStore:
         except BaseException:
             os.close(fd)
             raise
+        reading = None
         if not whole:
-            os.close(fd)
-            return None
-        if verify:
+            reading = self._read_in(bkey, fd, length)
+            if reading is None:
+                os.close(fd)
+                return None
+        elif verify:
             self._checked_now(name)
             self.stats.rechecks += 1
         self._disk_hit(bkey, pinned)
         self.stats.hit_bytes += length
         self.stats.zero_copy += 1
-        return FileRegion(fd, 0, length)
+        return FileRegion(fd, 0, length, reading)
+
+    def _read_in(self, bkey: BlockKey, fd: int, length: int) -> asyncio.Future[None] | None:
+        """peek_sendable() of a block not all in the page cache: its whole file read (into
+        the page cache) and checked on a cache-io thread, the send waiting for that, not the
+        loop; the check counts as any (zero_copy_recheck). A damaged block is dropped as a
+        read from disk drops it, and the send fails (its caller answers an error). None
+        where no thread is to be had (the store closing)."""
+        if self._io is None:
+            return None
+        try:
+            reading = asyncio.get_running_loop().run_in_executor(
+                self._io, blockfile.check, fd, length
+            )
+        except RuntimeError:  # the pool shut down
+            return None
+        name = bkey.name
+
+        def done(reading: asyncio.Future[None]) -> None:
+            exc = None if reading.cancelled() else reading.exception()
+            if exc is None:
+                self._checked_now(name)
+                return
+            self._unverify(name)
+            if isinstance(exc, blockfile.Corrupt):
+                path = block_path(self.root, bkey.mount_id, name)
+                self.spawn(self._drop_damaged(bkey, path, exc))
+            else:
+                log.warning("cache: could not read block %s: %s", name, exc)
+
+        reading.add_done_callback(done)
+        self.stats.disk_sends += 1
+        return reading
 
     def hot_region(self, bkey: BlockKey, length: int) -> FileRegion | None:
         """For a server that sends files: the whole block that peek() found in the memory tier

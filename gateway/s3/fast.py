@@ -5,9 +5,12 @@ request that is signed with SigV4 or SigV2 (or anonymous on a public mount) and 
 nothing else (no range, no condition, no response-* override), is answered from the
 HTTP protocol's parser callback: the same checks, the same headers, the same metrics and
 access-log line as the ASGI path, without the request cycle, task and message passing that
-cost several times the answer itself (docs/performance.md). Anything else, and any doubt (a
-signature that does not verify, a version past its TTL, a block not in memory), answers None:
-the request then takes the full path, which gives the answer or the error S3 gives.
+cost several times the answer itself (docs/performance.md). A GET of an object on disk is
+answered here too, by a server that sends files even when its block is not in the page cache:
+the block's file is read in on a cache-io thread while the connection holds the answer
+(PageStore.peek_sendable). Anything else, and any doubt (a signature that does not verify, a
+version past its TTL, a block not on this node), answers None: the request then takes the
+full path, which gives the answer or the error S3 gives.
 """
 
 from __future__ import annotations
@@ -95,8 +98,9 @@ class FastHits:
         """The whole HTTP response to the request: its head (a small body joined to it) and a
         larger body apart, or None for the full path to answer. The body apart is the memory
         tier's bytes (not copied), or, when the server takes `files`, a region of a block
-        file on disk (sent from the page cache, closed by the server once sent): a block on
-        disk is never read into memory for a connection, however large it is."""
+        file on disk (sent from the page cache, closed by the server once sent; `reading`
+        when it is being read in first): a block on disk is never read into memory for a
+        connection, however large it is."""
         started = time.perf_counter()
         if (method != b"GET" and method != b"HEAD") or self._service.state_stale():
             return None  # the full path answers (after a re-read of what changed)

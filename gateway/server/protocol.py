@@ -414,12 +414,24 @@ class Connection(HeadGuard, asyncio.Protocol):
             outbox.send((head,))
         elif isinstance(body, bytes | memoryview):
             outbox.send((head, body))
-        else:  # a region of a block file, closed once sent
+        elif body.reading is None:  # a region of a block file, closed once sent
             outbox.send_file(body.fd, body.offset, body.count, body.close, head)
+        else:  # the same, being read in from the disk first: an error answered if that fails
+            outbox.send_file(
+                body.fd, body.offset, body.count, body.close, head, body.reading, self._unread
+            )
         if not keep_alive:
             self._close_after_answers()
         else:
             self._idle()
+
+    def _unread(self) -> bytes:
+        """The answer sent instead of a block that could not be read in (the disk failed, or
+        the block was found damaged and dropped): the client's retry fetches it again."""
+        return render_refusal(
+            errors.InternalError("The object could not be read from the cache; try again."),
+            self.server.clock.headers(),
+        )
 
     # -- exchanges -----------------------------------------------------------------------
 

@@ -10,6 +10,11 @@ into the process. No answer is written in one piece while other connections wait
 slice, the connection's next one waits for the loop's next turn, behind the others' slices
 and whatever else is ready. A connection whose client takes nothing for the send timeout is
 cut off.
+
+A body in a file may not be in the page cache yet (a block on disk that a thread reads in
+first, checking it: PageStore.peek_sendable): its head and its file wait in the queue, and
+whatever is queued after them, until the read ends; the loop never waits for it. If the read
+fails, an error answer goes instead, and the connection closes after it.
 """
 
 from __future__ import annotations
@@ -60,7 +65,26 @@ class _File:
             release()
 
 
-Piece = bytes | bytearray | memoryview | _File
+class _Pending:
+    """A file's head and bytes held in the queue until `reading` (the read of its bytes into
+    the page cache, on a thread) is done; `instead()`: the answer to send if it failed."""
+
+    __slots__ = ("file", "head", "instead", "reading")
+
+    def __init__(
+        self,
+        head: bytes,
+        file: _File,
+        reading: asyncio.Future[None],
+        instead: Callable[[], bytes],
+    ) -> None:
+        self.head = head
+        self.file = file
+        self.reading = reading
+        self.instead = instead
+
+
+Piece = bytes | bytearray | memoryview | _File | _Pending
 
 
 class Outbox:
@@ -86,6 +110,7 @@ class Outbox:
         self._waiter: asyncio.Future[bool] | None = None  # a sender waiting for the queue
         self._timer: asyncio.TimerHandle | None = None  # the send timeout's check
         self._moved = 0.0  # loop time the client last took bytes
+        self._close_when_sent = False  # a read failed: its error answer is the last one
         self.gone = False
         if sock >= 0:
             # Paused as soon as the transport holds a byte, resumed once it holds none: a
@@ -102,8 +127,8 @@ class Outbox:
         """Send `pieces` after what is queued: written now when nothing waits and they are
         small, else a slice at a time. They are not copied: the caller leaves them as they
         are until sent (`flushed`)."""
-        if self.gone or self._transport.is_closing():
-            return  # nobody to send to
+        if self.gone or self._close_when_sent or self._transport.is_closing():
+            return  # nobody to send to, or the last answer is queued
         queue = self._queue
         if not queue and not self._paused and not self._watching:
             batch = list(pieces)
@@ -123,17 +148,33 @@ class Outbox:
         count: int,
         release: Callable[[], None] | None = None,
         head: bytes = b"",
+        reading: asyncio.Future[None] | None = None,
+        instead: Callable[[], bytes] | None = None,
     ) -> None:
         """Send `head`, then `count` bytes of the file `fd` from `offset`, after what is
         queued, by the kernel; `release` runs once they are sent, or dropped with the
         connection. The caller makes sure they are in the page cache, so that the loop never
-        waits for the disk (PageStore.region)."""
+        waits for the disk (PageStore.region), or gives `reading`, a read of them into it
+        under way: the head, the file and all that is queued after them then wait for its
+        end, and if it fails `instead()` is sent in their place and the connection closed
+        after it."""
         if self._sock < 0:
             raise RuntimeError("files are sent on plain TCP connections only")
+        if reading is not None and instead is not None:
+            file = _File(fd, offset, count, release)
+            if self.gone or self._close_when_sent or self._transport.is_closing():
+                file.done()
+                return
+            self._queue.append(_Pending(head, file, reading, instead))
+            if reading.done():
+                self._kick()
+            else:
+                reading.add_done_callback(self._read)
+            return
         if head:
             self._send_head(head)
         piece = _File(fd, offset, count, release)
-        if self.gone or count <= 0:
+        if self.gone or self._close_when_sent or count <= 0:
             piece.done()
             return
         self._queue.append(piece)
@@ -162,6 +203,16 @@ class Outbox:
                 return
             view = memoryview(head)[sent:]
         self.send((view,))
+
+    def _read(self, reading: asyncio.Future[None]) -> None:
+        """A held file's read has ended: the queue goes on if it was first."""
+        if not self.gone and self._queue:
+            self._kick()
+
+    def _closing(self) -> None:
+        """What is queued now is the last this connection sends: closed once it is out."""
+        self._close_when_sent = True
+        self._transport.pause_reading()
 
     async def flushed(self) -> bool:
         """Wait until all that is queued is handed over; False when the connection went
@@ -212,6 +263,11 @@ class Outbox:
                 self._drop()
                 return
             piece = queue[0]
+            if isinstance(piece, _Pending):
+                if not piece.reading.done():
+                    return  # its read's end kicks the queue again
+                self._release_pending(piece)
+                continue
             if isinstance(piece, _File):
                 budget -= self._send_file(piece, budget)
                 continue
@@ -235,6 +291,22 @@ class Outbox:
             self._arm()
         elif self._turn is None:
             self._turn = self._loop.call_soon(self._pump)  # the other connections first
+
+    def _release_pending(self, piece: _Pending) -> None:
+        """The first piece's read has ended: its head and file go on, or, if the read failed,
+        its error answer and nothing after it."""
+        queue = self._queue
+        queue.popleft()
+        reading = piece.reading
+        if not reading.cancelled() and reading.exception() is None:
+            queue.appendleft(piece.file)
+            if piece.head:
+                queue.appendleft(piece.head)
+            return
+        piece.file.done()
+        self._drop()
+        queue.append(piece.instead())
+        self._closing()
 
     def _send_file(self, piece: _File, budget: int) -> int:
         """A slice of a file, straight to the socket; the bytes of budget it used."""
@@ -298,6 +370,10 @@ class Outbox:
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(True)
+        if self._close_when_sent:
+            self.gone = True
+            self._transport.close()  # after what it holds
+            return
         self._owner.sent()
 
     def _drop(self) -> None:
@@ -305,6 +381,8 @@ class Outbox:
         for piece in self._queue:
             if isinstance(piece, _File):
                 piece.done()
+            elif isinstance(piece, _Pending):
+                piece.file.done()
         self._queue.clear()
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():

@@ -251,7 +251,8 @@ class Reader:
         all of it in the page cache, from disk (`disk` False: the memory tier only, for a HEAD,
         whose answer needs no byte of the block). With `zero_copy` (the caller sends files),
         a block on disk comes as a region of its file, checked as any (PageStore's
-        peek_sendable), not as a copy, and so does one of the memory tier past hot_file_min
+        peek_sendable), not as a copy, being read in on a thread if it is not all in the
+        page cache (its `reading`), and so does one of the memory tier past hot_file_min
         where its file may be sent (hot_region). None when it is not there after all."""
         handle, info, bkey = at
         pinned = handle.pinned(info.key)

@@ -13,6 +13,7 @@ import random
 import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -614,6 +615,7 @@ class _Region:
         self.fd = os.open(path, os.O_RDONLY)
         self.offset = offset
         self.count = count
+        self.reading: asyncio.Future[None] | None = None
         self.closed = False
 
     def close(self) -> None:
@@ -697,6 +699,96 @@ def test_edge_answers_from_memory_and_files_go_out_whole_in_order_with_the_rest(
             for order, bodies in zip(orders, got, strict=True):
                 assert bodies == [want[p] for p in order]
             assert regions and all(region.closed for region in regions)
+
+    uvloop.run(main())
+
+
+def test_an_edge_answer_whose_file_is_being_read_in_holds_the_answers_after_it(
+    tmp_path: Any,
+) -> None:
+    """An answer made at the edge from a file still being read in (`reading`: a block on disk,
+    not in the page cache) waits for that read, and the answers pipelined behind it wait for
+    it (the application's: the edge sends one answer at a time, so the requests behind
+    it are the application's): they arrive in the order asked."""
+    path_, data = _file(tmp_path, "block", 3 << 20, 6)
+    os.truncate(path_, 0)  # its bytes are there only once the read is done
+    memory = random.Random(7).randbytes(100_000)
+    regions: list[_Region] = []
+    asked: list[str] = []
+
+    def answer(method: bytes, target: bytes, *_: Any) -> Any:
+        if target == b"/memory":
+            head = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(memory)
+            return head, memoryview(memory)
+        if target == b"/file":
+            region = _Region(path_, 0, len(data))
+            region.reading = asyncio.get_running_loop().create_future()
+            regions.append(region)
+            return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % region.count, region
+        return None
+
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        path = scope["path"]
+        asked.append(path)
+        await _answer(send, 200, memory if path == "/memory" else path.encode())
+
+    async def main() -> None:
+        async with serving_edge(app, answer) as (_, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+            order = [b"/file", b"/memory", b"/app", b"/memory"]
+            writer.write(b"".join(b"GET " + p + b" HTTP/1.1\r\nHost: h\r\n\r\n" for p in order))
+            # The application has answered the second request (queued behind the first; the
+            # third waits for it): the read ends now.
+            await eventually_async(lambda: asked == ["/memory"], timeout=30)
+            assert regions[0].reading is not None
+            await asyncio.to_thread(Path(path_).write_bytes, data)
+            regions[0].reading.set_result(None)
+            bodies = [(await _read_answer(reader))[2] for _ in order]
+            assert bodies == [data, memory, b"/app", memory]
+            await eventually_async(lambda: regions[0].closed, timeout=30)
+            writer.close()
+
+    uvloop.run(main())
+
+
+def test_an_edge_answer_whose_file_could_not_be_read_in_is_an_error_and_the_last(
+    tmp_path: Any,
+) -> None:
+    """A read in that fails (the disk, or a block found damaged) is answered 500 InternalError,
+    as S3 words it, with a request id, and the connection closes after it: the requests
+    pipelined behind it are not answered (the client asks them again), the file is closed."""
+    path_, data = _file(tmp_path, "block", 1 << 20, 8)
+    regions: list[_Region] = []
+
+    def answer(method: bytes, target: bytes, *_: Any) -> Any:
+        if target == b"/file":
+            region = _Region(path_, 0, len(data))
+            region.reading = asyncio.get_running_loop().create_future()
+            regions.append(region)
+            return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % region.count, region
+        return b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", None
+
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        raise AssertionError("never reached")
+
+    async def main() -> None:
+        async with serving_edge(app, answer) as (_, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+            writer.write(b"GET /ok HTTP/1.1\r\nHost: h\r\n\r\n")
+            assert (await _read_answer(reader))[2] == b"ok"
+            writer.write(
+                b"GET /file HTTP/1.1\r\nHost: h\r\n\r\n" + b"GET /ok HTTP/1.1\r\nHost: h\r\n\r\n"
+            )
+            await eventually_async(lambda: len(regions) == 1, timeout=30)
+            assert regions[0].reading is not None
+            regions[0].reading.set_exception(OSError(5, "Input/output error"))
+            status, fields, body = await _read_answer(reader)
+            assert status == b"HTTP/1.1 500 Internal Server Error"
+            assert b"<Code>InternalError</Code>" in body and fields[b"x-amz-request-id"]
+            assert fields[b"connection"] == b"close"
+            assert await reader.read() == b""  # closed: the second /ok is not answered
+            await eventually_async(lambda: regions[0].closed, timeout=30)
+            writer.close()
 
     uvloop.run(main())
 
