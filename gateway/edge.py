@@ -18,7 +18,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from http import HTTPStatus
 from typing import Protocol
 
 import httptools
@@ -27,13 +26,10 @@ from prometheus_client import Counter as MetricCounter
 from gateway import counters, errors
 from gateway.config import Settings
 from gateway.counters import REGISTRY
-from gateway.s3.http import new_request_id
+from gateway.s3.http import STATUS_LINES as STATUS_LINES  # the edge's names too
+from gateway.s3.http import render_refusal as render_refusal
 
 log = logging.getLogger(__name__)
-
-STATUS_LINES = {
-    int(s): b"HTTP/1.1 %d %s\r\n" % (int(s), s.phrase.encode()) for s in HTTPStatus
-}  # the status lines of the codes Python knows
 
 # After an answer to a request that is refused, the client may still be sending; closing a
 # socket with unread input makes the kernel send a reset, which can destroy the answer
@@ -279,12 +275,14 @@ class HeadGuard:
 class FileBody(Protocol):
     """Bytes of an open file to send as they are (the page store's FileRegion is one): whoever
     takes it sends them and closes it. `reading`: a read of them into the page cache under
-    way, which the send waits for (and answers an error instead of, if it fails), or None."""
+    way, which the send waits for (and answers `failed()` instead of, if it fails; the
+    server's own error when None), or None."""
 
     fd: int
     offset: int
     count: int
     reading: asyncio.Future[None] | None
+    failed: Callable[[], bytes] | None
 
     def close(self) -> None: ...
 
@@ -343,21 +341,6 @@ def header_too_large(limits: EdgeLimits) -> errors.S3Error:
         f" {limits.max_headers} fields.",
         MaxSizeAllowed=str(limits.max_header_bytes),
     )
-
-
-def render_refusal(error: errors.S3Error, default_headers: list[tuple[bytes, bytes]]) -> bytes:
-    request_id = new_request_id()
-    body = error.to_xml(request_id)
-    head = [STATUS_LINES[error.status]]
-    for name, value in default_headers:
-        head += [name, b": ", value, b"\r\n"]
-    head += [
-        b"content-type: application/xml\r\n",
-        b"content-length: %d\r\n" % len(body),
-        b"x-amz-request-id: " + request_id.encode() + b"\r\n",
-        b"connection: close\r\n\r\n",
-    ]
-    return b"".join(head) + body
 
 
 _reported: dict[str, tuple[float, int]] = {}

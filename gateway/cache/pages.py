@@ -120,9 +120,11 @@ class FileRegion:
     the open descriptor, which `close()` closes (also when it is dropped unsent). `reading`:
     the file's read into the page cache (and its check) under way on a cache-io thread: its
     bytes may be sent once it is done, not before (a send would wait for the disk), and not
-    at all if it failed; the descriptor is closed only once the read is done."""
+    at all if it failed; the descriptor is closed only once the read is done. `failed`: what
+    its sender answers instead if the read fails, if its taker says (the edge: an error with
+    the request's id), else None."""
 
-    __slots__ = ("count", "fd", "offset", "reading")
+    __slots__ = ("count", "failed", "fd", "offset", "reading")
 
     def __init__(
         self, fd: int, offset: int, count: int, reading: asyncio.Future[None] | None = None
@@ -131,6 +133,7 @@ class FileRegion:
         self.offset = offset
         self.count = count
         self.reading = reading
+        self.failed: Callable[[], bytes] | None = None
 
     def __len__(self) -> int:
         return self.count

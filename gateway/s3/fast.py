@@ -15,6 +15,8 @@ full path, which gives the answer or the error S3 gives.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -27,7 +29,7 @@ from gateway.bounded import Bounded
 from gateway.logs import AccessLog, fields
 from gateway.s3 import limits
 from gateway.s3.handlers import checksum_headers, object_headers, plain_object_head
-from gateway.s3.http import Reply, new_request_id
+from gateway.s3.http import Reply, new_request_id, render_refusal
 from gateway.s3.routing import AUTH_PARAMS
 from gateway.s3.sigv2 import SigV2Verifier, is_sigv2
 from gateway.s3.sigv4 import AuthResult, SigV4Verifier
@@ -60,6 +62,7 @@ _STATUS_PARTIAL = b"HTTP/1.1 206 Partial Content\r\n"
 _TARGET_MAX = 2048  # longer request targets are looked at every time, never kept
 _KEPT = 4096  # request targets, and objects' header lines, remembered each
 _JOINED_MAX = 64 << 10  # a body up to this size is joined to the head; a larger one is not
+_UNREAD = "The object could not be read from the cache; try again."
 
 
 class FastHits:
@@ -207,12 +210,55 @@ class FastHits:
                     head.append(data)  # one write of one buffer
                 else:
                     body = data  # not copied: written after the head
-        elapsed = time.perf_counter() - started
         status = 206 if partial else 200
-        counters.observe(op, status, "hit", sent, elapsed, bucket)
+        if isinstance(body, FileRegion) and body.reading is not None:
+            # Read in from the disk first: counted and logged once the read has ended, as
+            # what the client gets then (this answer, or an error in its place).
+            reading = body.reading
+
+            def settled(reading: asyncio.Future[None]) -> None:
+                elapsed = time.perf_counter() - started
+                if not reading.cancelled() and reading.exception() is None:
+                    self._account(op, verb, bucket, key, status, sent, elapsed, access_key,
+                                  request_id, rendered, partial)  # fmt: skip
+                else:
+                    self._account(op, verb, bucket, key, 500, 0, elapsed, access_key,
+                                  request_id, None, partial)  # fmt: skip
+
+            reading.add_done_callback(settled)
+            body.failed = functools.partial(
+                render_refusal, errors.InternalError(_UNREAD), default_headers, request_id
+            )
+        else:
+            elapsed = time.perf_counter() - started
+            self._account(op, verb, bucket, key, status, sent, elapsed, access_key, request_id,
+                          rendered, partial)  # fmt: skip
+        return b"".join(head), body
+
+    def _account(
+        self,
+        op: str,
+        verb: str,
+        bucket: str,
+        key: str,
+        status: int,
+        sent: int,
+        elapsed: float,
+        access_key: str | None,
+        request_id: str,
+        rendered: _Rendered | None,
+        partial: bool,
+    ) -> None:
+        """The answer's request metrics and access-log line (`rendered` None: an error in its
+        place, whose line is not the version's)."""
+        hit = status < 400
+        if hit:
+            counters.observe(op, status, "hit", sent, elapsed, bucket)
+        else:
+            counters.observe(op, status, "none", sent, elapsed)
         log = self._access_log
         parts: tuple[bytes, bytes] | None = None
-        if log is not None and not partial:
+        if log is not None and not partial and rendered is not None:
             # The line's fields but the request id and time are the same for every answer of
             # this version by this op and key: rendered once.
             lookup = (op, access_key)
@@ -221,7 +267,7 @@ class FastHits:
             else:
                 parts = rendered.log[lookup] = _log_parts(op, verb, bucket, key, sent, access_key)
         if log is not None and parts is not None:
-            log.write_parts(rid, parts[0], elapsed * 1000, parts[1])
+            log.write_parts(request_id.encode(), parts[0], elapsed * 1000, parts[1])
         elif log is not None:
             log.write(
                 {
@@ -233,12 +279,11 @@ class FastHits:
                     "status": status,
                     "bytes": sent,
                     "ms": round(elapsed * 1000, 3),
-                    "cache": "hit",
+                    "cache": "hit" if hit else None,
                     "access_key": access_key,
                     "store_ms": 0,
                 }
             )
-        return b"".join(head), body
 
     def _rendered(self, bucket: str, key: str, info: ObjectInfo, checksums: bool) -> _Rendered:
         """The object's header lines, as the full path writes them, and its log lines' fixed

@@ -10,8 +10,11 @@ import os
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, TypeGuard, cast
 from urllib.parse import parse_qsl, unquote
+
+from gateway import errors
 
 if TYPE_CHECKING:  # the edge imports this module without the service
     from gateway.service import Caller, Chunk, FileRegion
@@ -36,6 +39,33 @@ _bits = _ids.getrandbits
 
 def new_request_id() -> str:
     return f"{_bits(64):016X}"
+
+
+STATUS_LINES = {
+    int(s): b"HTTP/1.1 %d %s\r\n" % (int(s), s.phrase.encode()) for s in HTTPStatus
+}  # the status lines of the codes Python knows
+
+
+def render_refusal(
+    error: errors.S3Error,
+    default_headers: list[tuple[bytes, bytes]],
+    request_id: str | None = None,
+) -> bytes:
+    """`error` as a whole HTTP answer after which the connection closes: the edge's refusals,
+    and an answer promised at the edge that could not be kept (a block that could not be
+    read in). `request_id`: the request's, if it was given one already."""
+    request_id = request_id or new_request_id()
+    body = error.to_xml(request_id)
+    head = [STATUS_LINES[error.status]]
+    for name, value in default_headers:
+        head += [name, b": ", value, b"\r\n"]
+    head += [
+        b"content-type: application/xml\r\n",
+        b"content-length: %d\r\n" % len(body),
+        b"x-amz-request-id: " + request_id.encode() + b"\r\n",
+        b"connection: close\r\n\r\n",
+    ]
+    return b"".join(head) + body
 
 
 @dataclass(slots=True)

@@ -417,8 +417,9 @@ class Connection(HeadGuard, asyncio.Protocol):
         elif body.reading is None:  # a region of a block file, closed once sent
             outbox.send_file(body.fd, body.offset, body.count, body.close, head)
         else:  # the same, being read in from the disk first: an error answered if that fails
+            failed = body.failed or self._unread
             outbox.send_file(
-                body.fd, body.offset, body.count, body.close, head, body.reading, self._unread
+                body.fd, body.offset, body.count, body.close, head, body.reading, failed
             )
         if not keep_alive:
             self._close_after_answers()
@@ -426,12 +427,9 @@ class Connection(HeadGuard, asyncio.Protocol):
             self._idle()
 
     def _unread(self) -> bytes:
-        """The answer sent instead of a block that could not be read in (the disk failed, or
-        the block was found damaged and dropped): the client's retry fetches it again."""
-        return render_refusal(
-            errors.InternalError("The object could not be read from the cache; try again."),
-            self.server.clock.headers(),
-        )
+        """The answer sent instead of a body in a file that could not be read in, when its
+        maker gave none of its own (the edge's: s3/fast.py): S3's InternalError, retried."""
+        return render_refusal(errors.InternalError(), self.server.clock.headers())
 
     # -- exchanges -----------------------------------------------------------------------
 

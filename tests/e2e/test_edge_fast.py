@@ -326,6 +326,14 @@ def _block_file(node: GatewayNode, size: int) -> Path:
     return found[0]
 
 
+def _access_line(node: GatewayNode, request_id: str) -> dict[str, object] | None:
+    for text in node.log().splitlines():
+        if '"gateway.access"' in text and request_id in text:
+            line: dict[str, object] = json.loads(text)
+            return line
+    return None
+
+
 def _committed_block(node: GatewayNode, size: int) -> Path | None:
     try:
         return _block_file(node, size)
@@ -415,6 +423,11 @@ def test_a_block_damaged_on_disk_and_read_in_at_the_edge_is_a_500_then_fetched_a
         assert headers["connection"] == "close"
         assert stream.read() == b""
     assert _fast(node) == fast + 1
+    # Logged and counted as what the client got: the 500, under the answer's request id.
+    rid = headers["x-amz-request-id"]
+    assert f"<RequestId>{rid}</RequestId>".encode() in body
+    line = eventually(lambda: _access_line(node, rid))
+    assert (line["status"], line["bytes"], line["key"]) == (500, 0, "big.bin")
     eventually(lambda: node.metric("gateway_cache_corrupt_blocks") == corrupt + 1)
     eventually(lambda: not block.exists())
     got = s3.get_object(Bucket="fast", Key="big.bin")  # fetched again from the store

@@ -616,6 +616,7 @@ class _Region:
         self.offset = offset
         self.count = count
         self.reading: asyncio.Future[None] | None = None
+        self.failed: Callable[[], bytes] | None = None
         self.closed = False
 
     def close(self) -> None:
