@@ -625,6 +625,10 @@ class _Region:
             os.close(self.fd)
 
 
+def _ok_head(length: int) -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % length
+
+
 @contextlib.asynccontextmanager
 async def serving_edge(app: Any, answer: Callable[..., Any]) -> AsyncIterator[tuple[Server, int]]:
     """`serving`, with `answer` as the port's answers at the edge (gateway/edge.py)."""
@@ -655,12 +659,11 @@ def test_edge_answers_from_memory_and_files_go_out_whole_in_order_with_the_rest(
 
     def answer(method: bytes, target: bytes, *_: Any) -> Any:
         if target == b"/memory":
-            head = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(memory)
-            return head, memoryview(memory)
+            return _ok_head(len(memory)), memoryview(memory)
         if target == b"/file":
             region = _Region(path_, 1000, len(data) - 2000)
             regions.append(region)
-            return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % region.count, region
+            return _ok_head(region.count), region
         return None
 
     async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -719,13 +722,12 @@ def test_an_edge_answer_whose_file_is_being_read_in_holds_the_answers_after_it(
 
     def answer(method: bytes, target: bytes, *_: Any) -> Any:
         if target == b"/memory":
-            head = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(memory)
-            return head, memoryview(memory)
+            return _ok_head(len(memory)), memoryview(memory)
         if target == b"/file":
             region = _Region(path_, 0, len(data))
             region.reading = asyncio.get_running_loop().create_future()
             regions.append(region)
-            return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % region.count, region
+            return _ok_head(region.count), region
         return None
 
     async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -766,7 +768,7 @@ def test_an_edge_answer_whose_file_could_not_be_read_in_is_an_error_and_the_last
             region = _Region(path_, 0, len(data))
             region.reading = asyncio.get_running_loop().create_future()
             regions.append(region)
-            return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % region.count, region
+            return _ok_head(region.count), region
         return b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", None
 
     async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -804,7 +806,7 @@ def test_a_client_that_takes_nothing_of_an_edge_answer_is_cut_off(tmp_path: Any)
     def answer(method: bytes, target: bytes, *_: Any) -> Any:
         region = _Region(path, 0, len(data))
         regions.append(region)
-        return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % region.count, region
+        return _ok_head(region.count), region
 
     async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
         raise AssertionError("never reached")
