@@ -475,7 +475,7 @@ class PageStore:
         return FileRegion(fd, start, end - start)
 
     def peek_sendable(
-        self, bkey: BlockKey, length: int, pinned: bool = False
+        self, bkey: BlockKey, length: int, pinned: bool = False, read_in: bool = True
     ) -> FileRegion | memoryview | None:
         """peek_disk() for a server that sends files: the whole block as a region of its file,
         sent from the page cache under the zero-copy rules (region()'s: checked by the
@@ -487,7 +487,9 @@ class PageStore:
         other blocks so sent); the first disk hit of a larger one, and each of a pass over
         more bytes than the tier holds (an epoch, or a loop over a few large blocks), is
         sent from its file. A block not all in the page cache comes as a region of its file
-        being read in on a cache-io thread (`reading`, _read_in()), whatever its size. Any
+        being read in on a cache-io thread (`reading`, _read_in()), whatever its size, or, not
+        `read_in` (a small range of it is asked for: the full path reads only its pieces),
+        None. Any
         block where zero-copy is off comes as peek_disk() gives it. None as peek_disk()."""
         name = bkey.name
         if self._recheck <= 0:
@@ -496,7 +498,7 @@ class PageStore:
             if length < self.send_file_min or name in self._seen:
                 self._seen.pop(name)
                 found = self.peek_disk(bkey, length, pinned)
-                if found is not None:
+                if found is not None or not read_in:
                     return found
                 # Not all in the page cache (or gone, or damaged): from its file below, read
                 # in first (a damaged one found by peek_disk is found there again).
@@ -527,7 +529,7 @@ class PageStore:
             raise
         reading = None
         if not whole:
-            reading = self._read_in(bkey, fd, length)
+            reading = self._read_in(bkey, fd, length) if read_in else None
             if reading is None:
                 os.close(fd)
                 return None

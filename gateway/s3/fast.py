@@ -63,6 +63,7 @@ _TARGET_MAX = 2048  # longer request targets are looked at every time, never kep
 _KEPT = 4096  # request targets, and objects' header lines, remembered each
 _JOINED_MAX = 64 << 10  # a body up to this size is joined to the head; a larger one is not
 _UNREAD = "The object could not be read from the cache; try again."
+_READ_IN_RANGED_MAX = 256 << 10  # objects whose block is read in whole for a range of it
 
 
 class FastHits:
@@ -147,7 +148,10 @@ class FastHits:
         access_key = auth.access_key if auth is not None else None
         if self._service.allowed_quick(access_key, "s3:GetObject", bucket, key) is not True:
             return None
-        hit = self._service.take_hit(at, disk=verb == "GET", zero_copy=files)
+        # A block not in the page cache is read in whole: for a range of it, only if the
+        # object is small (a range of a large one reads only its pieces on the full path).
+        read_in = not asks or "range" not in headers or at.info.size <= _READ_IN_RANGED_MAX
+        hit = self._service.take_hit(at, disk=verb == "GET", zero_copy=files, read_in=read_in)
         if hit is None:
             return None
         info, data = hit

@@ -146,10 +146,10 @@ class S3Service:
         return self.reader.hit_at(bucket, key, disk)
 
     def take_hit(
-        self, at: HitAt, disk: bool = True, zero_copy: bool = False
+        self, at: HitAt, disk: bool = True, zero_copy: bool = False, read_in: bool = True
     ) -> tuple[ObjectInfo, bytes | memoryview | FileRegion] | None:
         """The object hit_at() found, read and counted as a hit, or None (Reader.take_hit)."""
-        return self.reader.take_hit(at, disk, zero_copy)
+        return self.reader.take_hit(at, disk, zero_copy, read_in)
 
     async def local_blocks(self, bucket: str, key: str, first: int, count: int) -> LocalBlocks:
         """The key's version and the files of its blocks this node holds (short-circuit)."""

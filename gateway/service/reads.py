@@ -245,14 +245,15 @@ class Reader:
         return HitAt(handle, info, bkey)
 
     def take_hit(
-        self, at: HitAt, disk: bool = True, zero_copy: bool = False
+        self, at: HitAt, disk: bool = True, zero_copy: bool = False, read_in: bool = True
     ) -> tuple[ObjectInfo, bytes | memoryview | FileRegion] | None:
         """The object hit_at() found, counted as a hit: the block from the memory tier or,
         all of it in the page cache, from disk (`disk` False: the memory tier only, for a HEAD,
         whose answer needs no byte of the block). With `zero_copy` (the caller sends files),
         a block on disk comes as a region of its file, checked as any (PageStore's
         peek_sendable), not as a copy, being read in on a thread if it is not all in the
-        page cache (its `reading`), and so does one of the memory tier past hot_file_min
+        page cache (its `reading`; None then without `read_in`), and so does one of the memory
+        tier past hot_file_min
         where its file may be sent (hot_region). None when it is not there after all."""
         handle, info, bkey = at
         pinned = handle.pinned(info.key)
@@ -265,7 +266,7 @@ class Reader:
             if not disk:
                 return None
             if zero_copy:
-                data = self.pages.peek_sendable(bkey, info.size, pinned)
+                data = self.pages.peek_sendable(bkey, info.size, pinned, read_in)
             else:
                 data = self.pages.peek_disk(bkey, info.size, pinned)
             if data is None:

@@ -385,6 +385,12 @@ def test_a_hit_on_disk_is_answered_at_the_edge_and_read_in_on_a_thread_if_not_in
     assert s3.get_object(Bucket="fast", Key="big.bin")["Body"].read() == BIG  # back in memory
     assert _fast(node) == before + 3
     eventually(lambda: node.metric("gateway_cache_disk_sends") == read_in + 1)
+    # A small range of a large object out of the page cache: the full path reads its pieces
+    # (the edge would read the whole block in).
+    eventually(lambda: _evict(block))
+    got = s3.get_object(Bucket="fast", Key="big.bin", Range="bytes=1000-1999")
+    assert got["Body"].read() == BIG[1000:2000]
+    assert _fast(node) == before + 3
     # (A block damaged on disk: tests/e2e/test_edge_disk_files.py, under the zero-copy rules.)
 
 
