@@ -489,8 +489,8 @@ class PageStore:
         sent from its file. A block not all in the page cache comes as a region of its file
         being read in on a cache-io thread (`reading`, _read_in()), whatever its size, or, not
         `read_in` (a small range of it is asked for: the full path reads only its pieces),
-        None. Any
-        block where zero-copy is off comes as peek_disk() gives it. None as peek_disk()."""
+        None. Any block where zero-copy is off comes as peek_disk() gives it. None as
+        peek_disk()."""
         name = bkey.name
         if self._recheck <= 0:
             return self.peek_disk(bkey, length, pinned)
