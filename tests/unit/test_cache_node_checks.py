@@ -34,15 +34,23 @@ def test_a_check_is_told_with_its_age_never_less_than_its_true_one() -> None:
     table.checked_now(NAME)  # at 0.75 s of the table's life: its second floored, 0
     clock.now += 10
     assert table.age(NAME) == pytest.approx(10.75)
-    # Another block of the same slot takes it: the first is then not known to be checked.
+    # A block has two slots: another of the same pair takes the other one, both are known.
     other = NAME[:5] + "99999999" + NAME[13:]
     assert checks._place(other)[0] == checks._place(NAME)[0]
     table.checked_now(other)
-    assert table.age(NAME) is None and table.age(other) == pytest.approx(0.75)
-    table.forget(NAME)  # not the slot's block: nothing changes
-    assert table.age(other) is not None
+    assert table.age(NAME) == pytest.approx(10.75) and table.age(other) == pytest.approx(0.75)
+    # A third takes the slot of the older check: that block is then not known to be checked.
+    clock.now += 5
+    third = NAME[:5] + "77777777" + NAME[13:]
+    table.checked_now(third)
+    assert table.age(NAME) is None
+    assert table.age(other) == pytest.approx(5.75) and table.age(third) == pytest.approx(0.75)
+    table.checked_now(other)  # checked again: its own word, not the third's
+    assert table.age(other) == pytest.approx(0.75) and table.age(third) is not None
+    table.forget(NAME)  # not held: nothing changes
+    assert table.age(other) is not None and table.age(third) is not None
     table.forget(other)
-    assert table.age(other) is None
+    assert table.age(other) is None and table.age(third) is not None
 
 
 def test_a_word_damaged_or_half_written_says_nothing() -> None:
