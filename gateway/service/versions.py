@@ -239,7 +239,15 @@ class Versions:
         if self._covered(handle, key) and await self._remembered(handle, key, ticket):
             return False
         if handle.cache_enabled and await self.pages.cached_version(handle.id, key):
-            return False
+            # Block 0 is here, but a sibling worker still holding its open claim has not told
+            # the version yet (its fill committed first, its share retried while the record
+            # was busy): open() waits for it, where the store would be asked instead.
+            claims = self._claims
+            return (
+                claims is not None
+                and not claims.free(claims.byte(handle.id, key))
+                and self.metadata.peek(handle.id, key) is None
+            )
         # Looked at again after the awaits above: a cold read that began and ended meanwhile
         # has told the version, and another would fetch block 0 again.
         return self.metadata.peek(handle.id, key) is None
