@@ -23,8 +23,8 @@ gateway/server/accept.py): a check by one counts for all, as it would within one
 - The second is floored when written, so the age a reader finds is never less than the true
   one: a window is never stretched (it may end up to a second early).
 - The table is the only record of checks: a worker keeps none of its own beside it (it did,
-  and the two said the same thing twice), so its own blocks lose their check only to a
-  later block in the same slot, as its siblings' do.
+  and the two said the same thing twice), so its own blocks lose their check only to two
+  later blocks of their pair, as its siblings' do.
 - A block found damaged is cleared by the process that found it (`forget`): its siblings'
   next sends read it again (and drop it, or find the new fill's bytes).
 - Nothing survives the node: after a restart every block is checked again at its first send.

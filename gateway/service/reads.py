@@ -253,8 +253,8 @@ class Reader:
         a block on disk comes as a region of its file, checked as any (PageStore's
         peek_sendable), not as a copy, being read in on a thread if it is not all in the
         page cache (its `reading`; None then without `read_in`), and so does one of the memory
-        tier past hot_file_min
-        where its file may be sent (hot_region). None when it is not there after all."""
+        tier past hot_file_min where its file may be sent (hot_region). None when it is not
+        there after all."""
         handle, info, bkey = at
         pinned = handle.pinned(info.key)
         data: bytes | memoryview | FileRegion | None = self.pages.peek(bkey, pinned)

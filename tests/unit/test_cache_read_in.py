@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -19,6 +18,7 @@ from gateway.cache.resident import in_page_cache
 from gateway.service import FileRegion
 from tests.support.cache import Cache
 from tests.support.net import eventually_async
+from tests.unit.test_cache_siblings import _fill, _flip
 
 pytestmark = pytest.mark.anyio
 
@@ -27,17 +27,11 @@ BIG = os.urandom(MiB)  # sent from its file
 SMALL = os.urandom(16 << 10)  # the memory tier's: read into it when in the page cache
 
 
-async def _one(data: bytes) -> AsyncIterator[bytes]:
-    yield data
-
-
 async def _filled(root: str, data: bytes = BIG) -> tuple[Cache, BlockKey, str]:
     cache = Cache(root, capacity_bytes=1 << 30, seal_blocks=False, drop_delay=0.0)
     await cache.open()
     bkey = BlockKey(1, "big.bin", '"v1"', 4 * MiB, 0)
-    async for _ in cache.read(bkey, len(data), 0, len(data), lambda skip: _one(data[skip:])):
-        pass
-    await cache.settle()
+    await _fill(cache, bkey, data)
     cache.pages.memory.clear()  # on disk only
     return cache, bkey, block_path(root, 1, bkey.name)
 
@@ -58,13 +52,6 @@ def _opened_as(fd: int) -> str | None:
         return os.readlink(f"/proc/self/fd/{fd}")
     except FileNotFoundError:
         return None
-
-
-def _flip(path: str, at: int) -> None:
-    with open(path, "r+b") as f:
-        byte = f.read()[at]
-        f.seek(at)
-        f.write(bytes([byte ^ 0x01]))
 
 
 async def test_a_block_out_of_the_page_cache_is_read_in_on_a_thread_then_sent(

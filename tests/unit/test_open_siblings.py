@@ -21,9 +21,9 @@ import pytest
 
 from gateway.generations import OpenClaims
 from gateway.meta import MetaStore
-from gateway.stores.base import ObjectInfo
 from tests.support.net import eventually_async
 from tests.support.service import worker, wrap_store
+from tests.unit.test_version_neighbours import CountsStats
 
 pytestmark = pytest.mark.anyio
 
@@ -38,23 +38,11 @@ sys.stdin.readline()
 """
 
 
-class CountsAsks:
-    """A real store that keeps the keys its stat() and open() were asked for."""
-
-    def __init__(self, store: Any) -> None:
-        self._store = store
-        self.asked: list[str] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
-
-    async def stat(self, key: str) -> ObjectInfo:
-        self.asked.append(key)
-        info: ObjectInfo = await self._store.stat(key)
-        return info
+class CountsAsks(CountsStats):
+    """A real store that keeps the keys its stat() and open() were asked for (`stats`)."""
 
     async def open(self, key: str, *args: Any, **kwargs: Any) -> Any:
-        self.asked.append(key)
+        self.stats.append(key)
         return await self._store.open(key, *args, **kwargs)
 
 
@@ -107,4 +95,4 @@ async def test_a_read_waits_for_a_sibling_opening_a_key_whose_block_0_is_cached_
                 holder.kill()
             await holder.wait()
         assert info.size == len(BODY) and info.etag == opened.info.etag
-        assert asks.asked == []
+        assert asks.stats == []  # no HEAD, no GET
