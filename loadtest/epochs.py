@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from loadtest.common import CPU_COLUMNS, Options, Run, finish, measure, row_of
 from loadtest.data import gateway_targets, origin_targets, seed_objects
 from loadtest.fscost import drop_from_page_cache
 from loadtest.httpclient import CLIENT, Job
+from loadtest.procs import CpuMeter
 from loadtest.report import Report, Row
 from loadtest.servers import (
     ACCESS_KEY,
@@ -162,6 +164,7 @@ def run(options: Options, args: argparse.Namespace) -> None:
         "client_nofile": args.client_nofile,
         "pause": args.pause,
         "evict": args.evict,
+        "preload_concurrency": args.preload_concurrency,
     }
     report.load_generator = (
         f"loadtest.httpclient: {options.processes} processes x asyncio/uvloop raw HTTP/1.1, "
@@ -189,6 +192,7 @@ def run(options: Options, args: argparse.Namespace) -> None:
         ]
         preloaded = None
         if args.preload:
+            _load_alone(r, report, origin, options)
             preloaded = start_gateway(
                 r.cleanup, r.workdir, origin.url, options.metadata_ttl,
                 list(options.gateway_args), name="gateway-preload",
@@ -387,6 +391,11 @@ def _start_load(data_dir: object, concurrency: int, out: dict[str, Any]) -> thre
         job = json.loads(done.stdout)
         out["bytes"], out["objects"] = job["loaded_bytes"], job["loaded_objects"]
         out["state"] = f"{job['state']} ({job['message']})"
+        if job.get("started_at") and job.get("ended_at"):  # the job's own time, not the CLI's
+            span = datetime.fromisoformat(job["ended_at"]) - datetime.fromisoformat(
+                job["started_at"]
+            )
+            out["job_seconds"] = span.total_seconds()
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -405,6 +414,42 @@ def _load_row(report: Report, load: dict[str, Any], wan: str, rate: str) -> None
     )
     report.settings["preload_seconds"] = round(seconds, 2)
     report.settings["preload_MB/s"] = round(mb_s, 1)
+    print(report.notes[-1], flush=True)
+
+
+def _load_alone(r: Run, report: Report, origin: Any, options: Options) -> None:
+    """`gateway load` of the whole bucket on a fresh node that no client reads: what the load
+    can move on its own (issue 39: >= 0.7x the WAN), and the node's CPU an object loaded. The
+    node is stopped after it, so that it takes nothing from the rows that follow."""
+    node = start_gateway(
+        r.cleanup, r.workdir, origin.url, options.metadata_ttl, list(options.gateway_args),
+        name="gateway-load-alone",
+    )  # fmt: skip
+    done: dict[str, Any] = {}
+    meter = CpuMeter(node.pid, origin.watch(node.pid))
+    _start_load(node.data_dir, report.settings["preload_concurrency"], done).join()
+    cpu = meter.stop()
+    node.stop()
+    objects, seconds = max(1, int(done["objects"])), done["seconds"]
+    mb_s = done["bytes"] / seconds / 1e6
+    if rate_bps(options.wan.rate) > 0:
+        report.ratios["gateway load alone / WAN bandwidth"] = (
+            mb_s * 8e6 / rate_bps(options.wan.rate)
+        )
+    per = {k: round(v) if isinstance(v, float) else v for k, v in cpu.per_request(objects).items()}
+    report.settings["load_alone_objects/s"] = round(objects / seconds)
+    job_seconds = done.get("job_seconds") or seconds
+    report.settings["load_alone_job_objects/s"] = round(objects / job_seconds)
+    report.settings["load_alone_node_us"] = per["gateway us/req"]
+    report.notes.append(
+        f"gateway load alone (a fresh node, no client): {objects} objects, "
+        f"{done['bytes'] / 1e6:.0f} MB in {seconds:.1f} s = {objects / seconds:.0f} objects/s, "
+        f"{mb_s:.0f} MB/s (from the job's start, its listing, to its end: {job_seconds:.1f} s, "
+        f"{objects / job_seconds:.0f} objects/s; the rest the CLI's start and the node's poll);"
+        f" CPU µs an object loaded: node {per['gateway us/req']} "
+        f"({cpu.server_cores} cores), origin {per['origin us/req']}, WAN proxy "
+        f"{per['WAN proxy us/req']}; state {done['state']}"
+    )
     print(report.notes[-1], flush=True)
 
 

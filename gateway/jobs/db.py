@@ -382,11 +382,14 @@ class JobStore:
                 await conn.execute(query, rows[at : at + 1000])
 
     async def claim(
-        self, job_id: int, me: str, owner: str, lease: float, live: Iterable[str]
-    ) -> WorkRow | None:
+        self, job_id: int, me: str, owner: str, lease: float, live: Iterable[str],
+        holding: Iterable[tuple[int, str]] = (),
+    ) -> WorkRow | None:  # fmt: skip
         """A share to work on, under a lease: this node's own first (pending, or leased by a
         holder whose lease ran out: this node before a restart), else the share of a node
-        that is no longer live and whose lease ran out.
+        that is no longer live and whose lease ran out. `holding`: the shares (batch, node)
+        this holder works on now, not taken again (the runner takes its next share while
+        the last one ends).
 
         A share of this node's that others stood in for (`stood_in`: done, given back or
         dropped by a node holding it for this one) is taken to be done again from its first
@@ -404,6 +407,9 @@ class JobStore:
             table.c.job_id == job_id, table.c.state == WORK_DONE, table.c.lease_owner.is_not(None)
         )
         live = list(live)
+        held = list(holding)
+        if held:
+            open_ = sa.and_(open_, sa.tuple_(table.c.batch, table.c.node_id).not_in(held))
         async with transaction(self._engine) as conn:
             # No share is taken once the job has ended, nor while its end is being decided:
             # taking one again zeroes its counts, and the counts a job ended on are its

@@ -16,7 +16,8 @@ import pytest
 from gateway.cluster import Node
 from gateway.jobs.db import BATCH, Item, Tally, WorkRow
 from gateway.jobs.model import JobSpec
-from gateway.jobs.runner import JobRunner, _Job
+from gateway.jobs.runner import JobRunner
+from gateway.jobs.share import BatchShare
 from gateway.jobs.usage import NodeUsage
 from gateway.service import FillBudget
 
@@ -68,13 +69,13 @@ class Loads:
         return True
 
 
-def _share(tmp_path: Path, cached: set[str], capacity: int) -> tuple[_Job, Loads, Usage]:
+def _share(tmp_path: Path, cached: set[str], capacity: int) -> tuple[BatchShare, Loads, Usage]:
     loads = Loads(tmp_path, cached)
     runner = JobRunner(None, loads, ME, None)  # type: ignore[arg-type]
-    usage = runner._usage = Usage(str(tmp_path), lease=0)
+    usage = runner.usage = Usage(str(tmp_path), lease=0)
     handle = SimpleNamespace(id=1, block_size=4 << 20, quota=None)
     row = WorkRow(job_id=7, batch=0, node_id=ME.id, cursor=0, tally=Tally())
-    job = _Job(runner, JobSpec(bucket="b"), handle, row, [], 1)  # type: ignore[arg-type]
+    job = BatchShare(runner, JobSpec(bucket="b"), handle, row, [], 1)  # type: ignore[arg-type]
     job.leave_room_for_pins(FillBudget(capacity, None, None), 0)
     return job, loads, usage
 

@@ -1,0 +1,122 @@
+"""A load keeps its concurrency in flight across the ends of its batches (issue 39): a node's
+share of one batch waited for its slowest object, its report and the next claim before any
+fetch of the next batch began, so over a WAN each batch ended with its fetches trickling to
+none. The runner now takes its next share once every item of the last has started. Here the
+runner works a job of the real jobs tables (SQLite, and PostgreSQL where the suite runs on
+it) over a stand-in for the service's face whose fetch of one object waits until the test
+lets it go."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from gateway.cluster import Node
+from gateway.jobs.db import BATCH, Item, JobStore
+from gateway.jobs.model import JobSpec
+from gateway.jobs.runner import JobRunner, Member
+from gateway.meta import MetaStore, SecretBox
+from gateway.service import FillBudget
+from tests.unit.test_jobs_share import ME, SIZE
+from tests.unit.test_jobs_share import Loads as ShareLoads
+
+pytestmark = pytest.mark.anyio
+
+
+class Loads(ShareLoads):
+    """The service's face for a whole job: the fetch of `slow` waits for `go`."""
+
+    def __init__(self, root: Path, slow: str) -> None:
+        super().__init__(root, set())
+        self.slow = slow
+        self.go = asyncio.Event()
+        self.waiting = asyncio.Event()  # the slow fetch has begun
+        self.changed_warmed = asyncio.Event()  # a warm ended: look again
+
+    async def mount(self, bucket: str) -> Any:
+        return SimpleNamespace(id=1, block_size=4 << 20, quota=None)
+
+    async def budget(self, handle: Any) -> FillBudget:
+        return FillBudget(1 << 40, None, None)
+
+    async def any_fill_ended(self) -> None:
+        await asyncio.sleep(0)
+
+    async def warm(self, block: Any, pinned: bool, source: Node | None = None) -> None:
+        if block.info.key == self.slow:
+            self.waiting.set()
+            await self.go.wait()
+        await super().warm(block, pinned, source)
+        self.changed_warmed.set()
+
+
+@pytest.fixture
+async def meta(database_url: str) -> AsyncIterator[MetaStore]:
+    async with MetaStore(database_url, SecretBox([SecretBox.generate_key()])) as store:
+        await store.migrate()
+        await store.add_mount("data", "s3://origin", {})
+        yield store
+
+
+async def _members() -> list[Member]:
+    return [Member(ME, True)]
+
+
+async def _job(meta: MetaStore, objects: int, concurrency: int) -> tuple[JobStore, Any]:
+    store = JobStore(meta.engine)
+    job_id = await store.submit(JobSpec("data", "k/", concurrency=concurrency), ME.id)
+    assert await store.take_listing(job_id, "lister", 30)
+    items = [Item(seq, f"k/{seq:05d}", SIZE, f'"{seq}"') for seq in range(objects)]
+    assert await store.add_items(job_id, "lister", 30, items)
+    assert await store.finish_listing(job_id, "lister")
+    (job,) = await store.active()
+    return store, job
+
+
+async def test_the_next_batch_is_fetched_while_the_last_one_s_slowest_object_is(
+    meta: MetaStore, tmp_path: Path
+) -> None:
+    slow = f"k/{BATCH - 1:05d}"  # the first batch's last object
+    loads = Loads(tmp_path, slow)
+    store, job = await _job(meta, 2 * BATCH, concurrency=8)
+    runner = JobRunner(store, loads, ME, _members)  # type: ignore[arg-type]
+    work = asyncio.create_task(runner._work(job))
+    try:
+        await asyncio.wait_for(loads.waiting.wait(), 30)
+        # Every object of the second batch is fetched while the first batch's last is.
+        second = {f"k/{seq:05d}" for seq in range(BATCH, 2 * BATCH)}
+        while not second <= loads.cached:
+            loads.changed_warmed.clear()
+            await asyncio.wait_for(loads.changed_warmed.wait(), 30)
+        assert slow not in loads.cached and not work.done()
+        loads.go.set()
+        await asyncio.wait_for(work, 30)
+    finally:
+        work.cancel()
+    # Each object fetched once, both shares written down as done, and the job ended on them.
+    assert sorted(loads.warmed) == [f"k/{seq:05d}" for seq in range(2 * BATCH)]
+    ended = await store.get(job.id)
+    assert ended is not None and ended.state == "done"
+    assert ended.objects_done == 2 * BATCH and ended.loaded_objects == 2 * BATCH
+
+
+async def test_a_share_taken_while_another_is_worked_on_is_not_the_same_one(
+    meta: MetaStore,
+) -> None:
+    """A holder's own leased share counts as open to it (its restart takes it up again),
+    unless it says it works on it now."""
+    store, job = await _job(meta, 2 * BATCH, concurrency=8)
+    await store.seed(job.id, 0, 2, [ME.id])
+    first = await store.claim(job.id, ME.id, "me:p", 30, [ME.id])
+    assert first is not None and first.batch == 0
+    again = await store.claim(job.id, ME.id, "me:p", 30, [ME.id])
+    assert again is not None and again.batch == 0  # a restart's view
+    second = await store.claim(job.id, ME.id, "me:p", 30, [ME.id], holding=[(0, ME.id)])
+    assert second is not None and second.batch == 1
+    both = [(0, ME.id), (1, ME.id)]
+    assert await store.claim(job.id, ME.id, "me:p", 30, [ME.id], holding=both) is None
