@@ -24,7 +24,7 @@ from gateway.cluster import Node, Placement
 from gateway.jobs.bandwidth import TokenBucket
 from gateway.jobs.db import ActiveJob, Item, JobStore, WorkRow, batches
 from gateway.jobs.model import ACTIVE, LISTING, QUEUED, RUNNING, JobSpec
-from gateway.jobs.share import BatchShare, Lost
+from gateway.jobs.share import BatchShare, Lost, per_worker
 from gateway.jobs.usage import NodeUsage
 from gateway.meta import MetaUnavailable
 from gateway.service import Loads, MountHandle
@@ -81,7 +81,7 @@ class JobRunner:
     ) -> None:
         self.store = store
         # Each worker process of the node runs a runner: the node's share of a job's bandwidth
-        # is split between them.
+        # and its concurrency are split between them.
         self.workers = max(1, workers)
         self.loads = loads
         self.me = me
@@ -305,7 +305,7 @@ class JobRunner:
         except errors.S3Error:
             return  # not mounted here (yet): the next pass looks again
         shares: Shares = {}
-        slots = asyncio.Semaphore(job.spec.concurrency)
+        slots = asyncio.Semaphore(per_worker(job.spec.concurrency, self.workers))
         try:
             await self._claims(job, handle, shares, slots)
         except asyncio.CancelledError:

@@ -30,6 +30,7 @@ class Runner(Protocol):
     loads: Loads
     me: Node
     stopping: bool
+    workers: int  # the node's worker processes, each with a runner
     own_fills: int  # the page store's fills in flight that are this process's preloads
     usage: NodeUsage
 
@@ -45,6 +46,12 @@ class Runner(Protocol):
 # of an epoch warmed nothing ahead of it (the load moved 0.08x the WAN during epoch 1:
 # docs/performance.md, "epochs --preload").
 PRELOAD_FLOOR = 0.5
+
+
+def per_worker(concurrency: int, workers: int) -> int:
+    """A job's fetches in flight in one of a node's `workers` processes: `--concurrency` is
+    the node's (each worker loads shares of its own), so each takes its part, at least one."""
+    return max(1, -(-concurrency // max(1, workers)))
 
 
 @dataclass(slots=True)
@@ -81,11 +88,12 @@ class BatchShare:
         self.tally = row.tally
         self.me = runner.me
         # The job's fetches in flight in this process, with the other shares it works on.
-        self.slots = slots or asyncio.Semaphore(spec.concurrency)
+        self.concurrency = per_worker(spec.concurrency, runner.workers)
+        self.slots = slots or asyncio.Semaphore(self.concurrency)
         # Every item has started (no more than the slots are left) or the share ended: the
         # runner takes its next share.
         self.started = asyncio.Event()
-        self.floor = max(1, int(spec.concurrency * PRELOAD_FLOOR))  # loads beside busy clients
+        self.floor = max(1, int(self.concurrency * PRELOAD_FLOOR))  # loads beside busy clients
         self.progressed = asyncio.Event()  # an object is done: the reporter writes it down
         # Bytes counted in the job's usage for the share up front (its cached blocks, and its
         # missing ones when they fit), not yet taken by a block: given back when it ends.
@@ -133,7 +141,7 @@ class BatchShare:
         plans = {pos: self.plan(items[pos]) for pos in todo} if not self.spec.unpin else {}
         counted: dict[int, Tally] = {}
         left = len(todo)
-        if left <= self.spec.concurrency:
+        if left <= self.concurrency:
             self.started.set()
 
         async def one(pos: int) -> None:
@@ -144,7 +152,7 @@ class BatchShare:
                 self.row.cursor += 1
             self.progressed.set()
             left -= 1
-            if left <= self.spec.concurrency:
+            if left <= self.concurrency:
                 self.started.set()
 
         try:

@@ -120,3 +120,33 @@ async def test_a_share_taken_while_another_is_worked_on_is_not_the_same_one(
     assert second is not None and second.batch == 1
     both = [(0, ME.id), (1, ME.id)]
     assert await store.claim(job.id, ME.id, "me:p", 30, [ME.id], holding=both) is None
+
+
+class Counting(Loads):
+    """Fetches that take a few turns of the loop, those in flight at once counted."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root, slow="")
+        self.inflight = self.most = 0
+
+    async def warm(self, block: Any, pinned: bool, source: Node | None = None) -> None:
+        self.inflight += 1
+        self.most = max(self.most, self.inflight)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        self.inflight -= 1
+        await super().warm(block, pinned, source)
+
+
+@pytest.mark.parametrize(("concurrency", "workers", "most"), [(8, 2, 4), (8, 1, 8), (3, 2, 2)])
+async def test_a_job_s_concurrency_is_the_node_s_shared_by_its_workers(
+    meta: MetaStore, tmp_path: Path, concurrency: int, workers: int, most: int
+) -> None:
+    """`--concurrency N` is blocks in flight per node: each of its worker processes, each with
+    a runner taking shares of its own, has its part (rounded up), across its shares."""
+    loads = Counting(tmp_path)
+    store, job = await _job(meta, 2 * BATCH, concurrency=concurrency)
+    runner = JobRunner(store, loads, ME, _members, workers=workers)  # type: ignore[arg-type]
+    await asyncio.wait_for(runner._work(job), 30)
+    assert len(loads.warmed) == 2 * BATCH
+    assert loads.most == most
