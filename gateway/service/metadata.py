@@ -12,6 +12,7 @@ per worker.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -28,6 +29,7 @@ Confirm = Callable[[str, int], float | None]
 SHARE_TRIES = 8
 SHARE_PAUSE = 0.002
 _UNSHARED_MAX = 65_536  # versions kept for published() at most
+_RESHARE_MAX = 64  # versions refused earlier published again with a put's, at most
 
 
 class MetadataCache:
@@ -157,11 +159,26 @@ class MetadataCache:
             at = self._wall() - max(0.0, self._mono() - now)
             if self._learnt.publish(mount_id, key, info, at, generation):
                 self._unshared.pop((mount_id, key), None)
+                if self._unshared:  # the file is free now: those refused earlier, with it
+                    self._share_unshared()
             else:
                 if len(self._unshared) >= _UNSHARED_MAX:
                     self._unshared.clear()  # those not waited for by published(): hints lost
                 self._unshared[(mount_id, key)] = (info, at, generation)
         return True
+
+    def _share_unshared(self) -> None:
+        """Publish up to _RESHARE_MAX of the versions the shared record refused (a sibling's
+        write held it), in one write. Each carries the generation it was learnt under: one
+        whose key changed since is published but trusted by no sibling (its generation is
+        not the key's), and a key put again since was taken out of them by that put."""
+        learnt = self._learnt
+        assert learnt is not None
+        keys = list(itertools.islice(self._unshared, _RESHARE_MAX))
+        rows = [(m, k, *self._unshared[(m, k)]) for m, k in keys]
+        if learnt.publish_many(rows):
+            for key in keys:
+                del self._unshared[key]
 
     def put_many(self, mount_id: int, learnt: list[tuple[str, ObjectInfo, float, int]]) -> None:
         """put() of many (key, version, now, ticket), shared with the other workers in one

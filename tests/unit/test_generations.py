@@ -121,7 +121,7 @@ def test_a_version_the_shared_record_was_too_busy_for_is_published_again(
     a, b = _sharing(tmp_path, wall), _sharing(tmp_path, wall)
     holder = sqlite3.connect(tmp_path / FILE, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # a sibling's write, held
-    a.put(1, "k", info('"v1"'), NOW, a.ticket(1, "k"))  # waits _BUSY_MS, then gives up
+    a.put(1, "k", info('"v1"'), NOW, a.ticket(1, "k"))  # refused at once
     assert a.fresh(1, "k", -1, NOW) == info('"v1"')  # a knows it
     assert b.peek(1, "k") is None  # b does not: not in the shared record
 
@@ -141,6 +141,29 @@ def test_a_version_the_shared_record_was_too_busy_for_is_published_again(
     holder.execute("COMMIT")
     assert b.peek(1, "k2") is None
     holder.close()
+
+
+def test_a_busy_shared_record_stalls_no_loop_and_what_it_refused_goes_with_the_next_put(
+    tmp_path: Path,
+) -> None:
+    """A write to the shared record runs on the worker's event loop: it waits for no
+    sibling's write (SQLite's busy handler slept 1 ms and more at each refusal: two workers
+    loading keys stalled each other's loops). What it refused is published with the worker's
+    next put the file takes, without anyone waiting on published()."""
+    wall = Wall()
+    a, b = _sharing(tmp_path, wall), _sharing(tmp_path, wall)
+    assert a._learnt is not None
+    assert a._learnt._db.execute("PRAGMA busy_timeout").fetchone() == (0,)
+    holder = sqlite3.connect(tmp_path / FILE, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # a sibling's write, held
+    a.put(1, "k1", info('"v1"'), NOW, a.ticket(1, "k1"))
+    a.put(1, "k2", info('"v2"'), NOW, a.ticket(1, "k2"))
+    assert b.peek(1, "k1") is None and b.peek(1, "k2") is None  # refused, kept by a
+    holder.execute("COMMIT")
+    holder.close()
+    a.put(1, "k3", info('"v3"'), NOW, a.ticket(1, "k3"))
+    assert [b.peek(1, k) for k in ("k1", "k2", "k3")] == [info('"v1"'), info('"v2"'), info('"v3"')]
+    assert asyncio.run(a.published(1, "k1"))  # nothing left to share: at once
 
 
 def test_a_version_one_worker_learnt_is_fresh_in_another_for_the_ttl_from_learning(
