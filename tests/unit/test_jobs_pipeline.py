@@ -9,7 +9,6 @@ lets it go."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,7 +19,7 @@ from gateway.cluster import Node
 from gateway.jobs.db import BATCH, Item, JobStore
 from gateway.jobs.model import JobSpec
 from gateway.jobs.runner import JobRunner, Member
-from gateway.meta import MetaStore, SecretBox
+from gateway.meta import MetaStore
 from gateway.service import FillBudget
 from tests.unit.test_jobs_share import ME, SIZE
 from tests.unit.test_jobs_share import Loads as ShareLoads
@@ -56,19 +55,18 @@ class Loads(ShareLoads):
 
 
 @pytest.fixture
-async def meta(database_url: str) -> AsyncIterator[MetaStore]:
-    async with MetaStore(database_url, SecretBox([SecretBox.generate_key()])) as store:
-        await store.migrate()
-        await store.add_mount("data", "s3://origin", {})
-        yield store
+async def mounted(meta: MetaStore) -> MetaStore:
+    """The suite's metadata store (tests/conftest.py) with the bucket `data` mounted."""
+    await meta.add_mount("data", "s3://origin", {})
+    return meta
 
 
 async def _members() -> list[Member]:
     return [Member(ME, True)]
 
 
-async def _job(meta: MetaStore, objects: int, concurrency: int) -> tuple[JobStore, Any]:
-    store = JobStore(meta.engine)
+async def _job(mounted: MetaStore, objects: int, concurrency: int) -> tuple[JobStore, Any]:
+    store = JobStore(mounted.engine)
     job_id = await store.submit(JobSpec("data", "k/", concurrency=concurrency), ME.id)
     assert await store.take_listing(job_id, "lister", 30)
     items = [Item(seq, f"k/{seq:05d}", SIZE, f'"{seq}"') for seq in range(objects)]
@@ -79,11 +77,11 @@ async def _job(meta: MetaStore, objects: int, concurrency: int) -> tuple[JobStor
 
 
 async def test_the_next_batch_is_fetched_while_the_last_one_s_slowest_object_is(
-    meta: MetaStore, tmp_path: Path
+    mounted: MetaStore, tmp_path: Path
 ) -> None:
     slow = f"k/{BATCH - 1:05d}"  # the first batch's last object
     loads = Loads(tmp_path, slow)
-    store, job = await _job(meta, 2 * BATCH, concurrency=8)
+    store, job = await _job(mounted, 2 * BATCH, concurrency=8)
     runner = JobRunner(store, loads, ME, _members)  # type: ignore[arg-type]
     work = asyncio.create_task(runner._work(job))
     try:
@@ -106,11 +104,11 @@ async def test_the_next_batch_is_fetched_while_the_last_one_s_slowest_object_is(
 
 
 async def test_a_share_taken_while_another_is_worked_on_is_not_the_same_one(
-    meta: MetaStore,
+    mounted: MetaStore,
 ) -> None:
     """A holder's own leased share counts as open to it (its restart takes it up again),
     unless it says it works on it now."""
-    store, job = await _job(meta, 2 * BATCH, concurrency=8)
+    store, job = await _job(mounted, 2 * BATCH, concurrency=8)
     await store.seed(job.id, 0, 2, [ME.id])
     first = await store.claim(job.id, ME.id, "me:p", 30, [ME.id])
     assert first is not None and first.batch == 0
@@ -140,12 +138,12 @@ class Counting(Loads):
 
 @pytest.mark.parametrize(("concurrency", "workers", "most"), [(8, 2, 4), (8, 1, 8), (3, 2, 2)])
 async def test_a_job_s_concurrency_is_the_node_s_shared_by_its_workers(
-    meta: MetaStore, tmp_path: Path, concurrency: int, workers: int, most: int
+    mounted: MetaStore, tmp_path: Path, concurrency: int, workers: int, most: int
 ) -> None:
     """`--concurrency N` is blocks in flight per node: each of its worker processes, each with
     a runner taking shares of its own, has its part (rounded up), across its shares."""
     loads = Counting(tmp_path)
-    store, job = await _job(meta, 2 * BATCH, concurrency=concurrency)
+    store, job = await _job(mounted, 2 * BATCH, concurrency=concurrency)
     runner = JobRunner(store, loads, ME, _members, workers=workers)  # type: ignore[arg-type]
     await asyncio.wait_for(runner._work(job), 30)
     assert len(loads.warmed) == 2 * BATCH
