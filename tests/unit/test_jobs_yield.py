@@ -83,7 +83,9 @@ class _Loads:
 async def test_a_runner_forgets_what_it_seeded_of_a_job_once_the_job_has_ended() -> None:
     """The batches a runner seeded, per job, were kept for the node's life: one entry for
     each job it ever worked on. Once the job is seen ended, it is dropped."""
-    runner = SimpleNamespace(loads=_Loads(), store=_Ended(), stopping=False, _seeded={7: 12, 8: 3})
+    runner = SimpleNamespace(
+        loads=_Loads(), store=_Ended(), stopping=False, _seeded={7: 12, 8: 3}, workers=1
+    )
     runner._claims = partial(JobRunner._claims, runner)
     job = SimpleNamespace(id=7, spec=SimpleNamespace(bucket="b", concurrency=4))
     await asyncio.wait_for(JobRunner._work(runner, job), 5)  # type: ignore[arg-type]
