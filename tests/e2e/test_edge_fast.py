@@ -440,15 +440,20 @@ def test_a_block_damaged_on_disk_and_read_in_at_the_edge_is_a_500_then_fetched_a
     assert got["Body"].read() == BIG and got["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "miss"
 
 
+def _default_node(tmp_path: Path, key: str, body: bytes) -> GatewayNode:
+    """A node at the default workers over a file mount `fast` that holds `key`."""
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / key).write_bytes(body)
+    data = tmp_path / "data"
+    run_cli(data, None, "mount", "add", "fast", files.as_uri(), "-o", "metadata_ttl=3600")
+    return start_gateway(data, args=("--no-seal-blocks",))
+
+
 def test_a_hit_out_of_the_page_cache_is_read_in_at_the_default_workers(tmp_path: Path) -> None:
     # The node as users run it (a worker per core): whichever worker takes the hit of a block
     # out of the page cache reads it in, checked, and the bytes are the object's.
-    files = tmp_path / "files"
-    files.mkdir()
-    (files / "big.bin").write_bytes(BIG)
-    data = tmp_path / "data"
-    run_cli(data, None, "mount", "add", "fast", files.as_uri(), "-o", "metadata_ttl=3600")
-    node = start_gateway(data, args=("--no-seal-blocks",))  # the default workers
+    node = _default_node(tmp_path, "big.bin", BIG)
     try:
         for _ in range(3):  # a miss, then hits: the version known to the workers
             assert node.client().get_object(Bucket="fast", Key="big.bin")["Body"].read() == BIG
@@ -466,12 +471,7 @@ def test_a_hit_out_of_the_page_cache_is_read_in_at_the_default_workers(tmp_path:
 def test_every_answer_is_in_the_access_log_after_a_graceful_stop(tmp_path: Path) -> None:
     # The access log is written in batches (a quarter second apart): the lines of the last
     # answers before a stop are written as the workers stop, not lost with them.
-    files = tmp_path / "files"
-    files.mkdir()
-    (files / "small.bin").write_bytes(BODY)
-    data = tmp_path / "data"
-    run_cli(data, None, "mount", "add", "fast", files.as_uri(), "-o", "metadata_ttl=3600")
-    node = start_gateway(data, args=("--no-seal-blocks",))  # the default workers
+    node = _default_node(tmp_path, "small.bin", BODY)
     try:
         ids: dict[str, str] = {}
         for _ in range(3):  # a new connection each: the workers warm their memory tiers
