@@ -17,21 +17,32 @@ from tests.support import procs
 from tests.support.origin import CountingProxy, MotoServer, start_moto
 from tests.support.postgres import temp_database
 
-# Test files that take minutes (fleets, restarts, preload jobs) start first. The suite runs
-# files side by side (pytest-xdist, --dist loadfile, in the order collected), and a long file
-# begun last would run alone at the end while the other processes have nothing left to do.
+# Test files that take minutes (preload jobs, fleets, restarts, containers) start first,
+# longest first (seconds a file, summed over its tests, from `--junitxml` of a whole run at
+# 8f4e0f8). The suite runs files side by side (pytest-xdist, --dist loadfile, in the order
+# collected: scripts/test turns off xdist's own reordering by test count, which put these
+# files of few tests last), and a long file begun last would run alone at the end while the
+# other processes have nothing left to do.
 SLOW_FIRST = (
-    "e2e/test_jobs_fleet.py",
-    "e2e/test_jobs_fleet_faults.py",
-    "e2e/test_fleet.py",
-    "e2e/test_catalog.py",
-    "e2e/test_cache_restart.py",
-    "e2e/test_jobs_node.py",
-    "e2e/test_store_leftovers.py",
-    "e2e/test_mount_set.py",
-    "e2e/test_real_origins.py",
-    "e2e/test_console.py",
-    "e2e/test_awscli_write.py",
+    "e2e/test_jobs_fleet_faults.py",  # 267 s
+    "e2e/test_jobs_node.py",  # 174
+    "e2e/test_fleet.py",  # 143
+    "e2e/test_catalog.py",  # 140
+    "e2e/test_node.py",  # 101
+    "e2e/test_hardening2.py",  # 81
+    "e2e/test_jobs_fleet.py",  # 80
+    "e2e/test_container.py",  # 80
+    "e2e/test_cache_faults.py",  # 75
+    "e2e/test_client_failover.py",  # 75
+    "store/test_store_writes.py",  # 73
+    "e2e/test_cache_restart.py",  # 71
+    "e2e/test_edge.py",  # 69
+    "e2e/test_workers.py",  # 66
+    "e2e/test_freshness.py",  # 63
+    "e2e/test_s3_stores.py",  # 62
+    "unit/test_multipart_siblings.py",  # 61
+    "e2e/test_awscli_write.py",  # 59
+    "e2e/test_real_origins.py",  # 55
 )
 
 

@@ -205,8 +205,7 @@ def test_a_load_waits_for_the_sync_of_its_prefix_that_another_run_holds(
     job = json.loads(node.cli("load", bucket, "--detach", "--format", "json").stdout)
 
     def message() -> str:
-        shown = json.loads(node.cli("jobs", "show", str(job["id"]), "--format", "json").stdout)
-        return str(shown["message"])
+        return str(node.job(job["id"])["message"])
 
     eventually(lambda: "being synced by elsewhere:1:ab" in message())
     with engine.begin() as conn:  # that run stops; the job's sync resumes it

@@ -116,6 +116,11 @@ class JobsFleet(Fleet):
         return node
 
     def job(self, job_id: int) -> dict[str, Any]:
+        """The job from a running node's API (a look costs no CLI process), or from the
+        database through the CLI when every node is stopped."""
+        for node in self.nodes:
+            if node.proc.poll() is None:
+                return node.job(job_id)
         out = self.nodes[0].cli("jobs", "show", str(job_id), "--format", "json")
         return dict(json.loads(out.stdout))
 

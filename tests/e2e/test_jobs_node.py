@@ -110,8 +110,7 @@ def foreground(args: list[str]) -> list[str]:
 
 
 def job(node: GatewayNode, job_id: int) -> dict[str, Any]:
-    out = node.cli("jobs", "show", str(job_id), "--format", "json")
-    return dict(json.loads(out.stdout))
+    return node.job(job_id)
 
 
 class Terminal:
@@ -235,9 +234,10 @@ def test_a_clients_miss_is_served_ahead_of_queued_preload_work(
     n = mounted(start_gateway(tmp_path / "n", args=("--cache-block-size", "1MiB")), origin)
     try:
         origin.reset()
-        # Slow enough (two seconds an object) that the CLI calls below, which take seconds
-        # each on a busy machine, do not outlast the job's queue.
-        out = n.cli("load", "data/slow/", "--concurrency", "1", "--bandwidth", "8KiB/s",
+        # Slow enough (two seconds an object: the node's two workers have half the rate each,
+        # and one of them holds the job's one share) that the looks and the GET below, which
+        # may take seconds on a busy machine, do not outlast the job's queue.
+        out = n.cli("load", "data/slow/", "--concurrency", "1", "--bandwidth", "16KiB/s",
                     "--detach", "--format", "json")  # fmt: skip
         job_id = json.loads(out.stdout)["id"]
         eventually(lambda: job(n, job_id)["loaded_objects"] >= 1, timeout=30)
