@@ -103,6 +103,9 @@ class JobRunner:
         self._counted: set[int] = set()  # jobs whose count this process has started
         self._buckets: dict[int, TokenBucket] = {}
         self._wake = asyncio.Event()
+        # Set (and replaced by a new one) each time this process's listing adds items: a
+        # worker whose shares are all in flight and found none free asks again at once.
+        self._listed = asyncio.Event()
         self.stopping = False
         self.own_fills = 0  # the page store's fills in flight that are this node's preloads
         # A node without a fleet places every block on itself: built once, since building a
@@ -218,6 +221,8 @@ class JobRunner:
             if not await self.store.add_items(job.id, self.owner, self.lease, items):
                 return  # cancelled, or another node took the listing over
             self._wake.set()
+            self._listed.set()
+            self._listed = asyncio.Event()
             token = page.next_token
             if token is None:
                 break
@@ -329,6 +334,7 @@ class JobRunner:
                 if task.done():
                     del shares[key]
                     task.result()  # a share that failed ends the work (guarded logs it)
+            listed = self._listed  # set once this process lists more after this look
             current = await self.store.get(job.id)
             if current is None or current.state not in ACTIVE:
                 self._seeded.pop(job.id, None)  # ended: its batches are seeded for good
@@ -349,8 +355,17 @@ class JobRunner:
                 job.id, self.me.id, self.owner, self.lease, keep, holding=list(shares)
             )
             if row is None:
-                if shares:  # none left but ours in flight: they may yet give theirs back
-                    await asyncio.wait([task for task, _ in shares.values()])
+                if shares:
+                    # None free, ours in flight: ask again when one of them ends (a failed
+                    # one gives its share back), when this process lists more batches, or
+                    # after a poll (another node's listing, a share another node gave back).
+                    more = asyncio.ensure_future(listed.wait())
+                    ours = [task for task, _ in shares.values()]
+                    try:
+                        await asyncio.wait([*ours, more], timeout=self.poll,
+                                           return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+                    finally:
+                        more.cancel()
                     continue
                 if current.state == RUNNING:
                     ended = await self.store.try_finish(job.id, live)

@@ -120,6 +120,41 @@ async def test_a_share_taken_while_another_is_worked_on_is_not_the_same_one(
     assert await store.claim(job.id, ME.id, "me:p", 30, [ME.id], holding=both) is None
 
 
+async def test_a_batch_listed_while_the_last_one_s_slowest_object_is_fetched_is_taken_at_once(
+    mounted: MetaStore, tmp_path: Path
+) -> None:
+    """While a job is still being listed (here by another node) and this worker's only share
+    is down to its slowest object, a batch listed meanwhile is taken within a poll, not once
+    that object is fetched (a worker waited for every share of its own to end)."""
+    slow = f"k/{BATCH - 1:05d}"
+    loads = Loads(tmp_path, slow)
+    store = JobStore(mounted.engine)
+    job_id = await store.submit(JobSpec("data", "k/", concurrency=8), ME.id)
+    assert await store.take_listing(job_id, "lister", 30)
+    first = [Item(seq, f"k/{seq:05d}", SIZE, f'"{seq}"') for seq in range(BATCH)]
+    assert await store.add_items(job_id, "lister", 30, first)
+    (job,) = await store.active()
+    runner = JobRunner(store, loads, ME, _members, poll=0.05)  # type: ignore[arg-type]
+    work = asyncio.create_task(runner._work(job))
+    try:
+        await asyncio.wait_for(loads.waiting.wait(), 30)
+        more = [Item(seq, f"k/{seq:05d}", SIZE, f'"{seq}"') for seq in range(BATCH, 2 * BATCH)]
+        assert await store.add_items(job_id, "lister", 30, more)
+        second = {item.key for item in more}
+        while not second <= loads.cached:
+            loads.changed_warmed.clear()
+            await asyncio.wait_for(loads.changed_warmed.wait(), 30)
+        assert slow not in loads.cached and not work.done()
+        assert await store.finish_listing(job_id, "lister")
+        loads.go.set()
+        await asyncio.wait_for(work, 30)
+    finally:
+        work.cancel()
+    assert sorted(loads.warmed) == [f"k/{seq:05d}" for seq in range(2 * BATCH)]
+    ended = await store.get(job_id)
+    assert ended is not None and ended.state == "done", ended
+
+
 class Counting(Loads):
     """Fetches that take a few turns of the loop, those in flight at once counted."""
 

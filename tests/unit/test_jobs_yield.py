@@ -84,8 +84,9 @@ async def test_a_runner_forgets_what_it_seeded_of_a_job_once_the_job_has_ended()
     """The batches a runner seeded, per job, were kept for the node's life: one entry for
     each job it ever worked on. Once the job is seen ended, it is dropped."""
     runner = SimpleNamespace(
-        loads=_Loads(), store=_Ended(), stopping=False, _seeded={7: 12, 8: 3}, workers=1
-    )
+        loads=_Loads(), store=_Ended(), stopping=False, _seeded={7: 12, 8: 3}, workers=1,
+        _listed=asyncio.Event(),
+    )  # fmt: skip
     runner._claims = partial(JobRunner._claims, runner)
     job = SimpleNamespace(id=7, spec=SimpleNamespace(bucket="b", concurrency=4))
     await asyncio.wait_for(JobRunner._work(runner, job), 5)  # type: ignore[arg-type]
