@@ -10,6 +10,7 @@ import click
 
 from gateway.cli.door import validate_bucket
 from gateway.cli.options import DB_OPTIONS, F, settings_from, settings_options
+from gateway.jobs.model import DEFAULT_CONCURRENCY, MAX_CONCURRENCY
 from gateway.meta import open_meta
 
 _JOB_CLIENT_OPTIONS: list[tuple[str, str]] = [
@@ -74,7 +75,8 @@ def _connect(kwargs: dict[str, Any]) -> tuple[Any, bool]:
 @click.option("--pin", is_flag=True, help="Keep what is loaded from eviction.")
 @click.option("--replicas", type=click.IntRange(1, 8), default=1,
               help="Fill the first N owners of each block.")  # fmt: skip
-@click.option("--concurrency", type=click.IntRange(1, 256), default=8,
+@click.option("--concurrency", type=click.IntRange(1, MAX_CONCURRENCY),
+              default=DEFAULT_CONCURRENCY, show_default=True,
               help="Blocks in flight per node.")  # fmt: skip
 @click.option("--bandwidth", default=None, metavar="RATE",
               help="Fleet-wide limit, e.g. 200MiB/s.")  # fmt: skip

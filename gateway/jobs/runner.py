@@ -24,7 +24,7 @@ from gateway.cluster import Node, Placement
 from gateway.jobs.bandwidth import TokenBucket
 from gateway.jobs.db import ActiveJob, Item, JobStore, WorkRow, batches
 from gateway.jobs.model import ACTIVE, LISTING, QUEUED, RUNNING, JobSpec
-from gateway.jobs.share import BatchShare, Lost, per_worker
+from gateway.jobs.share import BatchShare, Lost, Slots, per_worker
 from gateway.jobs.usage import NodeUsage
 from gateway.meta import MetaUnavailable
 from gateway.service import Loads, MountHandle
@@ -310,7 +310,7 @@ class JobRunner:
         except errors.S3Error:
             return  # not mounted here (yet): the next pass looks again
         shares: Shares = {}
-        slots = asyncio.Semaphore(per_worker(job.spec.concurrency, self.workers))
+        slots = Slots(per_worker(job.spec.concurrency, self.workers))
         try:
             await self._claims(job, handle, shares, slots)
         except asyncio.CancelledError:
@@ -326,7 +326,7 @@ class JobRunner:
 
     async def _claims(
         self, job: ActiveJob, handle: MountHandle,
-        shares: Shares, slots: asyncio.Semaphore,
+        shares: Shares, slots: Slots,
     ) -> None:  # fmt: skip
         """_work's loop: `shares` holds the ones started and not yet seen to end."""
         while not self.stopping:

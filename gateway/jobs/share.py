@@ -48,6 +48,20 @@ class Runner(Protocol):
 PRELOAD_FLOOR = 0.5
 
 
+class Slots:
+    """A job's limits in one worker process, shared by the shares it works on: `fetching`,
+    its blocks on their way in (its part of --concurrency: what the store sees); `unsettled`,
+    twice that, its blocks fetched or being fetched and not yet committed. A block gives its
+    fetching slot back once its bytes are all in, while its fill commits them (a cache-io
+    thread's write, rename and key record: ~5-7 ms a block at ~500 blocks a second, a fifth
+    of a 100 KiB object's time over a 20 ms WAN; docs/performance.md), so the next fetch does
+    not wait for the disk; the bytes held by commits still to come stay bounded."""
+
+    def __init__(self, concurrency: int) -> None:
+        self.fetching = asyncio.Semaphore(concurrency)
+        self.unsettled = asyncio.Semaphore(2 * concurrency)
+
+
 def per_worker(concurrency: int, workers: int) -> int:
     """A job's fetches in flight in one of a node's `workers` processes: `--concurrency` is
     the node's (each worker loads shares of its own), so each takes its part, at least one."""
@@ -78,7 +92,7 @@ class BatchShare:
 
     def __init__(
         self, runner: Runner, spec: JobSpec, handle: MountHandle, row: WorkRow,
-        departed: list[Node], nodes: int, slots: asyncio.Semaphore | None = None,
+        departed: list[Node], nodes: int, slots: Slots | None = None,
     ) -> None:  # fmt: skip
         self.runner = runner
         self.loads = runner.loads
@@ -89,7 +103,7 @@ class BatchShare:
         self.me = runner.me
         # The job's fetches in flight in this process, with the other shares it works on.
         self.concurrency = per_worker(spec.concurrency, runner.workers)
-        self.slots = slots or asyncio.Semaphore(self.concurrency)
+        self.slots = slots or Slots(self.concurrency)
         # Every item has started (no more than the slots are left) or the share ended: the
         # runner takes its next share.
         self.started = asyncio.Event()
@@ -244,7 +258,7 @@ class BatchShare:
         try:
             if spec.metadata_only:
                 if first_of_object:
-                    async with self.slots:
+                    async with self.slots.fetching:
                         await self.loads.current(handle, item.key)
                     t.objects += 1
                     t.bytes += item.size
@@ -298,7 +312,7 @@ class BatchShare:
                 ok = False  # a peer's cache is the peer's to count
             else:
                 self.check()
-                async with self.slots:
+                async with self.slots.fetching:
                     if self.bucket is not None:
                         await self.bucket.take(block.length)
                     await self.loads.warm_at(node, block, self.spec.pin)
@@ -322,25 +336,31 @@ class BatchShare:
             return True, False
         if self.spec.verify:
             return False, False
-        usage = self.runner.usage
-        async with self.slots:
-            self.check()
-            if self.row.tally.full or not await self.take(on_disk):
-                # Never evict what this job loaded (or pinned data) to make room for more.
-                self.row.tally.full = True
-                return False, False
-            if self.bucket is not None and p.source is None:  # a copy from a peer is no WAN's
-                await self.bucket.take(length)
-                if self.runner.stopping or self.halt is not None:
-                    await usage.add(job_id, -on_disk)
-                    self.check()
-            await self.runner.yield_to_clients(self.floor)
-            self.check()
-            self.runner.own_fills += 1
+        usage, runner, slots = self.runner.usage, self.runner, self.slots
+        async with slots.unsettled:
+            async with slots.fetching:
+                self.check()
+                if self.row.tally.full or not await self.take(on_disk):
+                    # Never evict what this job loaded (or pinned data) to make room for more.
+                    self.row.tally.full = True
+                    return False, False
+                if self.bucket is not None and p.source is None:  # a peer's copy: no WAN's
+                    await self.bucket.take(length)
+                    if runner.stopping or self.halt is not None:
+                        await usage.add(job_id, -on_disk)
+                        self.check()
+                await runner.yield_to_clients(self.floor)
+                self.check()
+                runner.own_fills += 1  # until committed: the page store counts it till then
+                try:
+                    filled = await loads.fetch(block, self.spec.pin, p.source)
+                except BaseException:
+                    runner.own_fills -= 1
+                    raise
             try:
-                await loads.warm(block, self.spec.pin, p.source)
+                await loads.committed(filled)  # the next fetch is under way meanwhile
             finally:
-                self.runner.own_fills -= 1
+                runner.own_fills -= 1
         if not await loads.kept(block):
             await usage.add(job_id, -on_disk)
             t.unkept_bytes += length

@@ -24,6 +24,12 @@ from gateway.jobs.model import JobSpec
 from gateway.service import Loads, MountHandle
 
 
+class Slots(Protocol):
+    """The job's limits in the worker (share.Slots): an unpin takes a fetch's slot."""
+
+    fetching: asyncio.Semaphore
+
+
 class Share(Protocol):
     """What of the runner's share of a batch the unpin needs."""
 
@@ -32,8 +38,10 @@ class Share(Protocol):
     batch: Placement  # the placement the batch was shared out under
     actor: str  # whose share: this node's, or a departed node's
     me: Node
-    slots: asyncio.Semaphore
     row: WorkRow
+
+    @property
+    def slots(self) -> Slots: ...
 
     def check(self) -> None: ...
 
@@ -65,7 +73,7 @@ async def item(share: Share, loads: Loads, store: JobStore, listed: Item) -> Tal
     spec = share.spec
     # Every node has a share of the first batch: each unpins the whole mount once.
     whole = not (spec.prefix or spec.include or spec.exclude) and listed.seq == 0
-    async with share.slots:
+    async with share.slots.fetching:
         done = await loads.unpin(handle, listed.key, listed.etag, count, whole)
     if done.trouble is not None:  # the pins stay
         t.failures += 1

@@ -131,15 +131,16 @@ class Loads:
         n = block.length
         await self._fills.read_hit(block.key, n, 0, n, pinned=True, preload=True)
 
-    async def warm(self, block: Block, pinned: bool, source: Node | None = None) -> None:
-        """The block in this node's cache, fetched through the page store's single flight:
-        block 0 with the object's metadata (one store request, as a cold GET opens it), any
-        other through `serve_block`; a replica's from its first owner `source`."""
+    async def fetch(self, block: Block, pinned: bool, source: Node | None = None) -> BlockKey:
+        """The block's bytes all in, fetched through the page store's single flight: block 0
+        with the object's metadata (one store request, as a cold GET opens it), any other
+        through `serve_block`; a replica's from its first owner `source`. The fill commits
+        them a moment later (a cache-io thread's write, rename and key record): `committed`
+        waits for that, with the fill's name returned here."""
         if source is not None and self._fleet is not None:
             await self._copy(self._fleet, source, block, pinned)
         elif block.index == 0:
-            await self._open(block, pinned)
-            return
+            return await self._open(block, pinned)
         else:
             info, handle = block.info, block.handle
             body = await self._reader.serve_block(
@@ -147,8 +148,12 @@ class Loads:
                 preload=True,
             )  # fmt: skip
             await _drain(body)
-        # The bytes are all in before the block is committed: wait for that, to tell if it was.
-        await self._fills.fill_ended(block.key)
+        return block.key
+
+    async def committed(self, key: BlockKey) -> None:
+        """Wait until this process's fill of the block fetched (`fetch`'s answer) has ended,
+        committed or not (`kept` tells which)."""
+        await self._fills.fill_ended(key)
 
     async def kept(self, block: Block, patience: float = 2.0) -> bool:
         """Whether a block just filled was kept: at once when this process committed it. Its
@@ -173,7 +178,7 @@ class Loads:
             async for _ in chunks:
                 pass
 
-    async def _open(self, block: Block, pinned: bool) -> None:
+    async def _open(self, block: Block, pinned: bool) -> BlockKey:
         """Block 0 and the object's whole metadata (content type, user metadata...) in one
         store request, through the Reader's own opening (one request for concurrent openers;
         a version known already is simply filled): this node's reads then know the version
@@ -186,9 +191,7 @@ class Loads:
         if not same(info.etag, listed.etag):
             raise VersionChanged(f"{listed.key} changed since it was listed")
         # Named by the store's ETag, which may be quoted where the listing's was not.
-        await self._fills.fill_ended(
-            block_key(handle.id, info.key, info.etag, handle.block_size, 0)
-        )
+        return block_key(handle.id, info.key, info.etag, handle.block_size, 0)
 
     async def _copy(self, fleet: Fleet, node: Node, block: Block, pinned: bool) -> None:
         """A replica's copy of the block, read from its first owner `node` (which fetches it

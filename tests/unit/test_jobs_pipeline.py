@@ -46,12 +46,13 @@ class Loads(ShareLoads):
     async def any_fill_ended(self) -> None:
         await asyncio.sleep(0)
 
-    async def warm(self, block: Any, pinned: bool, source: Node | None = None) -> None:
+    async def fetch(self, block: Any, pinned: bool, source: Node | None = None) -> Any:
         if block.info.key == self.slow:
             self.waiting.set()
             await self.go.wait()
-        await super().warm(block, pinned, source)
+        key = await super().fetch(block, pinned, source)
         self.changed_warmed.set()
+        return key
 
 
 @pytest.fixture
@@ -162,13 +163,13 @@ class Counting(Loads):
         super().__init__(root, slow="")
         self.inflight = self.most = 0
 
-    async def warm(self, block: Any, pinned: bool, source: Node | None = None) -> None:
+    async def fetch(self, block: Any, pinned: bool, source: Node | None = None) -> Any:
         self.inflight += 1
         self.most = max(self.most, self.inflight)
         for _ in range(3):
             await asyncio.sleep(0)
         self.inflight -= 1
-        await super().warm(block, pinned, source)
+        return await super().fetch(block, pinned, source)
 
 
 @pytest.mark.parametrize(("concurrency", "workers", "most"), [(8, 2, 4), (8, 1, 8), (3, 2, 2)])
@@ -183,3 +184,47 @@ async def test_a_job_s_concurrency_is_the_node_s_shared_by_its_workers(
     await asyncio.wait_for(runner._work(job), 30)
     assert len(loads.warmed) == 2 * BATCH
     assert loads.most == most
+
+
+class HeldCommits(Loads):
+    """Fetches that end at once, and commits held until the test lets them go."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root, slow="")
+        self.fetched: list[str] = []
+        self.commits = asyncio.Event()  # let every commit end
+        self.fetching = asyncio.Event()  # a fetch has begun
+
+    async def fetch(self, block: Any, pinned: bool, source: Node | None = None) -> Any:
+        self.fetched.append(block.info.key)
+        self.fetching.set()
+        return await super().fetch(block, pinned, source)
+
+    async def committed(self, key: Any) -> None:
+        await self.commits.wait()
+
+
+async def test_a_fetch_s_slot_is_free_once_its_bytes_are_in_and_commits_are_bounded(
+    mounted: MetaStore, tmp_path: Path
+) -> None:
+    """With one fetch in flight (--concurrency 1), the next object's fetch begins while the
+    last one's commit (the disk's part) goes on; blocks not yet committed are at most twice
+    the concurrency, so the bytes held for commits stay bounded."""
+    loads = HeldCommits(tmp_path)
+    store, job = await _job(mounted, 5, concurrency=1)
+    runner = JobRunner(store, loads, ME, _members)  # type: ignore[arg-type]
+    work = asyncio.create_task(runner._work(job))
+    try:
+        while len(loads.fetched) < 2:
+            loads.fetching.clear()
+            await asyncio.wait_for(loads.fetching.wait(), 30)
+        for _ in range(20):  # a third would begin within a few turns of the loop
+            await asyncio.sleep(0)
+        assert loads.fetched == ["k/00000", "k/00001"] and not work.done()
+        loads.commits.set()
+        await asyncio.wait_for(work, 30)
+    finally:
+        work.cancel()
+    assert loads.fetched == [f"k/{seq:05d}" for seq in range(5)]
+    ended = await store.get(job.id)
+    assert ended is not None and ended.state == "done" and ended.loaded_objects == 5, ended

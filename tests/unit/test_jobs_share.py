@@ -61,9 +61,13 @@ class Loads:
     def changed(self, handle: Any, key: str, etag: str) -> bool:
         return False
 
-    async def warm(self, block: Any, pinned: bool, source: Node | None = None) -> None:
+    async def fetch(self, block: Any, pinned: bool, source: Node | None = None) -> Any:
         self.warmed.append(block.info.key)
         self.cached.add(block.info.key)
+        return block.info.key
+
+    async def committed(self, key: Any) -> None:
+        pass
 
     async def kept(self, block: Any) -> bool:
         return True
