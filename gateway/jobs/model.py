@@ -25,8 +25,9 @@ EXIT_STATUS = {DONE: 0, FAILED: 1, PARTIAL: 3, CANCELLED: 4}
 
 # Blocks in flight per node. A load of small objects over a WAN is bound by its round trip:
 # each fetch holds its slot for about one (a 20 ms WAN: 8 in flight moved ~300 objects of
-# 100 KiB a second, 0.23x of 1 Gbit/s; 32 moved ~560, docs/performance.md), and 32 blocks of
-# 4 MiB in flight are ~128 MiB, a few round trips of a fast link.
+# 100 KiB a second, 0.23x of 1 Gbit/s; 32 moved ~560, docs/performance.md). A node holds the
+# bytes of at most twice that many blocks (those not yet committed: share.Slots), ~256 MiB
+# of 4 MiB blocks.
 DEFAULT_CONCURRENCY = 32
 MAX_CONCURRENCY = 256
 MAX_REPLICAS = 8
