@@ -5,6 +5,7 @@ fleet that speaks TLS end to end."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import random
@@ -22,7 +23,9 @@ from cryptography.fernet import Fernet
 
 from gateway.client import GatewayFileSystem
 from gateway.client.routing import Routing
+from gateway.cluster.registry import NodeRegistry
 from gateway.cluster.stamps import AUTH_HEADER, auth_value, canonical, sign
+from gateway.meta.engine import create_engine
 from tests.support.gateway import ACCESS_KEY, SECRET_KEY, GatewayNode, start_gateway
 from tests.support.net import eventually, free_port, tls_context
 from tests.support.origin import CountingProxy
@@ -122,14 +125,23 @@ class Fleet:
                 members = (members | set(change["joined"])) - set(change["left"])
         return members == ids
 
-    def live(self, via: GatewayNode) -> set[str]:
-        """The live nodes as the database has them."""
-        out = via.cli("status", "--json", "--heartbeat-timeout", "3").stdout
-        return {n["id"] for n in json.loads(out) if n["live"]}
+    def live(self) -> set[str]:
+        """The live nodes as the database has them: what `gateway status --json
+        --heartbeat-timeout 3` reads (its NodeRegistry), in this process, so that a test
+        polling for a settled fleet starts no CLI process a look (~0.7 s of CPU each)."""
+
+        async def read() -> set[str]:
+            engine = create_engine(self.url)
+            try:
+                return {r.node.id for r in await NodeRegistry(engine, 3).read() if r.live}
+            finally:
+                await engine.dispose()
+
+        return asyncio.run(read())
 
     def settled(self, ids: set[str]) -> bool:
         """Every node is live, and has heard of every other: its membership logged them."""
-        return all(self.live(node) == ids and heard(node) == ids for node in self.nodes)
+        return self.live() == ids and all(heard(node) == ids for node in self.nodes)
 
     def stop(self) -> None:
         for node in self.nodes:
@@ -487,8 +499,7 @@ def test_a_killed_node_fails_over_and_the_fleet_converges(
                 assert fs.cat_file(f"kill/small/{i:04d}") == _blob(1024, i)
             assert fs.cat_file("kill/big.bin", 5 * MiB, 9 * MiB) == body[5 * MiB : 9 * MiB]
             # And the fleet converges: the dead node leaves the placement.
-            for node in survivors:
-                eventually(lambda n=node: fleet.live(n) == {"node-0", "node-1"}, timeout=20)
+            eventually(lambda: fleet.live() == {"node-0", "node-1"}, timeout=20)
 
             # The database goes away: reads of known mounts go on, hits and misses alike.
             with database_outage(url):
