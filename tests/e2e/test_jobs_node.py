@@ -109,10 +109,6 @@ def foreground(args: list[str]) -> list[str]:
     return [sys.executable, "-c", _FOREGROUND, *args]
 
 
-def job(node: GatewayNode, job_id: int) -> dict[str, Any]:
-    return node.job(job_id)
-
-
 class Terminal:
     """A command on a pseudo-terminal, as a person runs it."""
 
@@ -223,9 +219,9 @@ def test_ctrl_c_without_a_terminal_detaches(node: GatewayNode) -> None:
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0 and b"detached" in err
-    assert job(node, started["id"])["state"] == "running"  # it goes on without us
+    assert node.job(started["id"])["state"] == "running"  # it goes on without us
     node.cli("jobs", "cancel", str(started["id"]))
-    assert job(node, started["id"])["state"] == "cancelled"
+    assert node.job(started["id"])["state"] == "cancelled"
 
 
 def test_a_clients_miss_is_served_ahead_of_queued_preload_work(
@@ -240,11 +236,11 @@ def test_a_clients_miss_is_served_ahead_of_queued_preload_work(
         out = n.cli("load", "data/slow/", "--concurrency", "1", "--bandwidth", "16KiB/s",
                     "--detach", "--format", "json")  # fmt: skip
         job_id = json.loads(out.stdout)["id"]
-        eventually(lambda: job(n, job_id)["loaded_objects"] >= 1, timeout=30)
+        eventually(lambda: n.job(job_id)["loaded_objects"] >= 1, timeout=30)
         last = "slow/019"
         body = n.client().get_object(Bucket="data", Key=last)["Body"].read()
         assert body == dataset[last]
-        eventually(lambda: job(n, job_id)["state"] == "done", timeout=120)
+        eventually(lambda: n.job(job_id)["state"] == "done", timeout=120)
         with origin._lock:
             order = [
                 r.path.rsplit("/", 2)[-2] + "/" + r.path.rsplit("/", 1)[-1]

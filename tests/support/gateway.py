@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import json
 import os
@@ -16,12 +17,9 @@ from typing import Any
 
 import boto3
 import httpx
-from botocore.auth import S3SigV4Auth
-from botocore.awsrequest import AWSRequest
 from botocore.config import Config
-from botocore.credentials import Credentials
 
-from gateway.jobs.api import PREFIX as JOBS_PREFIX
+from gateway.jobs.client import HttpClient
 from tests.support import procs
 from tests.support.net import eventually, free_port, wait_http
 
@@ -96,17 +94,22 @@ class GatewayNode:
         )
 
     def job(self, job_id: int) -> dict[str, Any]:
-        """A preload job as `gateway jobs show ID --format json` prints it, from the node's
-        jobs API (/_gateway/jobs, signed with the admin key): a test polling a job's progress
-        costs no CLI process a look (~0.7 s of CPU each, beside the job it watches)."""
-        url = f"{self.url}{JOBS_PREFIX}/{job_id}"
-        request = AWSRequest(method="GET", url=url, data=b"")
-        request.context["payload_signing_enabled"] = True
-        S3SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "s3", "us-east-1").add_auth(request)
-        verify = str(self.cert) if self.cert else True
-        answer = httpx.get(url, headers=dict(request.headers.items()), verify=verify, timeout=30)
-        answer.raise_for_status()
-        return dict(answer.json())
+        """A preload job as `gateway jobs show ID --format json` prints it, through the node's
+        jobs API as that command's --endpoint does (gateway.jobs.client.HttpClient, the admin
+        key): a test polling a job's progress starts no CLI process a look (~0.7 s of CPU
+        each, beside the job it watches)."""
+
+        async def get() -> dict[str, Any]:
+            verify = str(self.cert) if self.cert else True
+            client = HttpClient(self.url, ACCESS_KEY, SECRET_KEY, verify=verify)
+            try:
+                view = await client.get(job_id)
+            finally:
+                await client.close()
+            assert view is not None, f"no job {job_id} on {self.url}"
+            return view.to_json()
+
+        return asyncio.run(get())
 
     def buckets(self) -> set[str]:
         """The buckets the node lists now (a mount shows at the node's next refresh)."""
