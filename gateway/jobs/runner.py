@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from gateway import counters, errors
 from gateway.catalog import SyncBusy, SyncProgress, sync_parallel
 from gateway.cluster import Node, Placement
-from gateway.jobs.bandwidth import TokenBucket
+from gateway.jobs.bandwidth import FOLDER as BANDWIDTH_FOLDER
+from gateway.jobs.bandwidth import Bucket, NodeBucket
 from gateway.jobs.db import ActiveJob, Item, JobStore, WorkRow, batches
 from gateway.jobs.model import ACTIVE, LISTING, QUEUED, RUNNING, JobSpec
 from gateway.jobs.share import BatchShare, Lost, Slots, per_worker
@@ -80,8 +81,8 @@ class JobRunner:
         workers: int = 1,
     ) -> None:
         self.store = store
-        # Each worker process of the node runs a runner: the node's share of a job's bandwidth
-        # and its concurrency are split between them.
+        # Each worker process of the node runs a runner: the node's share of a job's
+        # concurrency is split between them; its bandwidth they share (NodeBucket).
         self.workers = max(1, workers)
         self.loads = loads
         self.me = me
@@ -101,7 +102,7 @@ class JobRunner:
         # workers: the budget is the node's.
         self.usage = NodeUsage(loads.cache_root)
         self._counted: set[int] = set()  # jobs whose count this process has started
-        self._buckets: dict[int, TokenBucket] = {}
+        self._buckets: dict[int, Bucket] = {}
         self._wake = asyncio.Event()
         # Set (and replaced by a new one) each time this process's listing adds items: a
         # worker whose shares are all in flight and found none free asks again at once.
@@ -337,7 +338,7 @@ class JobRunner:
             listed = self._listed  # set once this process lists more after this look
             current = await self.store.get(job.id)
             if current is None or current.state not in ACTIVE:
-                self._seeded.pop(job.id, None)  # ended: its batches are seeded for good
+                self._ended(job.id)
                 return
             members = await self._members()
             live = {m.node.id for m in members if m.live} | {self.me.id}
@@ -370,7 +371,7 @@ class JobRunner:
                 if current.state == RUNNING:
                     ended = await self.store.try_finish(job.id, live)
                     if ended is not None:
-                        self._seeded.pop(job.id, None)
+                        self._ended(job.id)
                         log.info("jobs: job %d ended %s", job.id, ended)
                 return
             known = {m.node.id: m.node for m in members}
@@ -468,13 +469,24 @@ class JobRunner:
                 return
             await self._sleep(REPORT_GAP)
 
-    def bucket(self, job_id: int, spec: JobSpec, nodes: int) -> TokenBucket | None:
+    def _ended(self, job_id: int) -> None:
+        """The job ended: its batches are seeded for good, its bucket's file closed here."""
+        self._seeded.pop(job_id, None)
+        bucket = self._buckets.pop(job_id, None)
+        if bucket is not None:
+            bucket.close()
+
+    def bucket(self, job_id: int, spec: JobSpec, nodes: int) -> Bucket | None:
+        """The job's bandwidth on this node (its share of the fleet's), shared by the node's
+        worker processes: whichever of them load, together they move at the node's share."""
         if spec.bandwidth is None:
             return None
-        rate = spec.bandwidth / max(1, nodes) / self.workers
+        rate = spec.bandwidth / max(1, nodes)
         found = self._buckets.get(job_id)
         if found is None:
-            found = self._buckets[job_id] = TokenBucket(rate)
+            path = os.path.join(self.loads.cache_root, BANDWIDTH_FOLDER, str(job_id))
+            found = NodeBucket(path, rate, alone=1 / self.workers)
+            self._buckets[job_id] = found
         elif found.rate != rate:
             found.set_rate(rate)
         return found

@@ -14,7 +14,7 @@ from gateway import counters, errors
 from gateway.cache import FillFailed
 from gateway.cluster import Node, PeerUnavailable, Placement
 from gateway.jobs import unpin, warm
-from gateway.jobs.bandwidth import TokenBucket
+from gateway.jobs.bandwidth import Bucket
 from gateway.jobs.db import Item, JobStore, Tally, WorkRow
 from gateway.jobs.model import JobSpec
 from gateway.jobs.usage import NodeUsage
@@ -36,7 +36,7 @@ class Runner(Protocol):
 
     def placement(self) -> Placement: ...
 
-    def bucket(self, job_id: int, spec: JobSpec, nodes: int) -> TokenBucket | None: ...
+    def bucket(self, job_id: int, spec: JobSpec, nodes: int) -> Bucket | None: ...
 
     async def yield_to_clients(self, floor: int = 0) -> None: ...
 

@@ -49,7 +49,7 @@ CONSOLE = "/_gateway/console"
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "console"
 PRELOAD = 24  # objects under pre/
-SLOW = 64  # objects under slow/, loaded at 2 KiB/s: a job still running when it is cancelled
+SLOW = 64  # objects under slow/, loaded at 1 KiB/s: a job still running when it is cancelled
 SIZE = 2048
 
 
@@ -120,7 +120,7 @@ def test_an_admin_runs_the_fleet_from_the_browser(fleet: JobsFleet, browser: Any
 
     # Jobs: one running slowly (submitted by the CLI) is cancelled; a preload started through
     # the form is followed to 100 %.
-    _, slow = fleet.load("data/slow/", "--detach", "--bandwidth", "2KiB/s")
+    _, slow = fleet.load("data/slow/", "--detach", "--bandwidth", "1KiB/s")
     page.click("#nav-jobs")
     slow_row = page.locator(f"tr.job[data-job='{slow['id']}']")
     expect(slow_row).to_be_visible()

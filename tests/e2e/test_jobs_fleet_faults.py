@@ -67,7 +67,7 @@ def test_a_node_killed_mid_job_leaves_its_share_to_the_others(
 ) -> None:
     keys = sorted(k for k in dataset if k.startswith("slow/"))
     origin.reset()
-    _, job = fresh.load("data/slow/", "--bandwidth", "48KiB/s", "--concurrency", "2", "--detach")
+    _, job = fresh.load("data/slow/", "--bandwidth", "24KiB/s", "--concurrency", "2", "--detach")
 
     def node_2_loaded() -> bool:
         return fresh.job(job["id"])["nodes"].get("node-2", {}).get("loaded_objects", 0) >= 10
@@ -137,11 +137,11 @@ def test_a_job_resumes_when_every_node_is_started_again(
 ) -> None:
     keys = sorted(k for k in dataset if k.startswith("slow/"))
     origin.reset()
-    # 600 KiB at 12 KiB/s: most of the job is left when the nodes stop, however long a loaded
+    # 600 KiB at 6 KiB/s: most of the job is left when the nodes stop, however long a loaded
     # machine takes to stop them. The origin's count says at once when the job is under way;
     # `gateway jobs show` (a process, seconds on a busy machine) said it late enough that the
-    # job was done before the nodes stopped (load ~19, at 24 KiB/s).
-    _, job = patient.load("data/slow/", "--bandwidth", "12KiB/s", "--detach")
+    # job was done before the nodes stopped (load ~19, at twice this rate).
+    _, job = patient.load("data/slow/", "--bandwidth", "6KiB/s", "--detach")
     eventually(lambda: len(gets(origin, "slow/")) >= 40, timeout=60)
     # Stopped together, as a fleet's restart does, and not killed: a stop lets the loads in
     # flight end and writes down its share.
@@ -175,9 +175,9 @@ def test_a_node_joining_mid_job_loads_the_keys_that_moved_to_it(
 ) -> None:
     keys = sorted(k for k in dataset if k.startswith("slow/"))
     origin.reset()
-    # 600 KiB at 12 KiB/s: the newcomer joins with most of the job still to do, however long
+    # 600 KiB at 6 KiB/s: the newcomer joins with most of the job still to do, however long
     # a loaded machine takes to start it.
-    _, job = fresh.load("data/slow/", "--bandwidth", "12KiB/s", "--detach")
+    _, job = fresh.load("data/slow/", "--bandwidth", "6KiB/s", "--detach")
     eventually(lambda: fresh.job(job["id"])["objects_done"] >= 30, timeout=60)
     fresh.start(3)
     eventually(lambda: fresh.job(job["id"])["state"] != "running", timeout=180)

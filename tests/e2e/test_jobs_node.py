@@ -194,7 +194,7 @@ def test_the_api_takes_an_admin_key_and_refuses_others(node: GatewayNode) -> Non
 
 
 def test_ctrl_c_in_a_terminal_asks_and_can_cancel(node: GatewayNode) -> None:
-    term = Terminal(foreground(cli_args(node, "load", "data/slow/", "--bandwidth", "16KiB/s")))
+    term = Terminal(foreground(cli_args(node, "load", "data/slow/", "--bandwidth", "8KiB/s")))
     term.until(b"objects")
     term.proc.send_signal(signal.SIGINT)
     term.until(b"cancel it, or detach from it?")
@@ -206,7 +206,7 @@ def test_ctrl_c_in_a_terminal_asks_and_can_cancel(node: GatewayNode) -> None:
 
 def test_ctrl_c_without_a_terminal_detaches(node: GatewayNode) -> None:
     proc = subprocess.Popen(
-        foreground(cli_args(node, "load", "data/slow/", "--bandwidth", "2KiB/s", "--refresh")),
+        foreground(cli_args(node, "load", "data/slow/", "--bandwidth", "1KiB/s", "--refresh")),
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env({}),
     )  # fmt: skip
 
@@ -230,10 +230,10 @@ def test_a_clients_miss_is_served_ahead_of_queued_preload_work(
     n = mounted(start_gateway(tmp_path / "n", args=("--cache-block-size", "1MiB")), origin)
     try:
         origin.reset()
-        # Slow enough (two seconds an object: the node's two workers have half the rate each,
-        # and one of them holds the job's one share) that the looks and the GET below, which
-        # may take seconds on a busy machine, do not outlast the job's queue.
-        out = n.cli("load", "data/slow/", "--concurrency", "1", "--bandwidth", "16KiB/s",
+        # Slow enough (two seconds an object: the node's rate, which its worker holding the
+        # job's one share has whole) that the looks and the GET below, which may take seconds
+        # on a busy machine, do not outlast the job's queue.
+        out = n.cli("load", "data/slow/", "--concurrency", "1", "--bandwidth", "8KiB/s",
                     "--detach", "--format", "json")  # fmt: skip
         job_id = json.loads(out.stdout)["id"]
         eventually(lambda: n.job(job_id)["loaded_objects"] >= 1, timeout=30)

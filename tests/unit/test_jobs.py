@@ -1,15 +1,20 @@
-"""Preload jobs without servers: the bandwidth limit on an injected clock, the options and
+"""Preload jobs without servers: the bandwidth limit on an injected clock (a process's bucket,
+and the node's that its worker processes share), the options and
 their patterns, and the jobs tables on SQLite and PostgreSQL (submitting, the one lister,
 shares taken under leases and taken over, progress written with its cursor, the end)."""
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
+import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
-from gateway.jobs.bandwidth import TokenBucket
+from gateway.jobs.bandwidth import NodeBucket, TokenBucket
 from gateway.jobs.db import BATCH, Item, JobStore, UnknownBucket
 from gateway.jobs.model import JobSpec, JobView, parse_bandwidth
 from gateway.meta import MetaStore, SecretBox
@@ -54,6 +59,75 @@ async def test_a_new_rate_applies_from_then_on() -> None:
     bucket.set_rate(4000)  # a node left: this node's share of the fleet's limit grows
     await bucket.take(1000)
     assert t.slept == [1.0, 0.25]
+
+
+async def test_a_node_s_bucket_is_shared_by_its_workers_whichever_of_them_load(
+    tmp_path: Path,
+) -> None:
+    """The node's share of a job's bandwidth is one bucket for all its worker processes (two
+    NodeBuckets on one file: two open files, as two processes have; flock tells them apart
+    as it does processes). One worker loading alone moves at the node's rate, not at its
+    part of it; two loading at once move at the node's rate together."""
+    t = FakeTime()
+    path = str(tmp_path / "job-bandwidth" / "7")
+    one, two = (NodeBucket(path, 1000, burst=100, clock=t.clock, sleep=t.sleep, boot=b"b",
+                           alone=0.5) for _ in range(2))  # fmt: skip
+    for _ in range(3):
+        await one.take(1000)
+    assert t.slept == [0.9, 1.0, 1.0]  # 1000 bytes a second: the node's, not half of it
+    t.slept.clear()
+    for bucket in (one, two, one, two):
+        await bucket.take(1000)
+    assert t.slept == [1.0, 1.0, 1.0, 1.0]  # together, still the node's rate
+    t.now += 60  # idle: the node's bucket saves up its burst, no more
+    await two.take(100)
+    await one.take(100)
+    assert t.slept[4:] == [0.1]
+    two.set_rate(4000)  # a node left the fleet: this node's share grows
+    await two.take(4000)  # 0.1 s owed still, a second at the new rate, 100 bytes saved
+    assert t.slept[5:] == [1.075]
+    one.close()
+    two.close()
+
+
+async def test_a_node_s_bucket_waits_for_a_sibling_s_lock_off_the_loop(tmp_path: Path) -> None:
+    t = FakeTime()
+    path = tmp_path / "job-bandwidth" / "8"
+    bucket = NodeBucket(str(path), 1000, burst=0, clock=t.clock, sleep=t.sleep, boot=b"b")
+    await bucket.take(500)  # the file made
+    sibling = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(sibling, fcntl.LOCK_EX)
+        taking = asyncio.create_task(bucket.take(500))
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+            assert not taking.done()  # the loop goes on meanwhile; the take waits its turn
+        fcntl.flock(sibling, fcntl.LOCK_UN)
+        await asyncio.wait_for(taking, 30)
+    finally:
+        os.close(sibling)
+    assert t.slept == [0.5, 0.5]
+    bucket.close()
+
+
+async def test_a_node_s_bucket_from_another_boot_is_full_and_a_failed_file_limits_a_part(
+    tmp_path: Path,
+) -> None:
+    t = FakeTime()
+    path = str(tmp_path / "9")
+    before = NodeBucket(path, 1000, burst=100, clock=t.clock, sleep=t.sleep, boot=b"old")
+    await before.take(100_000)  # in debt for ~100 s of that boot's clock
+    t.slept.clear()
+    after = NodeBucket(path, 1000, burst=100, clock=t.clock, sleep=t.sleep, boot=b"new")
+    await after.take(100)  # a reboot: the clock began again, the debt is of no meaning
+    assert t.slept == []
+    (tmp_path / "file").write_bytes(b"")
+    broken = NodeBucket(str(tmp_path / "file" / "9"), 1000, burst=100, clock=t.clock,
+                        sleep=t.sleep, alone=0.5)  # fmt: skip
+    await broken.take(1050)  # this worker's part: 500 bytes a second, 50 saved
+    assert t.slept == [2.0]
+    for bucket in (before, after, broken):
+        bucket.close()
 
 
 def test_bandwidths_are_read_in_binary_and_decimal_units() -> None:

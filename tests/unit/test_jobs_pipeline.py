@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from gateway.cluster import Node
+from gateway.jobs.bandwidth import NodeBucket
 from gateway.jobs.db import BATCH, Item, JobStore
 from gateway.jobs.model import JobSpec
 from gateway.jobs.runner import JobRunner, Member
@@ -184,6 +185,32 @@ async def test_a_job_s_concurrency_is_the_node_s_shared_by_its_workers(
     await asyncio.wait_for(runner._work(job), 30)
     assert len(loads.warmed) == 2 * BATCH
     assert loads.most == most
+
+
+async def test_a_job_s_bandwidth_is_the_node_s_share_whichever_of_its_workers_load(
+    mounted: MetaStore, tmp_path: Path
+) -> None:
+    """`--bandwidth` is the fleet's; each node's share of it (here half: two nodes) is one
+    bucket for all the node's worker processes, not a fixed part each: a worker that loads
+    alone (a job of one batch) moves at the node's share, not at half of it
+    (tests/unit/test_jobs.py holds the bucket itself). Let go when the job ends here."""
+    store, job = await _job(mounted, BATCH, concurrency=8)
+    spec = JobSpec("data", "k/", bandwidth=8_000_000)
+    one, two = (JobRunner(store, Counting(tmp_path), ME, _members, workers=2)  # type: ignore[arg-type]
+                for _ in range(2))  # fmt: skip
+    mine, sibling = one.bucket(job.id, spec, 2), two.bucket(job.id, spec, 2)
+    assert isinstance(mine, NodeBucket) and isinstance(sibling, NodeBucket)
+    assert mine.rate == sibling.rate == 4_000_000
+    assert mine.path == sibling.path == str(tmp_path / "job-bandwidth" / str(job.id))
+    assert one.bucket(job.id, spec, 2) is mine
+    await mine.take(1000)
+    await store.cancel(job.id)
+    await asyncio.wait_for(one._work(job), 30)
+    again = one.bucket(job.id, spec, 2)
+    assert again is not mine  # the ended job's was let go
+    for bucket in (again, sibling):
+        assert bucket is not None
+        bucket.close()
 
 
 class HeldCommits(Loads):
