@@ -18,6 +18,7 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Callable
 
 from awscrt.checksums import crc32c
 
@@ -204,6 +205,45 @@ def remove(path: str) -> None:
 def free_bytes(path: str) -> int:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
+
+
+class FreeSpace:
+    """The free bytes of the cache's file system for the commits' floor (`below`), without a
+    statvfs a commit: a system call on a cache-io thread lets the GIL go and waits to take it
+    back from a busy event loop (docs/performance.md). The last statvfs's figure, less what
+    this process's commits wrote since, stands for `every` seconds while it is more than
+    `near` above the floor; nearer, each commit asks the file system. What the node's other
+    processes write in `every` seconds is not seen meanwhile: at most a few hundred MB past a
+    1 GiB floor at disk speed, and only when that far from it. Shared by the cache-io
+    threads: a race between two of them loses a count (an estimate), never a check near the
+    floor."""
+
+    def __init__(
+        self,
+        root: str,
+        every: float = 0.05,
+        near: int = 256 << 20,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.root = root
+        self._every = every
+        self._near = near
+        self._clock = clock
+        self._seen = (-1.0, 0)  # (when, free bytes then, less what was written since)
+        self.asked = 0  # statvfs calls (tests)
+
+    def below(self, floor: int, wrote: int) -> bool:
+        """Whether the free space is below `floor` now that `wrote` more bytes are written."""
+        now = self._clock()
+        at, free = self._seen
+        free -= wrote
+        if now - at < self._every and free - self._near >= floor:
+            self._seen = (at, free)
+            return False
+        self.asked += 1
+        free = free_bytes(self.root)
+        self._seen = (now, free)
+        return free < floor
 
 
 def _held(path: str) -> bool | None:
@@ -467,11 +507,13 @@ def commit(
     sync: bool,
     min_free: int,
     seal: bool = False,
+    space: FreeSpace | None = None,
 ) -> bool:
     """Write the last bytes and the tail (trailer and piece table), with `seal` seal the file
     (fs-verity, verity.py), rename the block into place, release the lock.
 
-    Returns False (and keeps nothing) when the disk's free space has dropped below `min_free`.
+    Returns False (and keeps nothing) when the disk's free space has dropped below `min_free`
+    (as `space` counts it, or asked of the file system).
     fdatasync is optional: a block torn by a power cut fails its checksum and is refetched.
     """
     public = inflight_path(root, name)
@@ -479,7 +521,11 @@ def commit(
         write_all(fd, data + tail if data else tail)
         if sync:
             os.fdatasync(fd)
-        if min_free and free_bytes(root) < min_free:
+        if min_free and (
+            space.below(min_free, len(data) + len(tail))
+            if space is not None
+            else free_bytes(root) < min_free
+        ):
             os.unlink(public)
             return False
         if seal:

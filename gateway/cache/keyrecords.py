@@ -47,6 +47,8 @@ _PENDING_MAX = 100_000  # records kept for a flush that keeps failing, past whic
 _SWEEP_BATCH = 2_000  # rows read, checked and their dead ones deleted per transaction
 _DROP = ""  # a pending drop (its block 0 name follows in _pending's value)
 
+_PUT = "INSERT OR REPLACE INTO held VALUES (?, ?, ?)"
+_DROP_ROW = "DELETE FROM held WHERE mount = ? AND key = ? AND block0 = ?"
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS held ("
     " mount INTEGER NOT NULL, key BLOB NOT NULL, block0 BLOB NOT NULL,"
@@ -170,11 +172,14 @@ class KeyRecords:
                         self._filter.add([key for _, key, _ in puts])
                     except OSError as exc:  # a sibling misses these: it fetches them again
                         log.info("cache: could not set the filter's bits: %s", exc)
-                with _transaction(self._writer) as db:
-                    db.executemany("INSERT OR REPLACE INTO held VALUES (?, ?, ?)", puts)
-                    db.executemany(
-                        "DELETE FROM held WHERE mount = ? AND key = ? AND block0 = ?", drops
-                    )
+                if len(puts) == 1 and not drops:
+                    # A commit's own record, the usual flush: one statement, its own
+                    # transaction (BEGIN and COMMIT are two more calls that let the GIL go).
+                    self._writer.execute(_PUT, puts[0])
+                else:
+                    with _transaction(self._writer) as db:
+                        db.executemany(_PUT, puts)
+                        db.executemany(_DROP_ROW, drops)
             except sqlite3.Error as exc:
                 # Kept for the next flush (newer words on a key win), unless there are too many.
                 with self._mem:
@@ -194,9 +199,7 @@ class KeyRecords:
             dead = [(m, k, b) for m, k, b in rows if not alive(m, bytes(b).hex())]
             if dead:
                 with self._lock, _transaction(self._writer) as db:
-                    db.executemany(
-                        "DELETE FROM held WHERE mount = ? AND key = ? AND block0 = ?", dead
-                    )
+                    db.executemany(_DROP_ROW, dead)
                 removed += len(dead)
         return removed
 

@@ -198,6 +198,7 @@ class PageStore:
         self.root = os.path.abspath(os.fspath(root))
         self.capacity = capacity_bytes
         self.min_free = min_free_bytes
+        self._space = blockfile.FreeSpace(self.root)  # the commits' floor, asked now and then
         self._fsync = fsync
         self._io_threads = io_threads
         self._verify_sample = verify_sample
@@ -836,7 +837,7 @@ class PageStore:
         write their records in one transaction (the flush takes all that are waiting)."""
         kept = blockfile.commit(
             fd, self.root, entry.mount_id, entry.name, data, tail, self._fsync, self.min_free,
-            self.seals,
+            self.seals, self._space,
         )  # fmt: skip
         if kept and record is not None:
             self._record_now(entry.mount_id, record, entry.name)

@@ -10,6 +10,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gateway.cache import keyfilter
 from gateway.cache.keyfilter import KeyFilter
 from gateway.cache.keyrecords import KeyRecords
@@ -165,6 +167,35 @@ def _record_many(root: str, label: str, count: int) -> None:
         records.put(1, key_name(1, f"{label}{i}"), "77" * 32)
     records.flush()
     records.close()
+
+
+def test_a_key_s_bits_are_set_in_one_write_and_an_older_layout_s_file_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key's seven bits lie in one 64-byte block: its add is one pwrite (each system call
+    of a commit's thread waits to take the GIL back from a busy event loop). The file of the
+    layout before (bits spread over the whole file) is removed: its bits mean nothing now."""
+    (tmp_path / "keys.filter").write_bytes(bytes(64 << 10))
+    bloom = KeyFilter(str(tmp_path), 1 << 30)
+    assert not (tmp_path / "keys.filter").exists()
+    writes: list[int] = []
+    real = os.pwrite
+
+    def pwrite(fd: int, data: bytes, offset: int) -> int:
+        writes.append(len(data))
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    digests = [bytes.fromhex(key_name(1, f"k{i}")) for i in range(50)]
+    bloom.add(digests)
+    assert writes == [64] * 50
+    bloom.add(digests)  # set already: nothing written
+    assert len(writes) == 50
+    bloom.covered = True
+    assert all(bloom.may_hold(d) for d in digests)
+    others = [bytes.fromhex(key_name(1, f"other{i}")) for i in range(2000)]
+    assert sum(bloom.may_hold(d) for d in others) < 20  # 1 MiB of filter, 50 keys
+    bloom.close()
 
 
 def test_the_filter_is_sized_by_the_cache_and_kept_at_the_size_its_maker_chose(

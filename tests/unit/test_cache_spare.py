@@ -302,3 +302,39 @@ def test_a_claim_at_once_that_finds_a_live_fill_leaves_it_to_a_thread(root: str)
     assert how2 == blockfile.FOLLOW and theirs is not None
     os.close(theirs)
     blockfile.discard(fd, root, name)
+
+
+def test_a_commit_s_floor_is_asked_of_the_file_system_now_and_then_and_each_time_near_it(
+    root: str,
+) -> None:
+    """The free-space floor (cache_min_free) is checked at each commit without a statvfs
+    each time far from it (a system call on a cache-io thread waits for the GIL), and with
+    one each time near it; a commit below it keeps nothing."""
+    now = [0.0]
+    space = blockfile.FreeSpace(root, every=0.05, near=256 << 20, clock=lambda: now[0])
+    free = blockfile.free_bytes(root)
+    assert not space.below(1, 100 << 10) and space.asked == 1
+    for _ in range(10):
+        assert not space.below(1, 100 << 10)
+    assert space.asked == 1  # far from the floor: what it wrote taken off the last figure
+    now[0] += 0.05
+    assert not space.below(1, 100 << 10) and space.asked == 2  # and asked again in time
+    near = max(1, free - (100 << 20))  # the floor 100 MiB below what is free: near it
+    for _ in range(3):
+        assert not space.below(near, 100 << 10)
+    assert space.asked == 5
+    names = [f"{i:064x}" for i in (1, 2)]
+    data = b"x" * (100 << 10)
+    sums = Checksums()
+    sums.update(data)
+    how, fd = blockfile.claim(root, MOUNT, names[0])
+    assert how == blockfile.CLAIMED and fd is not None
+    assert not blockfile.commit(fd, root, MOUNT, names[0], data, sums.tail(0), False,
+                                free + (1 << 30), space=space)  # fmt: skip
+    assert space.asked == 6
+    assert not os.path.exists(block_path(root, MOUNT, names[0]))
+    assert not os.path.exists(inflight_path(root, names[0]))
+    how, fd = blockfile.claim(root, MOUNT, names[1])
+    assert fd is not None
+    assert blockfile.commit(fd, root, MOUNT, names[1], data, sums.tail(0), False, 1, space=space)
+    assert os.path.exists(block_path(root, MOUNT, names[1]))
