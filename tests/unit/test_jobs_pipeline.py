@@ -9,6 +9,7 @@ lets it go."""
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,6 +23,7 @@ from gateway.jobs.model import JobSpec
 from gateway.jobs.runner import JobRunner, Member
 from gateway.meta import MetaStore
 from gateway.service import FillBudget
+from gateway.stores.base import ListPage, ObjectInfo
 from tests.unit.test_jobs_share import ME, SIZE
 from tests.unit.test_jobs_share import Loads as ShareLoads
 
@@ -153,6 +155,70 @@ async def test_a_batch_listed_while_the_last_one_s_slowest_object_is_fetched_is_
     finally:
         work.cancel()
     assert sorted(loads.warmed) == [f"k/{seq:05d}" for seq in range(2 * BATCH)]
+    ended = await store.get(job_id)
+    assert ended is not None and ended.state == "done", ended
+
+
+class Lister(Loads):
+    """The service's face with a store to list: a first page of one batch at once, a second
+    once `more` is set (the test sets it while the first batch's slowest object is held)."""
+
+    def __init__(self, root: Path, slow: str) -> None:
+        super().__init__(root, slow)
+        self.more = asyncio.Event()
+
+    async def mount(self, bucket: str) -> Any:
+        return SimpleNamespace(id=1, block_size=4 << 20, quota=None, catalog=None, store=self)
+
+    async def list_page(
+        self, prefix: str, delimiter: str | None, token: str | None, after: str | None, limit: int
+    ) -> ListPage:
+        if token is None:
+            return _page(range(BATCH), "2")
+        await self.more.wait()
+        return _page(range(BATCH, 2 * BATCH), None)
+
+
+def _page(seqs: range, token: str | None) -> ListPage:
+    when = datetime.now(UTC)
+    return ListPage([ObjectInfo(f"k/{i:05d}", SIZE, f'"{i}"', when) for i in seqs], [], token)
+
+
+async def test_a_batch_this_process_lists_while_its_shares_are_in_flight_is_taken_at_once(
+    mounted: MetaStore, tmp_path: Path
+) -> None:
+    """The same as above when the batch is listed by this process's own lister: the worker,
+    its one share down to its slowest object, is woken by the listing's page (the runner's
+    `_listed` event), not by its poll (here ten minutes: the test would time out first)."""
+    slow = f"k/{BATCH - 1:05d}"
+    loads = Lister(tmp_path, slow)
+    store = JobStore(mounted.engine)
+    job_id = await store.submit(JobSpec("data", "k/", concurrency=8), ME.id)
+    (queued,) = await store.active()
+    assert await store.take_listing(job_id, "me", 30)
+    runner = JobRunner(store, loads, ME, _members, poll=600)  # type: ignore[arg-type]
+    runner.owner = "me"
+    first_page = runner._listed
+    listing = asyncio.create_task(runner._list(queued))
+    work: asyncio.Task[None] | None = None
+    try:
+        await asyncio.wait_for(first_page.wait(), 30)
+        (job,) = await store.active()
+        work = asyncio.create_task(runner._work(job))
+        await asyncio.wait_for(loads.waiting.wait(), 30)
+        loads.more.set()
+        second = {f"k/{seq:05d}" for seq in range(BATCH, 2 * BATCH)}
+        while not second <= loads.cached:
+            loads.changed_warmed.clear()
+            await asyncio.wait_for(loads.changed_warmed.wait(), 30)
+        assert slow not in loads.cached and not work.done()
+        await asyncio.wait_for(listing, 30)
+        loads.go.set()
+        await asyncio.wait_for(work, 30)
+    finally:
+        listing.cancel()
+        if work is not None:
+            work.cancel()
     ended = await store.get(job_id)
     assert ended is not None and ended.state == "done", ended
 
