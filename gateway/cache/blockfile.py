@@ -213,8 +213,8 @@ class FreeSpace:
     back from a busy event loop (docs/performance.md). The last statvfs's figure, less what
     this process's commits wrote since, stands for `every` seconds while it is more than
     `near` above the floor; nearer, each commit asks the file system. What the node's other
-    processes write in `every` seconds is not seen meanwhile: at most a few hundred MB past a
-    1 GiB floor at disk speed, and only when that far from it. Shared by the cache-io
+    processes write in `every` seconds is not seen meanwhile: tens of MB at disk speed, and
+    only while a quarter of a GiB above the floor. Shared by the cache-io
     threads: a race between two of them loses a count (an estimate), never a check near the
     floor."""
 

@@ -22,8 +22,8 @@ are not is not in keys.db, and SQLite is asked only for the rest.
 - A key's bits all lie in one 64-byte block of the file (a blocked Bloom filter), so that
   setting them is one pwrite, not one a bit: `add` runs on a cache-io thread, in each fill's
   commit, and each system call there lets the GIL go and waits to take it back from a busy
-  event loop (~30-55 us of the thread's CPU a call, up to the 5 ms switch interval of its
-  time: docs/performance.md). The false positives grow a little for it (1.0 % against 0.8 %
+  event loop (~20-55 us of the thread's CPU a call, up to the 5 ms switch interval of its
+  time: loadtest/gilcost.py). The false positives grow a little for it (1.0 % against 0.8 %
   at 10 bits a key, 200,000 keys asked), and a key's add costs 4.9 us alone, not 16.
   `keys.filter`, the file of the layout before (a key's bits spread over the whole file), is
   removed: the filter is made anew and covered from keys.db.
