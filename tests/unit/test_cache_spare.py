@@ -338,3 +338,22 @@ def test_a_commit_s_floor_is_asked_of_the_file_system_now_and_then_and_each_time
     assert fd is not None
     assert blockfile.commit(fd, root, MOUNT, names[1], data, sums.tail(0), False, 1, space=space)
     assert os.path.exists(block_path(root, MOUNT, names[1]))
+
+
+@pytest.mark.parametrize("short", [0, 5, 10, 12])
+def test_a_block_and_its_trailer_are_written_whole_however_short_a_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, short: int
+) -> None:
+    """A block's bytes and its trailer go in one writev, not joined first; a short write (the
+    kernel may stop early) is written on from where it stopped, in either part."""
+    real = os.writev
+    monkeypatch.setattr(
+        os, "writev", lambda fd, parts: real(fd, [b"".join(parts)[:short]]) if short else 0
+    )
+    path = tmp_path / "block"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        blockfile.write_all(fd, b"0123456789", b"trail")
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"0123456789trail"
