@@ -18,11 +18,11 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable
 
 from awscrt.checksums import crc32c
 
 from gateway.cache import verity
+from gateway.cache.freespace import FreeSpace
 from gateway.cache.layout import (
     CLAIMS_LOCK,
     INFLIGHT_DIR,
@@ -200,50 +200,6 @@ def remove(path: str) -> None:
         pass
     except OSError:
         log.warning("cache: could not remove %s", path, exc_info=True)
-
-
-def free_bytes(path: str) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
-class FreeSpace:
-    """The free bytes of the cache's file system for the commits' floor (`below`), without a
-    statvfs a commit: a system call on a cache-io thread lets the GIL go and waits to take it
-    back from a busy event loop (docs/performance.md). The last statvfs's figure, less what
-    this process's commits wrote since, stands for `every` seconds while it is more than
-    `near` above the floor; nearer, each commit asks the file system. What the node's other
-    processes write in `every` seconds is not seen meanwhile: tens of MB at disk speed, and
-    only while a quarter of a GiB above the floor. Shared by the cache-io
-    threads: a race between two of them loses a count (an estimate), never a check near the
-    floor."""
-
-    def __init__(
-        self,
-        root: str,
-        every: float = 0.05,
-        near: int = 256 << 20,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.root = root
-        self._every = every
-        self._near = near
-        self._clock = clock
-        self._seen = (-1.0, 0)  # (when, free bytes then, less what was written since)
-        self.asked = 0  # statvfs calls (tests)
-
-    def below(self, floor: int, wrote: int) -> bool:
-        """Whether the free space is below `floor` now that `wrote` more bytes are written."""
-        now = self._clock()
-        at, free = self._seen
-        free -= wrote
-        if now - at < self._every and free - self._near >= floor:
-            self._seen = (at, free)
-            return False
-        self.asked += 1
-        free = free_bytes(self.root)
-        self._seen = (now, free)
-        return free < floor
 
 
 def _held(path: str) -> bool | None:
@@ -492,32 +448,21 @@ def follow(fd: int, offset: int, limit: int) -> tuple[bytes, bool]:
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview, tail: bytes = b"") -> None:
-    """All of `data`, then `tail`, at the file's offset: one writev as a rule (the two not
-    joined first: a block's bytes are not copied again for their trailer)."""
-    if not tail:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        return
-    wrote = os.writev(fd, [data, tail])
-    if wrote < len(data):
-        write_all(fd, memoryview(data)[wrote:])
-        wrote = len(data)
-    write_all(fd, memoryview(tail)[wrote - len(data) :])
+    """All of `data`, then `tail`: one writev as a rule (a block's bytes are not copied again
+    to be joined to their trailer); a short write goes on from where it stopped."""
+    parts = [memoryview(data), memoryview(tail)]
+    while parts:
+        wrote = os.writev(fd, parts)
+        while parts and wrote >= len(parts[0]):
+            wrote -= len(parts.pop(0))
+        if parts:
+            parts[0] = parts[0][wrote:]
 
 
 def commit(
-    fd: int,
-    root: str,
-    mount_id: int,
-    name: str,
-    data: bytes,
-    tail: bytes,
-    sync: bool,
-    min_free: int,
-    seal: bool = False,
-    space: FreeSpace | None = None,
-) -> bool:
+    fd: int, root: str, mount_id: int, name: str, data: bytes, tail: bytes, sync: bool,
+    min_free: int, seal: bool = False, space: FreeSpace | None = None,
+) -> bool:  # fmt: skip
     """Write the last bytes and the tail (trailer and piece table), with `seal` seal the file
     (fs-verity, verity.py), rename the block into place, release the lock.
 
@@ -530,11 +475,7 @@ def commit(
         write_all(fd, data, tail)
         if sync:
             os.fdatasync(fd)
-        if min_free and (
-            space.below(min_free, len(data) + len(tail))
-            if space is not None
-            else free_bytes(root) < min_free
-        ):
+        if min_free and (space or FreeSpace(root, every=0)).below(min_free, len(data) + len(tail)):
             os.unlink(public)
             return False
         if seal:

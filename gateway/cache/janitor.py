@@ -22,7 +22,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from gateway.cache import relayout, spare
-from gateway.cache.blockfile import free_bytes, sweep_inflight, sweep_retired
+from gateway.cache.blockfile import sweep_inflight, sweep_retired
+from gateway.cache.freespace import free_bytes
 from gateway.cache.journal import (
     ACCESS,
     DROP,

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from gateway.cache import blockfile, relayout, spare
+from gateway.cache.freespace import FreeSpace, free_bytes
 from gateway.cache.janitor import Janitor
 from gateway.cache.layout import SPARE_DIR, Checksums, block_path, inflight_path
 from tests.unit.test_cache_janitor import DATA, SIZE, fill_blocks, name_of
@@ -311,8 +312,8 @@ def test_a_commit_s_floor_is_asked_of_the_file_system_now_and_then_and_each_time
     each time far from it (a system call on a cache-io thread waits for the GIL), and with
     one each time near it; a commit below it keeps nothing."""
     now = [0.0]
-    space = blockfile.FreeSpace(root, every=0.05, near=256 << 20, clock=lambda: now[0])
-    free = blockfile.free_bytes(root)
+    space = FreeSpace(root, every=0.05, near=256 << 20, clock=lambda: now[0])
+    free = free_bytes(root)
     assert not space.below(1, 100 << 10) and space.asked == 1
     for _ in range(10):
         assert not space.below(1, 100 << 10)
@@ -347,9 +348,15 @@ def test_a_block_and_its_trailer_are_written_whole_however_short_a_write(
     """A block's bytes and its trailer go in one writev, not joined first; a short write (the
     kernel may stop early) is written on from where it stopped, in either part."""
     real = os.writev
-    monkeypatch.setattr(
-        os, "writev", lambda fd, parts: real(fd, [b"".join(parts)[:short]]) if short else 0
-    )
+    calls: list[int] = []
+
+    def writev(fd: int, parts: list[memoryview]) -> int:
+        calls.append(fd)
+        if len(calls) > 1:
+            return real(fd, parts)
+        return real(fd, [b"".join(parts)[:short]]) if short else 0  # the first call stops short
+
+    monkeypatch.setattr(os, "writev", writev)
     path = tmp_path / "block"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:

@@ -80,14 +80,25 @@ class _Loads:
         return object()
 
 
+class _Bucket:
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
 async def test_a_runner_forgets_what_it_seeded_of_a_job_once_the_job_has_ended() -> None:
     """The batches a runner seeded, per job, were kept for the node's life: one entry for
-    each job it ever worked on. Once the job is seen ended, it is dropped."""
+    each job it ever worked on. Once the job is seen ended, it is dropped, and its bandwidth
+    bucket (a file open, jobs with --bandwidth) let go."""
+    buckets = {7: _Bucket(), 8: _Bucket()}
     runner = SimpleNamespace(
         loads=_Loads(), store=_Ended(), stopping=False, _seeded={7: 12, 8: 3}, workers=1,
-        _listed=asyncio.Event(),
+        _listed=asyncio.Event(), _buckets=dict(buckets),
     )  # fmt: skip
     runner._claims = partial(JobRunner._claims, runner)
+    runner._ended = partial(JobRunner._ended, runner)
     job = SimpleNamespace(id=7, spec=SimpleNamespace(bucket="b", concurrency=4))
     await asyncio.wait_for(JobRunner._work(runner, job), 5)  # type: ignore[arg-type]
     assert runner._seeded == {8: 3}
+    assert runner._buckets == {8: buckets[8]} and buckets[7].closed and not buckets[8].closed
