@@ -38,6 +38,12 @@ read to its end).
   below zero): per GET = (window - idle) / GETs. "One GET" is the median of the 7 windows.
   The hooked node is slower; its CPU is not measured.
 
+With `--perf`, the measured GETs are also sampled by `perf record` (every thread of the
+node, call chains) and the node's CPU per GET is split by thread name and by part: futex
+(the GIL's and other locks' hand-overs between threads, with their context switches),
+network, files, the kernel's other work, the interpreter, other libraries
+(loadtest/perfsplit.py). The sampling adds ~1 % to the figures.
+
 With `--load`, the measured and the profiled objects are not read by clients but loaded by
 `gateway load` (a preload job over their prefix, `--load-concurrency` blocks in flight): the
 node's CPU per object loaded, the event loop's share and the top functions, measured as for
@@ -73,7 +79,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from loadtest import fscost
+from loadtest import fscost, perfsplit
 
 _REPO = Path(__file__).resolve().parent.parent
 _BIN = Path(sys.executable).parent
@@ -109,6 +115,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--capacity", default=None, help="the node's --cache-capacity (e.g. 20MiB: past it)"
     )
+    p.add_argument(
+        "--perf", action="store_true",
+        help="perf record of the node over the measured GETs: its CPU by thread and part "
+        "(loadtest/perfsplit.py: GIL and lock hand-offs, network, files, the interpreter)",
+    )  # fmt: skip
     p.add_argument(
         "--strace", type=int, default=0,
         help="cold GETs read under strace after the CPU run: the files each makes (0: none)",
@@ -176,12 +187,15 @@ def _run(cleanup: Any, work: Path, args: argparse.Namespace, size: int) -> dict[
     time.sleep(_IDLE_SECONDS)
     idle_rate = (_cpu(node.pid) - idle0) / _IDLE_SECONDS
     threads0 = _threads(node.pid)
+    sampler = perfsplit.record(node.pid, work / "perf.data") if args.perf else None
     t0, cpu0, loop0 = time.monotonic(), _cpu(node.pid), _cpu(node.pid, node.pid)
     if args.load:
         node.load("m", args.objects, args.load_concurrency)
     else:
         _get_all(node.port, measured, args.readers)
     seconds = time.monotonic() - t0
+    if sampler is not None:
+        perfsplit.stop(sampler)
     time.sleep(_SETTLE)
     cpu = _cpu(node.pid) - cpu0
     loop = _cpu(node.pid, node.pid) - loop0  # the main thread runs the event loop
@@ -220,6 +234,13 @@ def _run(cleanup: Any, work: Path, args: argparse.Namespace, size: int) -> dict[
         f"{', '.join(f'{x:g}' for x in others if x > 0)} us; by name (all of a name): "
         + ", ".join(f"{n} {x:g}" for n, x in sorted(named.items(), key=lambda i: -i[1]) if x > 0)
     )
+    if sampler is not None:
+        shared = perfsplit.shares(perfsplit.split(work / "perf.data"))
+        report["perf"] = {
+            name: {k: round(v, 4) for k, v in row.items()} for name, row in shared.items()
+        }
+        print(f"\nthe node's CPU a {what} by thread and part (perf, loadtest/perfsplit.py):")
+        print(perfsplit.table(shared, cpu / args.objects * 1e6))
     if profiled:
         node.switch(signal.SIGUSR1)
         if args.load:
