@@ -92,6 +92,11 @@ def split(data: Path) -> dict[str, Counter[str]]:
         text=True,
         check=True,
     ).stdout
+    return parse(script)
+
+
+def parse(script: str) -> dict[str, Counter[str]]:
+    """Samples by thread name and part, from `perf script -F comm,tid,ip,sym,dso`'s text."""
     by: dict[str, Counter[str]] = {}
     comm: str | None = None
     chain: list[tuple[str, str]] = []
