@@ -73,6 +73,14 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--results-dir", type=Path, default=RESULTS)
     g.add_argument("--workdir", type=Path, help="where temp folders go (default: $TMPDIR)")
     g.add_argument("--keep-workdir", action="store_true", help="keep data and server logs")
+    g.add_argument(
+        "--work-fs",
+        choices=("folder", "image"),
+        default="folder",
+        help="the work folder: a plain one under --workdir (folder), or a journaled ext4 made "
+        "for the run (image: a new file then costs what it costs on a node's disk, not this "
+        "VM's journal-less root after deletions; loadtest/fsimage.py, root)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -123,6 +131,7 @@ def _options(args: argparse.Namespace) -> Options:
         workdir=args.workdir,
         keep_workdir=args.keep_workdir,
         nginx_workers=args.nginx_workers,
+        fs=args.work_fs,
     )
 
 

@@ -13,6 +13,7 @@ from types import TracebackType
 
 from loadtest import fscost
 from loadtest.data import seed_large, seed_objects
+from loadtest.fsimage import Scratch
 from loadtest.httpclient import Job, LoadClient, Tally
 from loadtest.procs import Cleanup, CpuMeter, CpuUse
 from loadtest.report import RESULTS, Report, Row
@@ -26,6 +27,12 @@ MiB = 1024 * 1024
 CPU_COLUMNS = ["gateway us/req", "origin us/req", "WAN proxy us/req"]
 
 
+# --fs image: room for the largest scenario's files (the origin's copy, the caches', nginx's),
+# and inodes for a million small objects; the image is sparse, mkfs writes a few MB.
+_IMAGE_NEED = 24 << 30
+_IMAGE_INODES = 4_000_000
+
+
 @dataclass(frozen=True)
 class Options:
     wan: WanSettings
@@ -37,6 +44,7 @@ class Options:
     workdir: Path | None = None
     keep_workdir: bool = False
     nginx_workers: int = 1
+    fs: str = "folder"  # or "image": the work folder on a journaled ext4 made for the run
 
 
 @dataclass
@@ -53,10 +61,19 @@ class Run:
         base = self.options.workdir
         if base is not None:
             base.mkdir(parents=True, exist_ok=True)
-        self.workdir = Path(tempfile.mkdtemp(prefix=f"loadtest-{self.name}-", dir=base))
-        if not self.options.keep_workdir:
-            self.cleanup.push(f"remove {self.workdir}", lambda: shutil.rmtree(self.workdir))
-        self.log(f"work folder {self.workdir}")
+        if self.options.fs == "image":
+            # Its own file system: sparse, so its size costs nothing until written.
+            scratch = Scratch(
+                base, f"loadtest-{self.name}-fs-", _IMAGE_NEED, _IMAGE_INODES, mode="image"
+            )
+            self.cleanup.push("remove the scratch file system", scratch.remove)
+            self.workdir = Path(scratch.make().root)
+            self.log(f"work folder {self.workdir}: {scratch.note}")
+        else:
+            self.workdir = Path(tempfile.mkdtemp(prefix=f"loadtest-{self.name}-", dir=base))
+            if not self.options.keep_workdir:
+                self.cleanup.push(f"remove {self.workdir}", lambda: shutil.rmtree(self.workdir))
+            self.log(f"work folder {self.workdir}")
         self.log(fscost.describe(fscost.create_cost(self.workdir)))
         pageout = fscost.idle_pageout()
         if pageout is not None:
