@@ -79,7 +79,8 @@ def _common(p: argparse.ArgumentParser) -> None:
         default="folder",
         help="the work folder: a plain one under --workdir (folder), or a journaled ext4 made "
         "for the run (image: a new file then costs what it costs on a node's disk, not this "
-        "VM's journal-less root after deletions; loadtest/fsimage.py, root)",
+        "VM's journal-less root after deletions; loadtest/fsimage.py, root; removed at the "
+        "end even with --keep-workdir)",
     )
 
 

@@ -134,6 +134,8 @@ def main(argv: list[str] | None = None) -> None:
         help="cold GETs read under strace after the CPU run: the files each makes (0: none)",
     )  # fmt: skip
     args = p.parse_args(argv)
+    if args.perf and not perfsplit.available():
+        p.error("--perf needs perf (linux-perf)")
     from loadtest.procs import Cleanup
     from loadtest.sizes import parse_size
 
@@ -254,8 +256,13 @@ def _run(cleanup: Any, work: Path, args: argparse.Namespace, size: int) -> dict[
         f"{', '.join(f'{x:g}' for x in others if x > 0)} us; by name (all of a name): "
         + ", ".join(f"{n} {x:g}" for n, x in sorted(named.items(), key=lambda i: -i[1]) if x > 0)
     )
-    if sampler is not None:
-        shared = perfsplit.shares(perfsplit.split(work / "perf.data"))
+    try:
+        by = perfsplit.split(work / "perf.data") if sampler is not None else None
+    except (OSError, subprocess.CalledProcessError) as exc:  # perf may not trace it here
+        print(f"\nno perf figures: {exc}")
+        by = None
+    if by:
+        shared = perfsplit.shares(by)
         report["perf"] = {
             name: {k: round(v, 4) for k, v in row.items()} for name, row in shared.items()
         }
