@@ -46,7 +46,8 @@ With `--perf`, the measured GETs are also sampled by `perf record` (every thread
 node, call chains) and the node's CPU per GET is split by thread name and by part: futex
 (the GIL's and other locks' hand-overs between threads, with their context switches),
 network, files, the kernel's other work, the interpreter, other libraries
-(loadtest/perfsplit.py). The sampling adds ~1 % to the figures.
+(loadtest/perfsplit.py). The sampling runs during the measured GETs: its cost is in the
+CPU figures (not measured apart; compare runs made with --perf to each other).
 
 With `--load`, the measured and the profiled objects are not read by clients but loaded by
 `gateway load` (a preload job over their prefix, `--load-concurrency` blocks in flight): the
