@@ -114,7 +114,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--traced", type=int, default=20, help="cold GETs in the traced row (20)")
     p.add_argument("--top", type=int, default=25, help="functions listed (25)")
     p.add_argument("--json", type=Path, default=None, help="where to write the figures")
-    p.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
+    p.add_argument(
+        "--keep", action="store_true", help="keep the work folder (logs; not with --fs image)"
+    )
     p.add_argument("--load", action="store_true", help="objects loaded by `gateway load`")
     p.add_argument("--load-concurrency", type=int, default=32, help="the load's (32)")
     p.add_argument(

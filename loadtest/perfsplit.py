@@ -25,6 +25,7 @@ is in the figures it samples; its cost was not measured apart.
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -54,7 +55,7 @@ def record(pid: int, out: Path) -> subprocess.Popen[bytes]:
 def stop(proc: subprocess.Popen[bytes]) -> None:
     """End a record(): SIGINT, as perf record expects, and wait for its file."""
     if proc.poll() is None:
-        proc.send_signal(2)
+        proc.send_signal(signal.SIGINT)
     try:
         proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
