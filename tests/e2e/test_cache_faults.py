@@ -272,10 +272,13 @@ def test_ranges_read_while_the_origin_overwrites_are_whole_or_refused_before_a_b
                     except httpx.HTTPError as exc:  # a body cut short
                         outcome = f"cut: {type(exc).__name__}"
                     else:
-                        whole = etags.get(got.headers.get("etag", ""))
+                        etag = got.headers.get("etag", "")
+                        whole = etags.get(etag)
                         if got.status_code != 206:
                             outcome = f"status {got.status_code}"
-                        elif whole is None or got.content != whole[start:end]:
+                        elif whole is None:  # the origin's own ETag race: moto_main.py
+                            outcome = f"an ETag of no version written: {etag}"
+                        elif got.content != whole[start:end]:
                             outcome = "wrong bytes"
                         else:
                             outcome = "ok"

@@ -45,7 +45,8 @@ class MotoServer:
     """`moto_server` listening on 127.0.0.1 at a free port; S3 at `.url`, data in memory."""
 
     def __init__(self, tmpdir: str | os.PathLike[str]) -> None:
-        binary = Path(sys.executable).parent / "moto_server"
+        # moto_server, with its ETags computed under the key's lock (moto_main.py says why).
+        main = Path(__file__).with_name("moto_main.py")
         self.log_path = Path(tmpdir) / "moto.log"
         last: Exception | None = None
         for _ in range(3):  # the free port may be taken between the probe and moto's bind
@@ -53,7 +54,7 @@ class MotoServer:
             self.url = f"http://127.0.0.1:{self.port}"
             with open(self.log_path, "ab") as log:
                 self.proc = procs.start(
-                    [str(binary), "-H", "127.0.0.1", "-p", str(self.port)],
+                    [sys.executable, str(main), "-H", "127.0.0.1", "-p", str(self.port)],
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
