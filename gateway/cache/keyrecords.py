@@ -10,7 +10,8 @@ moment go in the same transaction) on its cache-io thread before the commit is d
 sibling asked for the key at once finds it, and a miss makes no file: before, each record
 was a symlink of its own under keys/<mount>/<ab>/<cd>/, a new inode (and often two new
 directories) a miss. Drops, and records a busy file refused, are written by the page store's
-flush every JOURNAL_FLUSH; what is not written when a process dies is lost, as a hint may be.
+flush every JOURNAL_FLUSH, and at close (waiting for the siblings' flushes as long as a stop
+may); what is not written when a process dies is lost, as a hint may be.
 
 Every cold miss asks whether its key is recorded (`find`, on the event loop): ~7 us, 20-30 us
 once a sibling's flush has changed the file (SQLite reads its pages again). Answering from the
@@ -41,6 +42,10 @@ log = logging.getLogger(__name__)
 
 FILE = "keys.db"
 _BUSY_MS = 50  # a flush waits this long for a sibling's, then keeps its records for the next
+# The last flush, at close, has no next: it waits this long for the siblings' (a node's workers
+# stop together and each flushes then; a stop on a busy machine saw the 50 ms pass and the
+# records of its last commits lost, so the restarted node fetched those keys again).
+_CLOSE_BUSY_MS = 10_000
 _OPEN_TRIES = 60  # opening the file while a sibling makes it (~3 s in all)
 _OPEN_PAUSE = 0.05
 _PENDING_MAX = 100_000  # records kept for a flush that keeps failing, past which they go
@@ -263,7 +268,10 @@ class KeyRecords:
         if self._covering is not None:
             self._covering.join()  # it stops between two batches
         with contextlib.suppress(sqlite3.Error):
+            self._writer.execute(f"PRAGMA busy_timeout = {_CLOSE_BUSY_MS}")
             self.flush()
+        if self._pending:  # the file refused them even so: lost, as at a crash
+            log.warning("cache: %d key records could not be written at close", len(self._pending))
         if self._filter is not None:
             self._filter.close()
         with self._lock:

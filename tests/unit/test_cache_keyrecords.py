@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sqlite3
 import sys
 import threading
 from pathlib import Path
@@ -213,3 +214,28 @@ def test_the_filter_is_sized_by_the_cache_and_kept_at_the_size_its_maker_chose(
     assert path.stat().st_size == 64 << 10
     small.close()
     other.close()
+
+
+def test_the_flush_at_close_waits_for_a_sibling_s_write_rather_than_lose_its_records(
+    tmp_path: Path,
+) -> None:
+    """A node's workers stop together and each flushes its records then. A flush made while
+    the node runs waits 50 ms for a sibling's and keeps its records for the next one; the
+    last has no next, so it waits: a restarted node fetched again a key it had cached (CI,
+    tests/e2e/test_jobs_fleet_faults.py, after a stop of every node under load)."""
+    records = KeyRecords(str(tmp_path))
+    name = key_name(1, "committed just before the stop")
+    records.put(1, name, "44" * 32)
+    sibling = sqlite3.connect(str(tmp_path / "keys.db"), isolation_level=None)
+    sibling.execute("BEGIN IMMEDIATE")  # a sibling's write holds the file
+    closing = threading.Thread(target=records.close)
+    closing.start()
+    try:
+        # The write goes on for ten times what a flush while running waits (the close either
+        # waits for it, or gives up and loses the record: what is asserted below).
+        closing.join(timeout=0.5)
+    finally:
+        sibling.execute("COMMIT")
+        sibling.close()
+    closing.join()
+    assert KeyRecords(str(tmp_path)).find(1, name) == "44" * 32
