@@ -40,7 +40,6 @@ SLOW_FIRST = (
     "e2e/test_workers.py",  # 66
     "e2e/test_freshness.py",  # 63
     "e2e/test_s3_stores.py",  # 62
-    "unit/test_multipart_siblings.py",  # 61
     "e2e/test_awscli_write.py",  # 59
     "e2e/test_real_origins.py",  # 55
 )

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gateway.meta import MetaStore
-from gateway.service import S3Service
+from gateway.service import S3Service, writes
 from gateway.stores import WriteAttrs
 from tests.support.service import worker, wrap_store
 
@@ -48,8 +48,12 @@ async def _body(data: bytes) -> AsyncIterator[bytes]:
 
 
 async def test_a_complete_another_worker_finished_first_answers_its_object(
-    meta: MetaStore, tmp_path: Path
+    meta: MetaStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The second worker holds the key's lock while its store call is held (a store's complete
+    # of a large object can take minutes): the first goes on without it once it has waited
+    # KEY_WAIT (30 s, for each of the two databases), here half a second.
+    monkeypatch.setattr(writes, "KEY_WAIT", 0.5)
     origin = tmp_path / "origin"
     origin.mkdir()
     await meta.add_mount("parts", origin.as_uri(), {})
