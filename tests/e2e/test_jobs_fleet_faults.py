@@ -166,7 +166,13 @@ def test_a_job_resumes_when_every_node_is_started_again(
     assert len(fetched) == len(keys) and not twice, (when, origin.upstream_failures)
     origin.reset()
     assert read_all(patient.nodes, keys, dataset)
-    assert origin.count("GET") == 0, (sorted(gets(origin, "slow/")), ended)
+    # A key fetched again here was loaded, but not found where reads look: its node's record
+    # of it lost at the stop (the logs of both runs of the nodes say so), or the job loaded
+    # it elsewhere.
+    lost = [line for node in patient.nodes for log in node.data_dir.glob("gateway-*.log")
+            for line in log.read_text(errors="replace").splitlines()
+            if "key records" in line or "not persisted" in line]  # fmt: skip
+    assert origin.count("GET") == 0, (sorted(gets(origin, "slow/")), ended, lost)
 
 
 @pytest.mark.timeout(300)
