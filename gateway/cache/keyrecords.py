@@ -269,6 +269,7 @@ class KeyRecords:
             self._covering.join()  # it stops between two batches
         with contextlib.suppress(sqlite3.Error):
             self._writer.execute(f"PRAGMA busy_timeout = {_CLOSE_BUSY_MS}")
+        with contextlib.suppress(sqlite3.Error):
             self.flush()
         if self._pending:  # the file refused them even so: lost, as at a crash
             log.warning("cache: %d key records could not be written at close", len(self._pending))
