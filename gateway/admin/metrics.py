@@ -70,6 +70,7 @@ _COUNTERS = (
     ),
     ("gateway_cache_sealed_sends", "Zero-copy sends of sealed (fs-verity) files", "sealed"),
     ("gateway_cache_thread_claims", "Fills claimed on a thread, not at once", "thread_claims"),
+    ("gateway_cache_records_kept", "Key records put back for cached blocks", "records_kept"),
 )
 _GAUGES = (
     ("gateway_cache_fills_in_flight", "Block fills in flight", "fills_in_flight"),

@@ -81,6 +81,8 @@ class PageStats:
     # not in the page cache when asked for (peek_sendable)
     disk_sends: int = 0
     thread_claims: int = 0  # fills claimed on a thread: no spare listed, or another filler
+    # Keys' records put back for a block 0 found on disk without one (PageStore.keep_record)
+    records_kept: int = 0
     mounts: dict[int, MountCounts] = field(default_factory=dict)  # the four counts by mount
 
     def mount(self, mount_id: int) -> MountCounts:

@@ -398,6 +398,8 @@ class Fills:
                 # too: a reader may have joined it). Gone again (dropped as damaged, evicted,
                 # invalidated): claim it anew.
                 if await self._from_disk(fill, bkey, pinned):
+                    if isinstance(bkey, BlockKey):
+                        pages.keep_record(bkey)  # one a killed process did not write
                     return
                 continue
             assert fd is not None

@@ -859,6 +859,23 @@ class PageStore:
         """Record block0 as the cached version of the key named `record`, written now."""
         await self.hop(self._record_now, mount_id, record, block0)
 
+    def keep_record(self, bkey: BlockKey) -> bool:
+        """Block 0 of a version found on this disk by its name (a fill's claim, a preload's
+        look): its key's record names it, put now if it did not, written by the next flush.
+        A commit writes the record after the block's rename, so a process killed between the
+        two (or a record refused at a stop) leaves a block no read finds: the next read of
+        the key opens it from the store, and a load counted it as cached. Whether a record
+        was put. Blocking only as `KeyRecords.find` is (a few µs; a row read at most)."""
+        keys = self._keys
+        if keys is None or bkey.index != 0:
+            return False
+        record = key_name(bkey.mount_id, bkey.key)
+        if keys.find(bkey.mount_id, record) == bkey.name:
+            return False
+        keys.put(bkey.mount_id, record, bkey.name)
+        self.stats.records_kept += 1
+        return True
+
     async def give_up(self, entry: Entry, fd: int) -> None:
         """Give up a claimed fill: its file removed, the claim released."""
         await asyncio.shield(self.hop(blockfile.discard, fd, self.root, entry.name))

@@ -121,10 +121,21 @@ class Loads:
         return os.path.exists(block_path(self.cache_root, block.handle.id, block.key.name))
 
     async def present_all(self, blocks: list[Block]) -> list[bool]:
-        """`present` of many blocks in one thread hop: a share's look before it loads."""
-        root = self.cache_root
-        paths = [block_path(root, b.handle.id, b.key.name) for b in blocks]
-        return await asyncio.to_thread(lambda: [os.path.exists(p) for p in paths])
+        """`present` of many blocks in one thread hop: a share's look before it loads. A
+        block 0 found gets its key's record back if it had lost it (PageStore.keep_record):
+        a load counts it as cached, so reads must find it."""
+        root, pages = self.cache_root, self._pages
+
+        def look() -> list[bool]:
+            found = []
+            for block in blocks:
+                there = os.path.exists(block_path(root, block.handle.id, block.key.name))
+                if there and block.index == 0:
+                    pages.keep_record(block.key)
+                found.append(there)
+            return found
+
+        return await asyncio.to_thread(look)
 
     async def pin(self, block: Block) -> None:
         """Read a cached block once as pinned: the janitor pins it on its next use."""

@@ -5,6 +5,7 @@ object and no body bytes, and what a kill -9 left in inflight/ is swept at the n
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.cache.pages import key_name
 from tests.e2e.test_cache_faults import blob, get, metric, mount
 from tests.support.gateway import start_gateway
 from tests.support.net import eventually
@@ -106,6 +108,65 @@ def test_a_restarted_node_takes_the_versions_of_a_keys_neighbours_with_it(
         assert origin.count("GET") == 0
     finally:
         again.stop()
+
+
+@pytest.mark.parametrize("found_by", ["read", "load"])
+def test_a_block_left_without_its_key_record_by_a_kill_is_found_and_recorded_again(
+    tmp_path: Path, origin: CountingProxy, dataset: dict[str, bytes], found_by: str
+) -> None:
+    """Found in CI (tests/e2e/test_jobs_fleet_faults.py): a node killed -9 between a block's
+    rename into place and its key's record kept the block, but no read found it: each read
+    after the restart fetched the key from the store again, and a load counted it cached. A
+    block 0 found by its name (a read's fill claiming it, a load's look) gets its record back,
+    so the reads after the next restart are hits."""
+    keys = SMALL[:10]
+    node = start_gateway(tmp_path / "n")
+    try:
+        mount(node, origin, "faults")
+        for key in keys:
+            assert get(node, "faults", key) == dataset[key]
+        eventually(lambda: _held(tmp_path / "n") >= len(keys))
+    finally:
+        node.stop()
+    _drop_records(tmp_path / "n", keys)  # what the kill left: the blocks, not their records
+
+    again = start_gateway(tmp_path / "n", port=node.port)
+    try:
+        origin.reset()
+        if found_by == "read":
+            for key in keys:  # its version unknown: opened from the store, as a cold read
+                assert get(again, "faults", key) == dataset[key]
+        else:
+            out = again.cli("load", "faults/restart/small-0", "--format", "json")
+            job = json.loads(out.stdout)
+            assert (job["state"], job["cached_objects"]) == ("done", len(keys)), job
+        assert origin.bytes_sent("GET") <= len(keys) * 100_000  # block 0 of each at most
+        eventually(lambda: metric(again, "gateway_cache_records_kept") >= len(keys))
+    finally:
+        again.stop()
+
+    third = start_gateway(tmp_path / "n", port=node.port)
+    try:
+        origin.reset()
+        s3 = third.client()
+        for key in keys:
+            got = s3.get_object(Bucket="faults", Key=key)
+            assert got["Body"].read() == dataset[key]
+            assert got["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit", key
+        assert origin.count("GET") == 0
+    finally:
+        third.stop()
+
+
+def _drop_records(data_dir: Path, keys: list[str]) -> None:
+    """Remove the keys' rows from keys.db (mount 1), as a process killed before it wrote them."""
+    (found,) = data_dir.rglob("keys.db")
+    with contextlib.closing(sqlite3.connect(found)) as db, db:
+        for key in keys:
+            db.execute(
+                "DELETE FROM held WHERE mount = 1 AND key = ?", (bytes.fromhex(key_name(1, key)),)
+            )
+    assert _held(data_dir) == 0
 
 
 def _recorded(data_dir: Path) -> int:
