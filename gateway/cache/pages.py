@@ -304,23 +304,28 @@ class PageStore:
             self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flusher
-        journal, self._journal = self._journal, None
-        keys, self._keys = self._keys, None
-        io, self._io = self._io, None
+        journal, keys = self._journal, self._keys
+        io, self._io = self._io, None  # no new step starts
         janitor = self._janitor
         self.memory.clear()
         self._hot.clear()
 
         def shut() -> None:
+            # The steps under way end first: a commit still on a cache-io thread (a fill
+            # that outlived Fills.close's wait) writes its key's record and journal entry
+            # into what is flushed below, rather than finding them gone and losing them.
+            io.shutdown(wait=True)
             if journal is not None:
                 journal.close()
             if keys is not None:
                 keys.close()
             if janitor is not None:
                 janitor.stop()
-            io.shutdown(wait=True)
 
-        await asyncio.to_thread(shut)
+        try:
+            await asyncio.to_thread(shut)
+        finally:
+            self._journal = self._keys = None
 
     def set_filling(self, is_filling: Filling) -> None:
         """Who fills this store in this process (fills.Fills) answers, by an entry's name,
