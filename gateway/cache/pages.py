@@ -866,16 +866,18 @@ class PageStore:
 
     def keep_record(self, bkey: BlockKey) -> bool:
         """Block 0 of a version found on this disk by its name (a fill's claim, a preload's
-        look): its key's record names it, put now if it did not, written by the next flush.
+        look): its key gets a record naming it if it has none, written by the next flush.
         A commit writes the record after the block's rename, so a process killed between the
         two (or a record refused at a stop) leaves a block no read finds: the next read of
-        the key opens it from the store, and a load counted it as cached. Whether a record
-        was put. Blocking only as `KeyRecords.find` is (a few µs; a row read at most)."""
+        the key opens it from the store, and a load counted it as cached. A record naming
+        another version is left as it is (the version authority decides which is current;
+        a record only says that some block 0 of the key is here). Whether a record was put.
+        Blocking only as `KeyRecords.find` is (a few µs; a row read at most)."""
         keys = self._keys
         if keys is None or bkey.index != 0:
             return False
         record = key_name(bkey.mount_id, bkey.key)
-        if keys.find(bkey.mount_id, record) == bkey.name:
+        if keys.find(bkey.mount_id, record) is not None:
             return False
         keys.put(bkey.mount_id, record, bkey.name)
         self.stats.records_kept += 1
