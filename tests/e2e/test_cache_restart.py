@@ -17,7 +17,7 @@ import pytest
 
 from gateway.cache.pages import key_name
 from tests.e2e.test_cache_faults import blob, get, metric, mount
-from tests.support.gateway import start_gateway
+from tests.support.gateway import GatewayNode, start_gateway
 from tests.support.net import eventually
 from tests.support.origin import CountingProxy
 
@@ -62,11 +62,7 @@ def test_a_restart_refetches_no_cached_bytes(
     again = start_gateway(tmp_path / "n", port=node.port)
     try:
         origin.reset()
-        s3 = again.client()
-        for key, body in dataset.items():
-            got = s3.get_object(Bucket="faults", Key=key)
-            assert got["Body"].read() == body
-            assert got["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit", key
+        _hits_only(again, dataset)
         assert origin.bytes_sent("GET") == 0
         assert origin.count("GET") == 0
         # At most one small request each: a HEAD, unless the version is remembered (TTL -1).
@@ -148,14 +144,19 @@ def test_a_block_left_without_its_key_record_by_a_kill_is_found_and_recorded_aga
     third = start_gateway(tmp_path / "n", port=node.port)
     try:
         origin.reset()
-        s3 = third.client()
-        for key in keys:
-            got = s3.get_object(Bucket="faults", Key=key)
-            assert got["Body"].read() == dataset[key]
-            assert got["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit", key
+        _hits_only(third, {key: dataset[key] for key in keys})
         assert origin.count("GET") == 0
     finally:
         third.stop()
+
+
+def _hits_only(node: GatewayNode, bodies: dict[str, bytes]) -> None:
+    """Each key read whole through the node and answered from its cache (x-cache: hit)."""
+    s3 = node.client()
+    for key, body in bodies.items():
+        got = s3.get_object(Bucket="faults", Key=key)
+        assert got["Body"].read() == body
+        assert got["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit", key
 
 
 def _drop_records(data_dir: Path, keys: list[str]) -> None:
