@@ -226,6 +226,7 @@ class Janitor:
         self._journal: JournalWriter | None = None  # our evictions, for whoever comes next
         self._rescan: _Rescan | None = None
         self._next_rescan = self._next_snapshot = self._next_sweep = 0.0
+        self._rescan_again = False  # a writer died while a rescan ran: another after it
         self._dirty = False  # changed since the last snapshot
         self._covered: dict[str, int] = {}  # journal offsets of the last snapshot
         self._evictions = self._evicted_bytes = 0
@@ -282,6 +283,7 @@ class Janitor:
         self._policy.set_capacity(self.capacity)  # as it may have changed; else no work
         unpinned = self._read_journals()
         now = time.monotonic()
+        self._after_unsealed(now)
         if unpinned:
             # Until a snapshot covers them, a restart replays the unpins together with the
             # pins before them (every journal from the last snapshot on, one after another).
@@ -484,6 +486,26 @@ class Janitor:
         if stat.S_ISREG(st.st_mode) and st.st_size >= TRAILER_SIZE:
             self._policy.add(mount, name, st.st_size)
 
+    def _after_unsealed(self, now: float) -> None:
+        """A journal whose writer died without sealing it (kill -9, a crash) lost the records
+        of its last flush window: blocks committed then are on disk and in no journal, counted
+        against no capacity until a rescan finds them. Rescan now rather than within the hour
+        (after the one running, which may have passed their folders already)."""
+        assert self._reader is not None
+        unsealed = self._reader.take_unsealed()
+        if not unsealed:
+            return
+        log.warning(
+            "cache: %d journals of processes that died without closing them (%s): "
+            "a rescan finds the blocks their last records would have told of",
+            len(unsealed),
+            ", ".join(unsealed[:3]) + (", ..." if len(unsealed) > 3 else ""),
+        )
+        if self._rescan is None:
+            self._next_rescan = now
+        else:
+            self._rescan_again = True
+
     def _check_rescan(self, now: float) -> None:
         rescan = self._rescan
         if rescan is None:
@@ -493,7 +515,8 @@ class Janitor:
         if not rescan.done():
             return
         self._rescan = None
-        self._next_rescan = now + self._rescan_interval
+        self._next_rescan = now if self._rescan_again else now + self._rescan_interval
+        self._rescan_again = False
         if rescan.found is not None:
             self._reconcile(rescan.found, rescan.touched)
 

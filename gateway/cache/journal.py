@@ -178,6 +178,9 @@ class JournalReader:
         self._fds: dict[str, int] = {}
         self._foreign: set[str] = set()
         self._finished: set[str] = set()  # writer dead and every whole record read
+        # Journals found finished without their seal: a writer killed or crashed, whose last
+        # records (up to a flush's worth) never reached the file. take_unsealed() hands them on.
+        self._unsealed: list[str] = []
 
     @property
     def offsets(self) -> dict[str, int]:
@@ -197,17 +200,28 @@ class JournalReader:
             if length > 0:
                 out.append((name, _pread_all(fd, length, offset)))
                 self._offsets[name] = offset + length
-            if not alive:
+            if not alive and name not in self._finished:
                 self._finished.add(name)
+                if not _sealed(fd):
+                    self._unsealed.append(name)
         return out
+
+    def take_unsealed(self) -> list[str]:
+        """The journals found finished without their seal since the last call."""
+        names, self._unsealed = self._unsealed, []
+        return names
 
     def skip_to_end(self) -> None:
         """Consider every whole record written so far as read (before a full scan, which
         finds what they say)."""
         for name in self._current():
+            fd = self._fds[name]
+            alive = _locked(fd)
             offset = self._offsets[name]
-            size = os.fstat(self._fds[name]).st_size
+            size = os.fstat(fd).st_size
             self._offsets[name] = offset + (size - offset) // RECORD.size * RECORD.size
+            if not alive:
+                self._finished.add(name)  # sealed or not: the scan sees what it left
 
     def prune(self, covered: Mapping[str, int]) -> None:
         """Delete the finished journals that `covered` (a snapshot's offsets) holds to their
@@ -278,6 +292,15 @@ def _locked(fd: int) -> bool:
         return True
     fcntl.flock(fd, fcntl.LOCK_UN)
     return False
+
+
+def _sealed(fd: int) -> bool:
+    """Whether the journal's last record is its seal (its writer closed it)."""
+    size = os.fstat(fd).st_size
+    if size % RECORD.size or size < 2 * RECORD.size:
+        return False  # a torn last record, or a head alone: nothing closed it
+    last = os.pread(fd, RECORD.size, size - RECORD.size)
+    return len(last) == RECORD.size and last[0] == SEAL
 
 
 def _pread_all(fd: int, length: int, offset: int) -> bytes:

@@ -5,8 +5,10 @@ every writer, capacity and free-space floor, restart from a snapshot, rescans.""
 from __future__ import annotations
 
 import base64
+import logging
 import multiprocessing
 import os
+import signal
 import time
 from collections.abc import Iterator
 from multiprocessing.process import BaseProcess
@@ -518,3 +520,57 @@ def test_the_spares_kept_follow_the_fills_not_only_the_spares_taken(root: str) -
     janitor.run_once()
     assert spare.count(root) >= min(spare.TARGET, 4 * 200)
     janitor.stop()
+
+
+def killed_writer_process(root: str) -> None:
+    """Commits ten blocks, its journal flushed after the first five, and is killed (SIGKILL)
+    before the next flush: the last five are on disk and in no journal."""
+    journal = JournalWriter(root)
+    for i in range(10):
+        make_block(root, 1, i)
+        journal.fill(name_of(i), SIZE, 1, False)
+        if i == 4:
+            journal.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_blocks_a_killed_writers_journal_never_told_of_are_counted_at_the_restart(
+    root: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = Janitor(root, 100 * SIZE, 0)
+    first.run_once()
+    first.stop()  # a snapshot: the restart below does not scan
+    writer = _spawn.Process(target=killed_writer_process, args=(root,))
+    writer.start()
+    writer.join()
+    assert writer.exitcode == -signal.SIGKILL
+
+    janitor = Janitor(root, 100 * SIZE, 0)  # the restart: the hourly rescan is far off
+
+    def counted() -> int:
+        janitor.run_once()
+        stats = read_stats(root)
+        return stats.entries if stats is not None else 0
+
+    with caplog.at_level(logging.INFO, logger="gateway.cache"):
+        eventually(lambda: counted() == 10)
+    assert "died without closing them" in caplog.text
+    assert "rescan found 5 blocks no journal told of" in caplog.text
+    janitor.stop()
+
+
+def test_a_closed_journal_starts_no_rescan(root: str, caplog: pytest.LogCaptureFixture) -> None:
+    first = Janitor(root, 100 * SIZE, 0)
+    first.run_once()
+    first.stop()
+    writer = _spawn.Process(target=writer_process, args=(root, 1, 0))
+    writer.start()
+    writer.join()
+    make_block(root, 1, 99)  # on disk, in no journal: only a rescan would count it
+    janitor = Janitor(root, 100 * SIZE, 0)
+    with caplog.at_level(logging.INFO, logger="gateway.cache"):
+        janitor.run_once()
+        janitor.stop()  # waits for a rescan, had one started
+    stats = read_stats(root)
+    assert stats is not None and stats.entries == 5
+    assert "died without closing" not in caplog.text and "rescan" not in caplog.text
