@@ -226,7 +226,11 @@ class Janitor:
         self._journal: JournalWriter | None = None  # our evictions, for whoever comes next
         self._rescan: _Rescan | None = None
         self._next_rescan = self._next_snapshot = self._next_sweep = 0.0
-        self._rescan_again = False  # a writer died while a rescan ran: another after it
+        # Journals whose writer died without sealing them, which no finished rescan has
+        # followed yet (found since the running one began; found before it): kept on disk
+        # until one has, so that a janitor that takes over meanwhile rescans too.
+        self._unscanned: set[str] = set()
+        self._scanning: set[str] = set()
         self._dirty = False  # changed since the last snapshot
         self._covered: dict[str, int] = {}  # journal offsets of the last snapshot
         self._evictions = self._evicted_bytes = 0
@@ -501,24 +505,27 @@ class Janitor:
             len(unsealed),
             ", ".join(unsealed[:3]) + (", ..." if len(unsealed) > 3 else ""),
         )
+        self._unscanned.update(unsealed)
         if self._rescan is None:
             self._next_rescan = now
-        else:
-            self._rescan_again = True
 
     def _check_rescan(self, now: float) -> None:
         rescan = self._rescan
         if rescan is None:
             if now >= self._next_rescan:
                 self._rescan = _Rescan(self.root, self._stop, self.capacity)
+                self._scanning, self._unscanned = self._unscanned, set()
             return
         if not rescan.done():
             return
         self._rescan = None
-        self._next_rescan = now if self._rescan_again else now + self._rescan_interval
-        self._rescan_again = False
-        if rescan.found is not None:
-            self._reconcile(rescan.found, rescan.touched)
+        scanned, self._scanning = self._scanning, set()
+        if rescan.found is None:  # failed: the next one is owed what this one was
+            self._unscanned |= scanned
+            self._next_rescan = now + self._rescan_interval
+            return
+        self._next_rescan = now if self._unscanned else now + self._rescan_interval
+        self._reconcile(rescan.found, rescan.touched)
 
     def _reconcile(
         self, found: dict[int, dict[bytes, int]], touched: set[tuple[int, bytes]]
@@ -637,4 +644,4 @@ class Janitor:
             offsets = self._reader.offsets
             write_snapshot(self.root, self._policy.entries(), offsets)
             self._covered, self._dirty = offsets, False
-        self._reader.prune(self._covered)
+        self._reader.prune(self._covered, keep=self._unscanned | self._scanning)

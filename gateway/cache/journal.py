@@ -16,7 +16,7 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Set
 from typing import NamedTuple
 
 from gateway.cache.layout import FLAG_PINNED, JOURNAL_DIR, SNAPSHOT
@@ -223,10 +223,10 @@ class JournalReader:
             if not alive:
                 self._finished.add(name)  # sealed or not: the scan sees what it left
 
-    def prune(self, covered: Mapping[str, int]) -> None:
+    def prune(self, covered: Mapping[str, int], keep: Set[str] = frozenset()) -> None:
         """Delete the finished journals that `covered` (a snapshot's offsets) holds to their
-        end, and private names a crash left."""
-        for name in sorted(self._finished):
+        end, but those in `keep`, and private names a crash left."""
+        for name in sorted(self._finished - keep):
             if covered.get(name) == self._offsets.get(name):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(f"{self._dir}/{name}")

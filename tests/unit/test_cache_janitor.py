@@ -559,6 +559,28 @@ def test_blocks_a_killed_writers_journal_never_told_of_are_counted_at_the_restar
     janitor.stop()
 
 
+def test_a_janitor_stopped_before_its_rescan_leaves_the_rescan_to_the_next(root: str) -> None:
+    first = Janitor(root, 100 * SIZE, 0)
+    first.run_once()
+    first.stop()
+    writer = _spawn.Process(target=killed_writer_process, args=(root,))
+    writer.start()
+    writer.join()
+    second = Janitor(root, 100 * SIZE, 0, snapshot_interval=0.0)
+    second.run_once()  # finds the journal unsealed and begins a rescan
+    second.stop()  # before that rescan is taken in: its last snapshot covers the journal
+
+    third = Janitor(root, 100 * SIZE, 0)
+
+    def counted() -> int:
+        third.run_once()
+        stats = read_stats(root)
+        return stats.entries if stats is not None else 0
+
+    eventually(lambda: counted() == 10)
+    third.stop()
+
+
 def test_a_closed_journal_starts_no_rescan(root: str, caplog: pytest.LogCaptureFixture) -> None:
     first = Janitor(root, 100 * SIZE, 0)
     first.run_once()
