@@ -108,6 +108,7 @@ class JobRunner:
         # worker whose shares are all in flight and found none free asks again at once.
         self._listed = asyncio.Event()
         self.stopping = False
+        self.stopped = asyncio.Event()  # set with `stopping`
         self.own_fills = 0  # the page store's fills in flight that are this node's preloads
         # A node without a fleet places every block on itself: built once, since building a
         # placement ranks its partitions (~25 ms), and the reporter asks for it every 0.1 s.
@@ -150,6 +151,7 @@ class JobRunner:
         """Stop taking blocks, let the loads in flight end (so that a restart does not fetch
         them again), then stop; the shares are taken up again after the restart."""
         self.stopping = True
+        self.stopped.set()  # a share waiting for its job's bandwidth stops waiting
         tasks = [*self._listing.values(), *self._working.values()]
         if tasks:
             await asyncio.wait(tasks, timeout=grace)
@@ -424,7 +426,7 @@ class JobRunner:
         try:
             await job.run(items)
         except Lost as exc:
-            job.halt = job.halt or str(exc)
+            job.stop(str(exc))
         finally:
             job.ended = True
             job.progressed.set()
@@ -461,11 +463,11 @@ class JobRunner:
                 # The node this share is stood in for is back, and reads look for its blocks
                 # there again: loading more of them elsewhere is of no use.
                 job.back = True
-                job.halt = f"{row.node_id} is back: its share is its own again"
+                job.stop(f"{row.node_id} is back: its share is its own again")
                 return
             if not await self.store.report(row, self.owner, self.lease):
                 active = await self.store.state(row.job_id) in ACTIVE
-                job.halt = "its lease was taken over" if active else "the job is no longer active"
+                job.stop("its lease was taken over" if active else "the job is no longer active")
                 return
             await self._sleep(REPORT_GAP)
 

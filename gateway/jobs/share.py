@@ -30,6 +30,7 @@ class Runner(Protocol):
     loads: Loads
     me: Node
     stopping: bool
+    stopped: asyncio.Event  # set with `stopping`: what waits for the node's stop wakes
     workers: int  # the node's worker processes, each with a runner
     own_fills: int  # the page store's fills in flight that are this process's preloads
     usage: NodeUsage
@@ -116,6 +117,7 @@ class BatchShare:
         self.loaded = (0, 0)  # bytes and objects loaded, for the node's counters at the end
         self.ended = False  # the work is over: the reporter stops
         self.halt: str | None = None  # why the work must stop (the job ended, lease lost)
+        self.halted = asyncio.Event()  # set with `halt` (stop()): what waits for it wakes
         self.back = False  # the node this share was stood in for is back: give it up
         self.bucket = runner.bucket(row.job_id, spec, nodes)
         # The batch is shared out over the live nodes and the departed ones that have a share
@@ -240,6 +242,30 @@ class BatchShare:
         if self.halt is not None:
             raise Lost(self.halt)
 
+    def stop(self, why: str) -> None:
+        """No more blocks: `why` (the first reason given stays), said to what waits."""
+        if self.halt is None:
+            self.halt = why
+        self.halted.set()
+
+    async def bandwidth(self, bucket: Bucket, size: int) -> None:
+        """`size` bytes taken from the job's bucket, waiting for them as long as its rate says
+        (a block in debt at a low --bandwidth: minutes), unless the share stops or the node
+        does first: Lost then, at once. A wait of no byte fetched yet is not a load in flight
+        that a stop or a cancel lets end (its bytes stay taken: the bucket's rate holds)."""
+        self.check()
+        take = asyncio.ensure_future(bucket.take(size))
+        halted = asyncio.ensure_future(self.halted.wait())
+        stopped = asyncio.ensure_future(self.runner.stopped.wait())
+        try:
+            await asyncio.wait((take, halted, stopped), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in (take, halted, stopped):
+                waiter.cancel()
+        if not take.done() or take.cancelled():
+            self.check()  # the share or the node stopped: Lost
+        take.result()
+
     async def item(self, item: Item, plan: list[Planned]) -> Tally:
         if self.spec.unpin:
             return await unpin.item(self, self.loads, self.runner.store, item)
@@ -314,7 +340,7 @@ class BatchShare:
                 self.check()
                 async with self.slots.fetching:
                     if self.bucket is not None:
-                        await self.bucket.take(block.length)
+                        await self.bandwidth(self.bucket, block.length)
                     await self.loads.warm_at(node, block, self.spec.pin)
                 t.loaded_bytes += block.length
                 fetched = True
@@ -345,10 +371,12 @@ class BatchShare:
                     self.row.tally.full = True
                     return False, False
                 if self.bucket is not None and p.source is None:  # a peer's copy: no WAN's
-                    await self.bucket.take(length)
-                    if runner.stopping or self.halt is not None:
+                    try:
+                        await self.bandwidth(self.bucket, length)
+                        self.check()  # stopped as the wait ended
+                    except Lost:
                         await usage.add(job_id, -on_disk)
-                        self.check()
+                        raise
                 await runner.yield_to_clients(self.floor)
                 self.check()
                 runner.own_fills += 1  # until committed: the page store counts it till then

@@ -255,6 +255,34 @@ def test_a_clients_miss_is_served_ahead_of_queued_preload_work(
         n.stop()
 
 
+def test_a_throttled_jobs_waits_end_at_its_cancel_and_at_its_nodes_stop(
+    tmp_path: Path, origin: CountingProxy, dataset: dict[str, bytes]
+) -> None:
+    """Found by trying: a job at a low --bandwidth holds each slot in its bucket's wait (a
+    1 MiB object at 1 KiB/s: ~17 minutes). A cancel left those waits to run out, and a node's
+    stop waited its grace of 5 s for them, then cancelled the share without writing it down.
+    Both now end the waits at once: the cancelled job's share ends, and a stopped node hands
+    its share back (for its restart) as it does for loads in flight."""
+    n = mounted(start_gateway(tmp_path / "n"), origin)
+    waits = tmp_path / "n" / "cache" / "job-bandwidth"
+
+    def throttled() -> int:
+        out = n.cli("load", "data/other/", "--bandwidth", "1KiB/s", "--refresh", "--detach",
+                    "--format", "json")  # fmt: skip
+        job_id = int(json.loads(out.stdout)["id"])
+        eventually(lambda: (waits / str(job_id)).exists(), timeout=30)  # a slot took its bytes
+        return job_id
+
+    try:
+        cancelled = throttled()
+        n.cli("jobs", "cancel", str(cancelled))
+        eventually(lambda: f"job {cancelled} batch 0: the job is no longer active" in n.log())
+        stopped = throttled()
+    finally:
+        assert n.stop(wait=60)
+    assert f"job {stopped} batch 0: the node is stopping" in n.log()
+
+
 def test_a_job_larger_than_the_cache_ends_partial(small_node: GatewayNode) -> None:
     out = small_node.cli("load", "data/big/", "--format", "json", check=False)
     ended = json.loads(out.stdout)
