@@ -15,6 +15,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from gateway.jobs.bandwidth import Bucket, NodeBucket
 from gateway.jobs.db import ActiveJob, Item, JobStore, WorkRow, batches
 from gateway.jobs.model import ACTIVE, LISTING, QUEUED, RUNNING, JobSpec
 from gateway.jobs.share import BatchShare, Lost, Slots, per_worker
+from gateway.jobs.usage import FOLDER as USAGE_FOLDER
 from gateway.jobs.usage import NodeUsage
 from gateway.meta import MetaUnavailable
 from gateway.service import Loads, MountHandle
@@ -46,6 +48,11 @@ REPORT_INTERVAL = 0.5  # seconds between a share's lease renewals at the latest
 # Progress is written within this long of an object being done, so that a node killed mid-job
 # leaves little done-but-unrecorded work for the node that takes its share over.
 REPORT_GAP = 0.1
+# A job's files on a node (its usage count, its bandwidth bucket) go when it ends: with the
+# node's last look at it (`_ended`), else by a sweep of the files of jobs not active, every
+# this many seconds, that spares a file changed within as long (one a job just submitted has
+# made, before this process saw the job).
+SWEEP_INTERVAL = 60.0
 
 
 # The shares of a job this process works on, by (batch, node): the task, the share.
@@ -98,6 +105,7 @@ class JobRunner:
         self._listing: dict[int, asyncio.Task[None]] = {}
         self._working: dict[int, asyncio.Task[None]] = {}
         self._seeded: dict[int, int] = {}
+        self._swept_at: float | None = None  # the loop's time of the last sweep of job files
         # Bytes each job's blocks take in this node's cache, counted with the node's other
         # workers: the budget is the node's.
         self.usage = NodeUsage(loads.cache_root)
@@ -165,7 +173,20 @@ class JobRunner:
         if self.stopping:
             return
         counters.set_jobs(await self.store.counts())
-        for job in await self.store.active():
+        active = await self.store.active()
+        now = asyncio.get_running_loop().time()
+        if self._swept_at is None or now - self._swept_at >= SWEEP_INTERVAL:
+            self._swept_at = now
+            ids = {job.id for job in active}
+            folders = [os.path.join(self.loads.cache_root, f) for f in _JOB_FOLDERS]
+            try:
+                swept = await asyncio.to_thread(sweep_job_files, folders, ids, SWEEP_INTERVAL)
+            except OSError as exc:
+                log.warning("jobs: could not sweep the files of ended jobs: %s", exc)
+            else:
+                if swept:
+                    log.info("jobs: removed %d files of jobs that ended", swept)
+        for job in active:
             if (
                 job.state in (QUEUED, LISTING)
                 and job.listing_lease_lapsed
@@ -477,6 +498,9 @@ class JobRunner:
         bucket = self._buckets.pop(job_id, None)
         if bucket is not None:
             bucket.close()
+        for folder in _JOB_FOLDERS:  # a sibling still at work on it makes one again: swept
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.loads.cache_root, folder, str(job_id)))
 
     def bucket(self, job_id: int, spec: JobSpec, nodes: int) -> Bucket | None:
         """The job's bandwidth on this node (its share of the fleet's), shared by the node's
@@ -492,3 +516,28 @@ class JobRunner:
         elif found.rate != rate:
             found.set_rate(rate)
         return found
+
+
+_JOB_FOLDERS = (USAGE_FOLDER, BANDWIDTH_FOLDER)
+
+
+def sweep_job_files(folders: Sequence[str], active: set[int], spare_age: float) -> int:
+    """Remove the files named by a job id not in `active` (ended, or of a database this cache
+    outlived: a new job of the same id would take its count up) and not changed within
+    `spare_age` seconds; how many went."""
+    removed = 0
+    now = time.time()
+    for folder in folders:
+        try:
+            entries = list(os.scandir(folder))
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            if not entry.name.isdigit() or int(entry.name) in active:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                if now - entry.stat().st_mtime < spare_age:
+                    continue
+                os.unlink(entry.path)
+                removed += 1
+    return removed

@@ -283,6 +283,30 @@ def test_a_throttled_jobs_waits_end_at_its_cancel_and_at_its_nodes_stop(
     assert f"job {stopped} batch 0: the node is stopping" in n.log()
 
 
+def test_a_jobs_files_on_the_node_go_when_it_ends(
+    tmp_path: Path, origin: CountingProxy, dataset: dict[str, bytes]
+) -> None:
+    """Found by trying: each job left its usage count and bandwidth bucket under the cache
+    folder for good, and a cache that outlived its database (SQLite replaced, a move to
+    PostgreSQL) gave a new job of the same id the old one's count. A job's files go with its
+    end; those of jobs the database does not have as active are swept at the start."""
+    cache = tmp_path / "n" / "cache"
+    stale = cache / "job-usage" / "7"  # a count a database before this one left
+    stale.parent.mkdir(parents=True)
+    stale.write_text(str(10 * MiB).rjust(20))
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    n = mounted(start_gateway(tmp_path / "n"), origin)
+    try:
+        eventually(lambda: not stale.exists())
+        out = n.cli("load", "data/ds/00", "--bandwidth", "64MiB/s", "--format", "json")
+        job = json.loads(out.stdout)
+        assert job["state"] == "done" and job["total_objects"] == 10, job
+        files = [cache / folder / str(job["id"]) for folder in ("job-usage", "job-bandwidth")]
+        eventually(lambda: not any(f.exists() for f in files))
+    finally:
+        n.stop()
+
+
 def test_a_job_larger_than_the_cache_ends_partial(small_node: GatewayNode) -> None:
     out = small_node.cli("load", "data/big/", "--format", "json", check=False)
     ended = json.loads(out.stdout)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import sqlalchemy as sa
 from gateway.jobs.bandwidth import NodeBucket, TokenBucket
 from gateway.jobs.db import BATCH, Item, JobStore, UnknownBucket
 from gateway.jobs.model import JobSpec, JobView, parse_bandwidth
+from gateway.jobs.runner import sweep_job_files
 from gateway.meta import MetaStore, SecretBox
 from gateway.meta.tables import job_work
 
@@ -292,3 +294,20 @@ def test_a_job_is_shown_in_binary_units_with_its_nodes() -> None:
     shown = progress.detail(job)
     assert "job 4: verify s3://data/train/" in shown and "--verify" in shown
     assert "node-0  6               2.0 MiB" in shown
+
+
+def test_the_sweep_removes_the_files_of_jobs_not_active_unless_changed_just_now(
+    tmp_path: Path,
+) -> None:
+    usage, bandwidth = tmp_path / "job-usage", tmp_path / "job-bandwidth"
+    usage.mkdir()
+    bandwidth.mkdir()
+    old = time.time() - 600
+    for path in (usage / "1", usage / "2", bandwidth / "2", usage / "3", usage / "notes"):
+        path.write_text("0")
+        os.utime(path, (old, old))
+    (usage / "4").write_text("0")  # a job just submitted, not yet seen active here
+    removed = sweep_job_files([str(usage), str(bandwidth), str(tmp_path / "none")], {1}, 60)
+    assert removed == 3
+    assert sorted(p.name for p in usage.iterdir()) == ["1", "4", "notes"]
+    assert list(bandwidth.iterdir()) == []
