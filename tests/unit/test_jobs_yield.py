@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from functools import partial
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -76,6 +77,9 @@ class _Ended:
 
 
 class _Loads:
+    def __init__(self, cache_root: str) -> None:
+        self.cache_root = cache_root
+
     async def mount(self, bucket: str) -> object:
         return object()
 
@@ -87,14 +91,21 @@ class _Bucket:
         self.closed = True
 
 
-async def test_a_runner_forgets_what_it_seeded_of_a_job_once_the_job_has_ended() -> None:
+async def test_a_runner_forgets_what_it_seeded_of_a_job_once_the_job_has_ended(
+    tmp_path: Path,
+) -> None:
     """The batches a runner seeded, per job, were kept for the node's life: one entry for
-    each job it ever worked on. Once the job is seen ended, it is dropped, and its bandwidth
-    bucket (a file open, jobs with --bandwidth) let go."""
+    each job it ever worked on. Once the job is seen ended, it is dropped, its bandwidth
+    bucket (a file open, jobs with --bandwidth) let go, and its files on the node removed."""
+    files = [tmp_path / folder / str(job_id) for folder in ("job-usage", "job-bandwidth")
+             for job_id in (7, 8)]  # fmt: skip
+    for path in files:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("0")
     buckets = {7: _Bucket(), 8: _Bucket()}
     runner = SimpleNamespace(
-        loads=_Loads(), store=_Ended(), stopping=False, _seeded={7: 12, 8: 3}, workers=1,
-        _listed=asyncio.Event(), _buckets=dict(buckets),
+        loads=_Loads(str(tmp_path)), store=_Ended(), stopping=False, _seeded={7: 12, 8: 3},
+        workers=1, _listed=asyncio.Event(), _buckets=dict(buckets),
     )  # fmt: skip
     runner._claims = partial(JobRunner._claims, runner)
     runner._ended = partial(JobRunner._ended, runner)
@@ -102,3 +113,4 @@ async def test_a_runner_forgets_what_it_seeded_of_a_job_once_the_job_has_ended()
     await asyncio.wait_for(JobRunner._work(runner, job), 5)  # type: ignore[arg-type]
     assert runner._seeded == {8: 3}
     assert runner._buckets == {8: buckets[8]} and buckets[7].closed and not buckets[8].closed
+    assert [path.exists() for path in files] == [False, True, False, True]
