@@ -361,7 +361,7 @@ class JobRunner:
             listed = self._listed  # set once this process lists more after this look
             current = await self.store.get(job.id)
             if current is None or current.state not in ACTIVE:
-                self._ended(job.id)
+                await self._ended(job.id)
                 return
             members = await self._members()
             live = {m.node.id for m in members if m.live} | {self.me.id}
@@ -394,7 +394,7 @@ class JobRunner:
                 if current.state == RUNNING:
                     ended = await self.store.try_finish(job.id, live)
                     if ended is not None:
-                        self._ended(job.id)
+                        await self._ended(job.id)
                         log.info("jobs: job %d ended %s", job.id, ended)
                 return
             known = {m.node.id: m.node for m in members}
@@ -492,15 +492,25 @@ class JobRunner:
                 return
             await self._sleep(REPORT_GAP)
 
-    def _ended(self, job_id: int) -> None:
-        """The job ended: its batches are seeded for good, its bucket's file closed here."""
+    async def _ended(self, job_id: int) -> None:
+        """The job ended: its batches are seeded for good, its bucket closed here, and its
+        files on the node removed, its count of bytes said (a sibling still at work on it
+        makes a file again: swept)."""
         self._seeded.pop(job_id, None)
         bucket = self._buckets.pop(job_id, None)
         if bucket is not None:
             bucket.close()
-        for folder in _JOB_FOLDERS:  # a sibling still at work on it makes one again: swept
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(self.loads.cache_root, folder, str(job_id)))
+        path = os.path.join(self.loads.cache_root, BANDWIDTH_FOLDER, str(job_id))
+        try:
+            counted = await self.usage.forget(job_id)
+            with contextlib.suppress(FileNotFoundError):
+                await asyncio.to_thread(os.unlink, path)
+        except OSError as exc:
+            log.warning("jobs: job %d: its files on this node stay (swept later): %s", job_id, exc)
+            return
+        if counted is not None:
+            log.info("jobs: job %d ended: its blocks counted %d bytes on this node",
+                     job_id, counted)  # fmt: skip
 
     def bucket(self, job_id: int, spec: JobSpec, nodes: int) -> Bucket | None:
         """The job's bandwidth on this node (its share of the fleet's), shared by the node's

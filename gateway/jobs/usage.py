@@ -56,6 +56,23 @@ class NodeUsage:
         if held:
             await asyncio.to_thread(self._change, job_id, -held, None, 0)
 
+    async def forget(self, job_id: int) -> int | None:
+        """The job ended: its file goes; the bytes it counted then (None: there was none)."""
+        self._held.pop(job_id, None)
+        return await asyncio.to_thread(self._forget, job_id)
+
+    def _forget(self, job_id: int) -> int | None:
+        try:
+            f = open(self._path(job_id))  # noqa: SIM115 (closed below, after the unlink)
+        except FileNotFoundError:
+            return None
+        with f:
+            fcntl.flock(f, fcntl.LOCK_EX)  # a sibling's change ends first
+            text = f.read().strip()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path(job_id))
+        return int(text) if text.isdigit() else 0
+
     async def get(self, job_id: int) -> int:
         """The job's bytes on this node (without what this worker holds unused)."""
         used = await asyncio.to_thread(self._get, job_id)

@@ -592,9 +592,11 @@ def test_a_preloads_cache_budget_is_the_nodes_across_its_workers(
         assert ended["state"] == "partial" and "full" in ended["message"], ended
         assert 0 < ended["loaded_bytes"] <= capacity, ended
         # The node's count of the job's bytes is exactly its blocks' files: every worker's
-        # unused lease was given back when its share ended.
-        usage = node.data_dir / "cache" / "job-usage" / str(ended["id"])
-        assert int(usage.read_text()) == ended["loaded_objects"] * file_size(size), ended
+        # unused lease was given back when its share ended (said as the job's file goes).
+        line = f"jobs: job {ended['id']} ended: its blocks counted "
+        said = eventually(lambda: [x for x in node.log().splitlines() if line in x])
+        counted = int(said[0].split(line, 1)[1].split()[0])
+        assert counted == ended["loaded_objects"] * file_size(size), (said, ended)
         verify = json.loads(node.cli("load", "many/", "--verify", "--format", "json").stdout)
         assert verify["cached_bytes"] == ended["loaded_bytes"], (ended, verify)
     finally:

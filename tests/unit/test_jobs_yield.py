@@ -13,6 +13,7 @@ import pytest
 
 from gateway import counters
 from gateway.jobs.runner import FOREGROUND_BUSY, JobRunner
+from gateway.jobs.usage import NodeUsage
 
 pytestmark = pytest.mark.anyio
 
@@ -105,7 +106,7 @@ async def test_a_runner_forgets_what_it_seeded_of_a_job_once_the_job_has_ended(
     buckets = {7: _Bucket(), 8: _Bucket()}
     runner = SimpleNamespace(
         loads=_Loads(str(tmp_path)), store=_Ended(), stopping=False, _seeded={7: 12, 8: 3},
-        workers=1, _listed=asyncio.Event(), _buckets=dict(buckets),
+        workers=1, _listed=asyncio.Event(), _buckets=dict(buckets), usage=NodeUsage(str(tmp_path)),
     )  # fmt: skip
     runner._claims = partial(JobRunner._claims, runner)
     runner._ended = partial(JobRunner._ended, runner)
