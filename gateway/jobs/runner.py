@@ -500,11 +500,10 @@ class JobRunner:
         bucket = self._buckets.pop(job_id, None)
         if bucket is not None:
             bucket.close()
-        path = os.path.join(self.loads.cache_root, BANDWIDTH_FOLDER, str(job_id))
         try:
             counted = await self.usage.forget(job_id)
             with contextlib.suppress(FileNotFoundError):
-                await asyncio.to_thread(os.unlink, path)
+                await asyncio.to_thread(os.unlink, _bandwidth_path(self.loads.cache_root, job_id))
         except OSError as exc:
             log.warning("jobs: job %d: its files on this node stay (swept later): %s", job_id, exc)
             return
@@ -520,12 +519,17 @@ class JobRunner:
         rate = spec.bandwidth / max(1, nodes)
         found = self._buckets.get(job_id)
         if found is None:
-            path = os.path.join(self.loads.cache_root, BANDWIDTH_FOLDER, str(job_id))
+            path = _bandwidth_path(self.loads.cache_root, job_id)
             found = NodeBucket(path, rate, alone=1 / self.workers)
             self._buckets[job_id] = found
         elif found.rate != rate:
             found.set_rate(rate)
         return found
+
+
+def _bandwidth_path(cache_root: str, job_id: int) -> str:
+    """The file of the job's bucket on this node (NodeBucket), under the cache folder."""
+    return os.path.join(cache_root, BANDWIDTH_FOLDER, str(job_id))
 
 
 _JOB_FOLDERS = (USAGE_FOLDER, BANDWIDTH_FOLDER)
